@@ -1,0 +1,117 @@
+// Tensors in messages. A HostTensor is a dtype, a shape and shared immutable bytes: inside one
+// process a tensor travels through actors without a copy (the bytes may alias an mmap'ed
+// safetensors file or a trainer's buffer); it is copied only when serialized to cross a process
+// or machine boundary. A DeviceTensorRef names GPU memory (a pointer in this process or a CUDA
+// IPC handle from another) and never carries bytes.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "caf/error.hpp"
+#include "caf/meta/load_callback.hpp"
+#include "caf/meta/type_name.hpp"
+#include "caf/none.hpp"
+#include "messages/dtype.hpp"
+
+namespace rlserve {
+
+struct HostTensor {
+  dtype type = dtype::f32;
+  std::vector<int64_t> shape;
+  // The bytes, row-major, exactly numel(shape) * element_size(type) of them. Shared and
+  // immutable: whoever needs to change a tensor makes a new one.
+  std::shared_ptr<const std::byte> data;
+  std::size_t nbytes = 0;
+
+  std::span<const std::byte> bytes() const { return {data.get(), nbytes}; }
+  template <class T>
+  std::span<const T> as() const {
+    return {reinterpret_cast<const T*>(data.get()), nbytes / sizeof(T)};
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto d : shape)
+      n *= d;
+    return n;
+  }
+
+  // Makes a tensor owning a copy of `bytes`.
+  static HostTensor copy_of(dtype type, std::vector<int64_t> shape, std::span<const std::byte> bytes);
+  // Makes a tensor that takes ownership of `bytes` (no copy).
+  static HostTensor adopt(dtype type, std::vector<int64_t> shape, std::vector<std::byte> bytes);
+  // Makes a tensor that aliases memory kept alive by `owner` (no copy).
+  static HostTensor alias(dtype type, std::vector<int64_t> shape, std::shared_ptr<const void> owner,
+                          const std::byte* first, std::size_t nbytes);
+  template <class T>
+  static HostTensor from_vector(dtype type, std::vector<int64_t> shape, const std::vector<T>& values) {
+    auto b = reinterpret_cast<const std::byte*>(values.data());
+    return copy_of(type, std::move(shape), {b, values.size() * sizeof(T)});
+  }
+};
+
+// One HostTensor under its checkpoint (Hugging Face) name.
+struct NamedTensor {
+  std::string name;
+  HostTensor tensor;
+};
+
+// GPU memory owned elsewhere. `ipc_handle` is set (and `pointer` is 0) when the memory lives in
+// another process (cudaIpcMemHandle_t bytes); otherwise `pointer` is a device address valid in
+// this process on `device`.
+struct DeviceTensorRef {
+  int32_t device = 0;
+  uint64_t pointer = 0;
+  std::vector<uint8_t> ipc_handle; // 64 bytes (cudaIpcMemHandle_t) or empty
+  uint64_t offset = 0;             // byte offset into the IPC allocation
+  dtype type = dtype::bf16;
+  std::vector<int64_t> shape;
+};
+
+// ---- inspect (CAF 0.17 form) ------------------------------------------------------------------
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, HostTensor& x) {
+  using caf::meta::type_name;
+  if constexpr (Inspector::reads_state) {
+    if constexpr (std::is_same_v<typename Inspector::result_type, void>) {
+      // Printing (deep_to_string): the size, not megabytes of payload.
+      auto nbytes = static_cast<uint64_t>(x.nbytes);
+      return f(type_name("HostTensor"), x.type, x.shape, nbytes);
+    } else {
+      // Serializing: the one place where the bytes are copied (they leave the process).
+      std::vector<uint8_t> payload(reinterpret_cast<const uint8_t*>(x.data.get()),
+                                   reinterpret_cast<const uint8_t*>(x.data.get()) + x.nbytes);
+      return f(type_name("HostTensor"), x.type, x.shape, payload);
+    }
+  } else {
+    auto payload = std::make_shared<std::vector<uint8_t>>();
+    auto adopt_payload = [&x, payload]() -> caf::error {
+      x.nbytes = payload->size();
+      x.data = std::shared_ptr<const std::byte>(
+        payload, reinterpret_cast<const std::byte*>(payload->data()));
+      return caf::none;
+    };
+    return f(type_name("HostTensor"), x.type, x.shape, *payload,
+             caf::meta::load_callback(adopt_payload));
+  }
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, NamedTensor& x) {
+  return f(caf::meta::type_name("NamedTensor"), x.name, x.tensor);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DeviceTensorRef& x) {
+  return f(caf::meta::type_name("DeviceTensorRef"), x.device, x.pointer, x.ipc_handle, x.offset,
+           x.type, x.shape);
+}
+
+} // namespace rlserve

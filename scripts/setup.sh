@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs everything rlserve needs to build and test, on a Debian 12 (bookworm) machine.
+# Idempotent: a second run checks and installs nothing new.
+set -euo pipefail
+
+debian_packages=(
+  build-essential cmake pkg-config
+  libcaf-dev                       # CAF 0.17.6: actors (we write its 0.17 API)
+  libboost1.74-dev libboost-test1.74-dev libboost-system1.74-dev  # Asio, Beast, Test
+  nlohmann-json3-dev libxxhash-dev libspdlog-dev libfmt-dev libcli11-dev libpcre2-dev
+)
+python_packages=(numpy safetensors tokenizers xxhash websockets)
+
+missing=()
+for p in "${debian_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+python=${PYTHON:-python3}
+if ! "$python" -c "import numpy, safetensors, tokenizers, xxhash, websockets" 2>/dev/null; then
+  echo "setup: installing Python packages: ${python_packages[*]}"
+  "$python" -m pip install -q "${python_packages[@]}"
+fi
+echo "setup: ok"

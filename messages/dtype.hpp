@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace rlserve {
@@ -47,5 +48,8 @@ std::string_view safetensors_name(dtype t);
 // "int") ; nullopt for anything else.
 std::optional<dtype> dtype_from_torch_name(std::string_view name);
 std::optional<dtype> dtype_from_safetensors_name(std::string_view name);
+
+// The PyTorch name; also what CAF's deep_to_string prints for a dtype field.
+inline std::string to_string(dtype t) { return std::string(torch_name(t)); }
 
 } // namespace rlserve

@@ -41,6 +41,18 @@ struct HostTensor {
       n *= d;
     return n;
   }
+  // numel, or -1 when a dimension is negative or the byte count of the shape would overflow
+  // (shapes come from the outside; check before trusting numel()).
+  int64_t checked_numel() const {
+    int64_t n = 1;
+    auto limit = INT64_MAX / static_cast<int64_t>(element_size(type) == 0 ? 1 : element_size(type));
+    for (auto d : shape) {
+      if (d < 0 || (d > 0 && n > limit / d))
+        return -1;
+      n *= d;
+    }
+    return n;
+  }
 
   // Makes a tensor owning a copy of `bytes`.
   static HostTensor copy_of(dtype type, std::vector<int64_t> shape, std::span<const std::byte> bytes);

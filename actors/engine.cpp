@@ -1,0 +1,348 @@
+#include "actors/engine.hpp"
+
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+
+#include "actors/runner_actor.hpp"
+#include "actors/scheduler_actor.hpp"
+#include "actors/tokenizer_actor.hpp"
+#include "actors/weight_updater_actor.hpp"
+#include "caf/all.hpp"
+#include "model/bpe_tokenizer.hpp"
+#include "model/checkpoint.hpp"
+#include "model/config.hpp"
+#include "model/make_model.hpp"
+#include "model/qwen3.hpp"
+
+namespace rlserve {
+
+namespace fs = std::filesystem;
+
+fs::path builtin_model_dir() {
+  if (const char* dir = std::getenv("RLSERVE_CACHE_DIR"); dir && *dir)
+    return fs::path(dir) / "tiny-qwen3";
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    return fs::path(xdg) / "rlserve" / "tiny-qwen3";
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return fs::path(home) / ".cache" / "rlserve" / "tiny-qwen3";
+  return fs::temp_directory_path() / "rlserve" / "tiny-qwen3";
+}
+
+expected<fs::path> ensure_builtin_model() {
+  auto dir = builtin_model_dir();
+  std::error_code ec;
+  bool complete = fs::exists(dir / "config.json", ec) && fs::exists(dir / "model.safetensors", ec) &&
+                  fs::exists(dir / "tokenizer.json", ec);
+  if (complete)
+    return dir;
+  fs::create_directories(dir, ec);
+  if (ec)
+    return fail("cannot create " + dir.string() + " for the built-in model: " + ec.message());
+  model::make_model_options options;
+  options.arch = "qwen3";
+  options.preset = "tiny";
+  options.out = dir;
+  options.seed = 0;
+  if (auto ok = model::make_model(options); !ok)
+    return fail("cannot write the built-in model to " + dir.string() + ": " + ok.error());
+  return dir;
+}
+
+namespace {
+
+struct loaded_model {
+  fs::path path;
+  std::shared_ptr<model::qwen3_model> model;
+  std::shared_ptr<const model::bpe_tokenizer> tokenizer; // null without tokenizer.json
+};
+
+expected<loaded_model> load(const fs::path& dir, const char* role) {
+  auto config = model::load_model_config(dir);
+  if (!config)
+    return fail(std::string(role) + " model: " + config.error());
+  auto ckpt = model::checkpoint::open(dir);
+  if (!ckpt)
+    return fail(std::string(role) + " model: " + ckpt.error());
+  auto m = model::qwen3_model::load(*config, *ckpt);
+  if (!m)
+    return fail(std::string(role) + " model: " + m.error());
+  loaded_model out;
+  out.path = dir;
+  out.model = std::make_shared<model::qwen3_model>(std::move(*m));
+  std::error_code ec;
+  if (fs::exists(dir / "tokenizer.json", ec)) {
+    auto tok = model::bpe_tokenizer::from_file(dir / "tokenizer.json");
+    if (!tok)
+      return fail(std::string(role) + " model: " + tok.error());
+    out.tokenizer = std::make_shared<model::bpe_tokenizer>(std::move(*tok));
+  }
+  return out;
+}
+
+// One generate_async call: its future is fulfilled once the reply has arrived and, when
+// streaming, the sink has handed the last chunk to the callback — whichever comes second.
+struct pending_generate {
+  std::mutex mtx;
+  std::optional<GenerateReqOutput> reply;
+  bool sink_finished = true; // set false when there is a sink
+  std::promise<GenerateReqOutput> result;
+
+  void on_reply(GenerateReqOutput out) {
+    std::lock_guard<std::mutex> guard{mtx};
+    if (sink_finished)
+      result.set_value(std::move(out));
+    else
+      reply = std::move(out);
+  }
+  void on_sink_finished() {
+    std::lock_guard<std::mutex> guard{mtx};
+    sink_finished = true;
+    if (reply)
+      result.set_value(std::move(*reply));
+  }
+};
+
+// Receives the streamed chunks of one request, calls the user's callback for each, and quits
+// after the last one (the front door sends every streaming request a final chunk).
+caf::behavior chunk_sink(caf::event_based_actor* self, chunk_callback cb,
+                         std::shared_ptr<pending_generate> pending) {
+  return {
+    [self, cb, pending](GenerateReqOutput& chunk) {
+      cb(chunk);
+      if (chunk.finished) {
+        pending->on_sink_finished();
+        self->quit();
+      }
+    },
+  };
+}
+
+} // namespace
+
+struct Engine::impl {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  fs::path model_path;
+  std::vector<runner_actor> runners;
+  RunnerManifest target_manifest;
+  std::optional<RunnerManifest> draft_manifest;
+  weight_updater_actor updater;
+  scheduler_actor scheduler;
+  tokenizer_actor front;
+};
+
+Engine::Engine(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+
+Engine::~Engine() {
+  if (!impl_ || !impl_->sys)
+    return;
+  auto exit_all = [&](auto& handle) {
+    if (handle)
+      caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
+  };
+  exit_all(impl_->front);
+  exit_all(impl_->scheduler);
+  exit_all(impl_->updater);
+  for (auto& r : impl_->runners)
+    exit_all(r);
+  // Drop our handles: a detached actor's thread ends only when its last reference is gone, and
+  // the actor system's destructor waits for those threads.
+  impl_->front = nullptr;
+  impl_->scheduler = nullptr;
+  impl_->updater = nullptr;
+  impl_->runners.clear();
+  impl_->sys.reset(); // waits for every actor, detached runners included
+}
+
+expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
+  auto path = config.model_path;
+  if (path.empty()) {
+    auto builtin = ensure_builtin_model();
+    if (!builtin)
+      return std::move(builtin).take_failure();
+    path = *builtin;
+  }
+  auto target = load(path, "target");
+  if (!target)
+    return std::move(target).take_failure();
+  std::optional<loaded_model> draft;
+  if (!config.draft_model_path.empty()) {
+    auto d = load(config.draft_model_path, "draft");
+    if (!d)
+      return std::move(d).take_failure();
+    if (d->model->config().vocab_size != target->model->config().vocab_size)
+      return fail("draft model: vocabulary size " + std::to_string(d->model->config().vocab_size) +
+                  " differs from the target's " +
+                  std::to_string(target->model->config().vocab_size));
+    draft = std::move(*d);
+  }
+
+  auto p = std::make_unique<impl>();
+  p->model_path = path;
+  p->cfg.add_message_types<caf::id_block::rlserve>();
+  if (config.worker_threads > 0)
+    p->cfg.set("scheduler.max-threads", config.worker_threads);
+  p->sys = std::make_unique<caf::actor_system>(p->cfg);
+  auto& sys = *p->sys;
+
+  runner_options target_options{"target", 0, 1, path};
+  p->runners.push_back(spawn_cpu_runner(sys, target_options, target->model));
+  if (draft)
+    p->runners.push_back(
+      spawn_cpu_runner(sys, runner_options{"draft", 0, 1, draft->path}, draft->model));
+
+  std::vector<runner_handle> handles;
+  caf::scoped_actor self{sys};
+  for (auto& r : p->runners) {
+    std::optional<std::string> err;
+    self->request(r, caf::infinite, manifest_atom_v)
+      .receive([&](RunnerManifest& m) { handles.push_back({r, std::move(m)}); },
+               [&](caf::error& e) { err = sys.render(e); });
+    if (err)
+      return fail("a runner did not start: " + *err);
+  }
+  p->target_manifest = handles.front().manifest;
+  if (draft)
+    p->draft_manifest = handles.back().manifest;
+  p->updater = spawn_weight_updater(sys, handles, config.initial_weight_version);
+  p->scheduler = spawn_scheduler(sys, scheduler_options{config.max_running_requests},
+                                 p->runners.front(), p->target_manifest, p->updater,
+                                 config.initial_weight_version, target->tokenizer);
+  front_door_info info;
+  info.model_path = path.string();
+  info.draft_model_path = draft ? draft->path.string() : "";
+  info.device = "cpu";
+  info.architecture = p->target_manifest.architecture;
+  info.vocab_size = p->target_manifest.vocab_size;
+  info.max_context_length = p->target_manifest.max_context_length;
+  p->front = spawn_tokenizer(sys, p->scheduler, target->tokenizer, std::move(info));
+  return std::unique_ptr<Engine>(new Engine(std::move(p)));
+}
+
+template <class Out, class In>
+Out Engine::call(In req) {
+  caf::scoped_actor self{*impl_->sys};
+  Out out;
+  self->request(impl_->front, caf::infinite, std::move(req))
+    .receive([&](Out& o) { out = std::move(o); },
+             [&](caf::error& e) {
+               out.success = false;
+               out.message = "the engine did not answer: " + impl_->sys->render(e);
+             });
+  return out;
+}
+
+GenerateReqOutput Engine::generate(GenerateReqInput req) {
+  caf::scoped_actor self{*impl_->sys};
+  GenerateReqOutput out;
+  self->request(impl_->front, caf::infinite, std::move(req), caf::actor{})
+    .receive([&](GenerateReqOutput& o) { out = std::move(o); },
+             [&](caf::error& e) {
+               out.success = false;
+               out.message = "the engine did not answer: " + impl_->sys->render(e);
+             });
+  return out;
+}
+
+GenerateReqOutput Engine::generate(GenerateReqInput req, chunk_callback on_chunk) {
+  return generate_async(std::move(req), std::move(on_chunk)).get();
+}
+
+std::future<GenerateReqOutput> Engine::generate_async(GenerateReqInput req, chunk_callback on_chunk) {
+  auto pending = std::make_shared<pending_generate>();
+  auto fut = pending->result.get_future();
+  auto& sys = *impl_->sys;
+  caf::actor sink;
+  if (on_chunk) {
+    req.stream = true;
+    pending->sink_finished = false;
+    sink = sys.spawn(chunk_sink, std::move(on_chunk), pending);
+  }
+  auto front = impl_->front;
+  sys.spawn([front, req = std::move(req), sink, pending](caf::event_based_actor* self) mutable {
+    self->request(front, caf::infinite, std::move(req), sink)
+      .then(
+        [self, pending](GenerateReqOutput& out) {
+          pending->on_reply(std::move(out));
+          self->quit();
+        },
+        [self, sink, pending](caf::error& e) {
+          GenerateReqOutput out;
+          out.success = false;
+          out.finished = true;
+          out.message = "the engine did not answer: " + self->system().render(e);
+          if (sink) {
+            caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+            pending->on_sink_finished();
+          }
+          pending->on_reply(std::move(out));
+          self->quit();
+        });
+  });
+  return fut;
+}
+
+AbortReqOutput Engine::abort(AbortReq req) { return call<AbortReqOutput>(std::move(req)); }
+
+PauseGenerationReqOutput Engine::pause_generation(PauseGenerationReqInput req) {
+  return call<PauseGenerationReqOutput>(req);
+}
+ContinueGenerationReqOutput Engine::continue_generation(ContinueGenerationReqInput req) {
+  return call<ContinueGenerationReqOutput>(req);
+}
+FlushCacheReqOutput Engine::flush_cache(FlushCacheReqInput req) {
+  return call<FlushCacheReqOutput>(req);
+}
+GetServerInfoReqOutput Engine::get_server_info() {
+  return call<GetServerInfoReqOutput>(GetServerInfoReqInput{});
+}
+HealthCheckReqOutput Engine::health() { return call<HealthCheckReqOutput>(HealthCheckReqInput{}); }
+
+BeginWeightUpdateReqOutput Engine::begin_weight_update(BeginWeightUpdateReqInput req) {
+  return call<BeginWeightUpdateReqOutput>(req);
+}
+UpdateWeightsFromTensorReqOutput
+Engine::update_weights_from_tensor(UpdateWeightsFromTensorReqInput req) {
+  return call<UpdateWeightsFromTensorReqOutput>(std::move(req));
+}
+UpdateWeightsFromDistributedReqOutput
+Engine::update_weights_from_distributed(UpdateWeightsFromDistributedReqInput req) {
+  return call<UpdateWeightsFromDistributedReqOutput>(std::move(req));
+}
+UpdateWeightFromDiskReqOutput Engine::update_weights_from_disk(UpdateWeightFromDiskReqInput req) {
+  return call<UpdateWeightFromDiskReqOutput>(std::move(req));
+}
+EndWeightUpdateReqOutput Engine::end_weight_update(EndWeightUpdateReqInput req) {
+  return call<EndWeightUpdateReqOutput>(std::move(req));
+}
+PostProcessWeightsReqOutput Engine::post_process_weights(PostProcessWeightsReqInput req) {
+  return call<PostProcessWeightsReqOutput>(req);
+}
+InitWeightsUpdateGroupReqOutput
+Engine::init_weights_update_group(InitWeightsUpdateGroupReqInput req) {
+  return call<InitWeightsUpdateGroupReqOutput>(std::move(req));
+}
+DestroyWeightsUpdateGroupReqOutput
+Engine::destroy_weights_update_group(DestroyWeightsUpdateGroupReqInput req) {
+  return call<DestroyWeightsUpdateGroupReqOutput>(std::move(req));
+}
+UpdateWeightVersionReqOutput Engine::update_weight_version(UpdateWeightVersionReqInput req) {
+  return call<UpdateWeightVersionReqOutput>(std::move(req));
+}
+CheckWeightsReqOutput Engine::check_weights(CheckWeightsReqInput req) {
+  return call<CheckWeightsReqOutput>(std::move(req));
+}
+GetWeightsByNameReqOutput Engine::get_weights_by_name(GetWeightsByNameReqInput req) {
+  return call<GetWeightsByNameReqOutput>(std::move(req));
+}
+
+caf::actor_system& Engine::system() { return *impl_->sys; }
+tokenizer_actor Engine::front_door() const { return impl_->front; }
+const RunnerManifest& Engine::target_manifest() const { return impl_->target_manifest; }
+const RunnerManifest* Engine::draft_manifest() const {
+  return impl_->draft_manifest ? &*impl_->draft_manifest : nullptr;
+}
+const fs::path& Engine::model_path() const { return impl_->model_path; }
+
+} // namespace rlserve

@@ -1,0 +1,111 @@
+// rlserve::Engine — the in-process API. A plain C++ class (not an actor): it builds the actor
+// system and the graph of DESIGN §2 from a config, and offers a blocking call per message
+// family. The command line, the websocket server and embedding applications all sit on it.
+//
+//   auto engine = rlserve::Engine::start({.model_path = "/models/qwen3-tiny"});
+//   if (!engine) { std::cerr << engine.error(); return 1; }
+//   rlserve::GenerateReqInput req;
+//   req.text = "Hello";
+//   auto out = (*engine)->generate(req);   // out.text, out.output_ids, out.weight_version
+//
+// Every call is thread-safe and may be made from many threads at once. Streaming callbacks run
+// on one of the engine's worker threads, one chunk at a time per request; they must not call
+// back into the engine synchronously.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+
+#include "actors/runner_actor.hpp"
+#include "actors/tokenizer_actor.hpp"
+#include "messages/all.hpp"
+#include "messages/expected.hpp"
+
+namespace caf {
+class actor_system;
+class actor_system_config;
+} // namespace caf
+
+namespace rlserve {
+
+struct engine_config {
+  // A Hugging Face model directory. Empty: the built-in tiny Qwen3 model, written by
+  // `make-model --preset tiny --seed 0` into builtin_model_dir() on first use.
+  std::filesystem::path model_path;
+  // Optional speculative draft model (same vocabulary as the target).
+  std::filesystem::path draft_model_path;
+  int32_t max_running_requests = 64;
+  std::string initial_weight_version = "0";
+  // CAF worker threads for the cooperative actors; 0: CAF's default (one per core).
+  std::size_t worker_threads = 0;
+};
+
+// Where the built-in tiny model lives: $RLSERVE_CACHE_DIR, else $XDG_CACHE_HOME/rlserve, else
+// ~/.cache/rlserve; the model itself in <that>/tiny-qwen3.
+std::filesystem::path builtin_model_dir();
+// Writes the built-in tiny model there unless it is already complete; returns its directory.
+expected<std::filesystem::path> ensure_builtin_model();
+
+using chunk_callback = std::function<void(const GenerateReqOutput&)>;
+
+class Engine {
+public:
+  // Loads the model(s) (a bad checkpoint is an error here, not a dead actor later), spawns the
+  // graph, and returns when it is ready to serve.
+  static expected<std::unique_ptr<Engine>> start(engine_config config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // ---- generation ----
+  // Runs one request to its end and returns the whole result.
+  GenerateReqOutput generate(GenerateReqInput req);
+  // The same, with every streamed chunk passed to `on_chunk` first (req.stream is forced on).
+  GenerateReqOutput generate(GenerateReqInput req, chunk_callback on_chunk);
+  // Submits and returns at once; the future holds the whole result.
+  std::future<GenerateReqOutput> generate_async(GenerateReqInput req, chunk_callback on_chunk = {});
+  AbortReqOutput abort(AbortReq req);
+
+  // ---- control ----
+  PauseGenerationReqOutput pause_generation(PauseGenerationReqInput req = {});
+  ContinueGenerationReqOutput continue_generation(ContinueGenerationReqInput req = {});
+  FlushCacheReqOutput flush_cache(FlushCacheReqInput req = {});
+  GetServerInfoReqOutput get_server_info();
+  HealthCheckReqOutput health();
+
+  // ---- weight updates ----
+  BeginWeightUpdateReqOutput begin_weight_update(BeginWeightUpdateReqInput req = {});
+  UpdateWeightsFromTensorReqOutput update_weights_from_tensor(UpdateWeightsFromTensorReqInput req);
+  UpdateWeightsFromDistributedReqOutput
+  update_weights_from_distributed(UpdateWeightsFromDistributedReqInput req);
+  UpdateWeightFromDiskReqOutput update_weights_from_disk(UpdateWeightFromDiskReqInput req);
+  EndWeightUpdateReqOutput end_weight_update(EndWeightUpdateReqInput req = {});
+  PostProcessWeightsReqOutput post_process_weights(PostProcessWeightsReqInput req);
+  InitWeightsUpdateGroupReqOutput init_weights_update_group(InitWeightsUpdateGroupReqInput req);
+  DestroyWeightsUpdateGroupReqOutput
+  destroy_weights_update_group(DestroyWeightsUpdateGroupReqInput req = {});
+  UpdateWeightVersionReqOutput update_weight_version(UpdateWeightVersionReqInput req);
+  CheckWeightsReqOutput check_weights(CheckWeightsReqInput req = {});
+  GetWeightsByNameReqOutput get_weights_by_name(GetWeightsByNameReqInput req);
+
+  // ---- for front ends built on the engine (websocket server) ----
+  caf::actor_system& system();
+  tokenizer_actor front_door() const;
+  // The target runner's manifest: every parameter name with its load-format dtype and shape.
+  const RunnerManifest& target_manifest() const;
+  // The draft's, when one is loaded.
+  const RunnerManifest* draft_manifest() const;
+  const std::filesystem::path& model_path() const;
+
+private:
+  struct impl;
+  explicit Engine(std::unique_ptr<impl> p);
+  template <class Out, class In>
+  Out call(In req);
+  std::unique_ptr<impl> impl_;
+};
+
+} // namespace rlserve

@@ -1,0 +1,353 @@
+#include "actors/runner_actor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <random>
+#include <unordered_map>
+
+#include <xxhash.h>
+
+#include "caf/all.hpp"
+#include "messages/registration_check.hpp"
+#include "kernels/bf16.hpp"
+#include "model/qwen3.hpp"
+#include "model/sampler.hpp"
+#include "model/tensor_values.hpp"
+
+namespace rlserve {
+
+// CAF 0.17 does not check type IDs: a message type missing from messages/type_ids.hpp would
+// work here and fail across processes.
+static_assert(interface_registered<runner_actor>::value, "a message type of runner_actor is not in type_ids.hpp");
+
+namespace {
+
+struct sequence_state {
+  model::kv_cache cache;
+  model::sampler sampler;
+  model::sampling_config sampling;
+};
+
+struct runner_state {
+  // Not an aggregate: under C++20, CAF 0.17's stateful_actor would otherwise try to build the
+  // state from the actor pointer (parenthesized aggregate init makes is_constructible true).
+  runner_state() = default;
+
+  runner_options options;
+  std::shared_ptr<model::qwen3_model> model;
+  std::unordered_map<uint64_t, sequence_state> sequences;
+  std::map<std::string, NamedTensor> staged; // by canonical name; a later bucket overwrites
+  std::optional<std::map<std::string, HostTensor>> snapshot;
+  uint64_t resets = 0; // seeds reset_tensors, so every reset writes different values
+  static inline const char* name = "runner";
+};
+
+using runner_pointer = runner_actor::stateful_pointer<runner_state>;
+
+model::sampling_config to_sampling_config(const SamplingParams& p) {
+  model::sampling_config c;
+  c.temperature = p.temperature;
+  c.top_k = p.top_k;
+  c.top_p = p.top_p;
+  c.min_p = p.min_p;
+  return c;
+}
+
+// log_softmax(logits / T) over the vocabulary, the distribution the reported logprobs come from
+// (temperature 1 for greedy requests), and its `n` most likely tokens.
+std::vector<TopLogprob> top_logprobs(std::span<const float> logits, float temperature, int32_t n) {
+  float t = temperature < 1e-6f ? 1.0f : temperature;
+  double max_logit = *std::max_element(logits.begin(), logits.end()) / t;
+  double sum = 0.0;
+  for (float l : logits)
+    sum += std::exp(l / t - max_logit);
+  double log_z = max_logit + std::log(sum);
+  std::vector<int32_t> ids(logits.size());
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<int32_t>(i);
+  auto k = std::min<std::size_t>(static_cast<std::size_t>(n), ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
+                    [&](int32_t a, int32_t b) {
+                      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+                    });
+  std::vector<TopLogprob> out;
+  out.reserve(k);
+  for (std::size_t i = 0; i < k; ++i)
+    out.push_back({ids[i], static_cast<float>(logits[ids[i]] / t - log_z)});
+  return out;
+}
+
+bool skipped(const std::string& name, const std::vector<std::string>& skip_list) {
+  for (const auto& s : skip_list)
+    if (!s.empty() && name.find(s) != std::string::npos)
+      return true;
+  return false;
+}
+
+RunnerManifest make_manifest(const runner_options& options, const model::qwen3_model& m) {
+  RunnerManifest out;
+  out.role = options.role;
+  out.tp_rank = options.tp_rank;
+  out.tp_size = options.tp_size;
+  out.model_path = options.model_path.string();
+  out.architecture = m.config().architecture;
+  out.device = "cpu";
+  out.vocab_size = m.config().vocab_size;
+  out.max_context_length = m.config().max_position_embeddings;
+  out.eos_token_ids = m.config().eos_token_ids;
+  for (auto& p : m.parameters())
+    out.parameters.push_back({p.name, p.type, p.shape});
+  if (m.config().tie_word_embeddings)
+    out.aliases.push_back({"lm_head.weight", "model.embed_tokens.weight"});
+  return out;
+}
+
+ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
+  ForwardBatchOutput out;
+  out.step = batch.step;
+  out.results.reserve(batch.work.size());
+  std::vector<float> logits;
+  for (auto& work : batch.work) {
+    SequenceResult r;
+    r.seq_id = work.seq_id;
+    if (work.new_sequence) {
+      st.sequences.erase(work.seq_id);
+      sequence_state s{st.model->make_cache(), model::sampler{work.sampling_seed},
+                       to_sampling_config(work.sampling_params)};
+      st.sequences.emplace(work.seq_id, std::move(s));
+    }
+    auto it = st.sequences.find(work.seq_id);
+    if (it == st.sequences.end()) {
+      r.error = "sequence " + std::to_string(work.seq_id) + " is unknown to the " +
+                st.options.role + " runner (released, or never started)";
+      out.results.push_back(std::move(r));
+      continue;
+    }
+    auto& seq = it->second;
+    if (auto ok = st.model->forward(seq.cache, work.tokens, logits); !ok) {
+      r.error = ok.error();
+      out.results.push_back(std::move(r));
+      continue;
+    }
+    if (work.sample) {
+      auto sampled = seq.sampler.sample(logits, seq.sampling);
+      r.token = sampled.token;
+      r.logprob = sampled.logprob;
+      if (work.top_logprobs_num > 0)
+        r.top_logprobs = top_logprobs(logits, seq.sampling.temperature, work.top_logprobs_num);
+    }
+    out.results.push_back(std::move(r));
+  }
+  return out;
+}
+
+RunnerReply stage(runner_state& st, StageTensors& msg) {
+  // Validate the whole message before keeping any of it.
+  std::map<std::string, const NamedTensor*> seen;
+  for (const auto& t : msg.tensors) {
+    if (auto ok = st.model->validate(t); !ok)
+      return {false, ok.error()};
+    if (!seen.emplace(t.name, &t).second)
+      return {false, "tensor '" + t.name + "' appears twice in one update message"};
+  }
+  for (auto& t : msg.tensors)
+    st.staged[t.name] = t;
+  return {true, "staged " + std::to_string(msg.tensors.size()) + " tensors (" +
+                  std::to_string(st.staged.size()) + " in this session)"};
+}
+
+RunnerReply commit(runner_state& st) {
+  std::vector<NamedTensor> tensors;
+  tensors.reserve(st.staged.size());
+  for (auto& [name, t] : st.staged)
+    tensors.push_back(t);
+  if (auto ok = st.model->assign(tensors); !ok)
+    return {false, st.options.role + " runner could not commit: " + ok.error()};
+  auto n = st.staged.size();
+  st.staged.clear();
+  return {true, "committed " + std::to_string(n) + " tensors"};
+}
+
+// Random values of the tensor's own dtype: uniform floats in [-1, 1) for float types, random
+// bits for integer types (the full range), as SGLang's checker does.
+HostTensor random_like(const HostTensor& t, std::mt19937_64& rng) {
+  std::vector<std::byte> bytes(t.nbytes);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  auto put16 = [&](std::size_t i, uint16_t v) { std::memcpy(bytes.data() + 2 * i, &v, 2); };
+  auto n = static_cast<std::size_t>(t.numel());
+  switch (t.type) {
+    case dtype::bf16:
+      for (std::size_t i = 0; i < n; ++i)
+        put16(i, kernels::float_to_bf16(uniform(rng)));
+      break;
+    case dtype::f16:
+      for (std::size_t i = 0; i < n; ++i)
+        put16(i, kernels::float_to_f16(uniform(rng)));
+      break;
+    case dtype::f32:
+      for (std::size_t i = 0; i < n; ++i) {
+        float v = uniform(rng);
+        std::memcpy(bytes.data() + 4 * i, &v, 4);
+      }
+      break;
+    case dtype::f64:
+      for (std::size_t i = 0; i < n; ++i) {
+        double v = uniform(rng);
+        std::memcpy(bytes.data() + 8 * i, &v, 8);
+      }
+      break;
+    case dtype::i8:
+    case dtype::u8:
+    case dtype::i16:
+    case dtype::i32:
+    case dtype::i64:
+      for (auto& b : bytes)
+        b = static_cast<std::byte>(rng());
+      break;
+    case dtype::boolean:
+      for (auto& b : bytes)
+        b = static_cast<std::byte>(rng() & 1u);
+      break;
+  }
+  return HostTensor::adopt(t.type, t.shape, std::move(bytes));
+}
+
+RunnerCheckOutput check_failed(std::string message) {
+  RunnerCheckOutput out;
+  out.success = false;
+  out.message = std::move(message);
+  return out;
+}
+
+RunnerCheckOutput check(runner_state& st, const CheckWeightsReqInput& req) {
+  RunnerCheckOutput out;
+  out.role = st.options.role;
+  auto params = st.model->parameters();
+  switch (req.action) {
+    case check_weights_action::checksum:
+      for (const auto& p : params) {
+        if (skipped(p.name, req.skip_tensor_list))
+          continue;
+        auto t = st.model->parameter(p.name);
+        if (!t)
+          return check_failed(t.error());
+        out.names.push_back(p.name);
+        out.digests.push_back(XXH3_64bits(t->data.get(), t->nbytes));
+      }
+      out.message = std::to_string(out.names.size()) + " tensors hashed";
+      return out;
+    case check_weights_action::snapshot: {
+      std::map<std::string, HostTensor> snap;
+      for (const auto& p : params) {
+        if (skipped(p.name, req.skip_tensor_list))
+          continue;
+        auto t = st.model->parameter(p.name);
+        if (!t)
+          return check_failed(t.error());
+        snap.emplace(p.name, std::move(*t)); // shares the immutable bytes: no copy
+      }
+      out.message = "snapshot of " + std::to_string(snap.size()) + " tensors";
+      st.snapshot = std::move(snap);
+      return out;
+    }
+    case check_weights_action::compare: {
+      if (!st.snapshot)
+        return check_failed("the " + st.options.role +
+                         " runner has no snapshot to compare with; run check_weights with "
+                         "action \"snapshot\" first");
+      for (const auto& p : params) {
+        if (skipped(p.name, req.skip_tensor_list))
+          continue;
+        auto t = st.model->parameter(p.name);
+        if (!t)
+          return check_failed(t.error());
+        auto it = st.snapshot->find(p.name);
+        bool same = it != st.snapshot->end() && it->second.nbytes == t->nbytes &&
+                    std::memcmp(it->second.data.get(), t->data.get(), t->nbytes) == 0;
+        (same ? out.unchanged : out.changed).push_back(p.name);
+      }
+      out.message = std::to_string(out.changed.size()) + " of " +
+                    std::to_string(out.changed.size() + out.unchanged.size()) +
+                    " tensors differ from the snapshot";
+      return out;
+    }
+    case check_weights_action::reset_tensors: {
+      std::mt19937_64 rng(0x5eed0000u + st.resets++);
+      std::vector<NamedTensor> poisoned;
+      for (const auto& p : params) {
+        if (skipped(p.name, req.skip_tensor_list))
+          continue;
+        auto t = st.model->parameter(p.name);
+        if (!t)
+          return check_failed(t.error());
+        poisoned.push_back({p.name, random_like(*t, rng)});
+      }
+      if (auto ok = st.model->assign(poisoned); !ok)
+        return check_failed(ok.error());
+      out.message = "overwrote " + std::to_string(poisoned.size()) + " tensors with random values";
+      return out;
+    }
+  }
+  return check_failed("unknown check_weights action");
+}
+
+GetWeightsByNameReqOutput get_weights(runner_state& st, const GetWeightsByNameReqInput& req) {
+  GetWeightsByNameReqOutput out;
+  auto t = st.model->parameter(req.name);
+  if (!t) {
+    out.success = false;
+    out.message = t.error();
+    return out;
+  }
+  out.type = t->type;
+  out.shape = t->shape;
+  auto n = std::min<int64_t>(req.truncate_size, t->numel());
+  auto values = model::tensor_values(*t, n);
+  if (!values) {
+    out.success = false;
+    out.message = values.error();
+    return out;
+  }
+  out.parameter = std::move(*values);
+  return out;
+}
+
+runner_actor::behavior_type runner(runner_pointer self, runner_options options,
+                                   std::shared_ptr<model::qwen3_model> m) {
+  self->state.options = std::move(options);
+  self->state.model = std::move(m);
+  return {
+    [self](manifest_atom) { return make_manifest(self->state.options, *self->state.model); },
+    [self](ForwardBatch& batch) { return run_batch(self->state, batch); },
+    [self](ReleaseSequences& msg) {
+      for (auto id : msg.seq_ids)
+        self->state.sequences.erase(id);
+    },
+    [self](restore_atom) {
+      // BF16 modules have no serving layout to undo; quantized modules (a later issue) restore
+      // here. Either way the staging area starts empty.
+      self->state.staged.clear();
+      return RunnerReply{true, self->state.options.role + " runner ready for new weights"};
+    },
+    [self](StageTensors& msg) { return stage(self->state, msg); },
+    [self](commit_atom) { return commit(self->state); },
+    [self](discard_atom) {
+      auto n = self->state.staged.size();
+      self->state.staged.clear();
+      return RunnerReply{true, "dropped " + std::to_string(n) + " staged tensors"};
+    },
+    [self](CheckWeightsReqInput& req) { return check(self->state, req); },
+    [self](GetWeightsByNameReqInput& req) { return get_weights(self->state, req); },
+  };
+}
+
+} // namespace
+
+runner_actor spawn_cpu_runner(caf::actor_system& sys, runner_options options,
+                              std::shared_ptr<model::qwen3_model> model) {
+  return sys.spawn<caf::detached>(runner, std::move(options), std::move(model));
+}
+
+} // namespace rlserve

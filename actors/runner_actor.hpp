@@ -1,0 +1,61 @@
+// runner: one per (role, tensor-parallel rank). Owns one device (here: the CPU), one model's
+// parameters, the per-sequence KV and samplers. Runs forward batches for the scheduler and
+// weight operations for the weight_updater. Spawned detached: its long work runs on its own
+// thread, never on CAF's shared workers (and a GPU runner's CUDA context is per-thread state).
+//
+// Weight updates are staged: StageTensors keeps tensors aside, commit swaps them in all at
+// once (qwen3_model::assign is all-or-nothing), discard drops them. Forward batches between
+// stage and commit run on the old weights, so no batch ever sees half an update.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "caf/fwd.hpp"
+#include "caf/replies_to.hpp"
+#include "caf/typed_actor.hpp"
+#include "messages/all.hpp"
+
+namespace rlserve {
+
+using runner_actor = caf::typed_actor<
+  // Describes this runner: role, device, limits, and its parameters in load format.
+  caf::replies_to<manifest_atom>::with<RunnerManifest>,
+  // Runs one forward batch; results come back in work order. A bad sequence (token outside
+  // the vocabulary, context overflow) fails the whole batch with a message naming it.
+  caf::replies_to<ForwardBatch>::with<ForwardBatchOutput>,
+  // Forgets the KV and sampler state of finished, aborted or retracted sequences.
+  caf::reacts_to<ReleaseSequences>,
+  // Opens a session on this runner: restores quantized modules to the load format (nothing to
+  // do for BF16 modules) and clears the staging area.
+  caf::replies_to<restore_atom>::with<RunnerReply>,
+  // Keeps tensors aside for the next commit; all or nothing per message (a name outside the
+  // manifest, a wrong dtype or shape fails the message and stages none of it).
+  caf::replies_to<StageTensors>::with<RunnerReply>,
+  // Swaps every staged tensor in at once and post-processes; the staging area is emptied.
+  caf::replies_to<commit_atom>::with<RunnerReply>,
+  // Drops the staging area; the serving weights are untouched.
+  caf::replies_to<discard_atom>::with<RunnerReply>,
+  // checksum / snapshot / compare / reset_tensors over this runner's parameters.
+  caf::replies_to<CheckWeightsReqInput>::with<RunnerCheckOutput>,
+  // The first values of one parameter, as floats.
+  caf::replies_to<GetWeightsByNameReqInput>::with<GetWeightsByNameReqOutput>>;
+
+struct runner_options {
+  std::string role = "target"; // "target" | "draft"
+  int32_t tp_rank = 0;
+  int32_t tp_size = 1;
+  std::filesystem::path model_path;
+};
+
+namespace model {
+class qwen3_model;
+}
+
+// Spawns a CPU runner over an already loaded model (loading happens before the actor graph
+// exists, so a bad checkpoint is an error of Engine::start, not a dead actor).
+runner_actor spawn_cpu_runner(caf::actor_system& sys, runner_options options,
+                              std::shared_ptr<model::qwen3_model> model);
+
+} // namespace rlserve

@@ -1,0 +1,481 @@
+#include "actors/scheduler_actor.hpp"
+
+#include <algorithm>
+#include <deque>
+#include <functional>
+#include <unordered_map>
+
+#include "caf/all.hpp"
+#include "messages/registration_check.hpp"
+#include "model/bpe_tokenizer.hpp"
+
+namespace rlserve {
+
+// CAF 0.17 does not check type IDs: a message type missing from messages/type_ids.hpp would
+// work here and fail across processes.
+static_assert(interface_registered<scheduler_actor>::value, "a message type of scheduler_actor is not in type_ids.hpp");
+
+namespace {
+
+struct request_state {
+  TokenizedGenerateReqInput req;
+  caf::actor sink;
+  uint64_t seq_id = 0;
+  std::vector<int32_t> output_ids;
+  std::vector<float> logprobs;
+  std::vector<std::vector<TopLogprob>> top_logprobs;
+  std::size_t streamed = 0;   // output tokens already sent in chunks
+  bool has_kv = false;        // the runner holds this request's KV (prompt + outputs so far)
+  bool in_batch = false;      // part of the batch in flight
+  bool abort_requested = false;
+  std::string abort_message;
+  std::string version_start;  // the version its first token was computed with
+};
+
+struct scheduler_state {
+  // Not an aggregate: under C++20, CAF 0.17's stateful_actor would otherwise try to build the
+  // state from the actor pointer (parenthesized aggregate init makes is_constructible true).
+  scheduler_state() = default;
+
+  scheduler_options options;
+  runner_actor target;
+  RunnerManifest manifest;
+  weight_updater_actor updater;
+  std::shared_ptr<const model::bpe_tokenizer> tokenizer;
+  std::string version;
+  uint64_t committed_updates = 0;
+
+  std::unordered_map<std::string, request_state> requests; // by rid
+  std::unordered_map<uint64_t, std::string> rid_of_seq;
+  std::deque<std::string> waiting; // FCFS
+  std::vector<std::string> running; // admission order
+  uint64_t next_seq = 1;
+  uint64_t next_step = 1;
+
+  bool forward_in_flight = false;
+  bool step_scheduled = false;
+  bool paused = false;
+  pause_mode mode = pause_mode::abort;
+  // Control operations (weight ops, pause) run one at a time, only between batches.
+  std::deque<std::function<void()>> control_queue;
+  bool control_busy = false;
+  struct pending_flush {
+    caf::typed_response_promise<FlushCacheReqOutput> promise;
+    caf::timestamp deadline;
+  };
+  std::vector<pending_flush> pending_flushes;
+  static inline const char* name = "scheduler";
+};
+
+using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
+
+void schedule_step(scheduler_pointer self) {
+  auto& st = self->state;
+  if (st.step_scheduled)
+    return;
+  st.step_scheduled = true;
+  self->send(self, step_atom_v);
+}
+
+void run_controls(scheduler_pointer self);
+
+// Called by a control operation when it is done: the next one runs, or batches resume.
+void control_done(scheduler_pointer self) {
+  self->state.control_busy = false;
+  run_controls(self);
+}
+
+void run_controls(scheduler_pointer self) {
+  auto& st = self->state;
+  if (st.control_busy || st.forward_in_flight)
+    return;
+  if (st.control_queue.empty()) {
+    schedule_step(self);
+    return;
+  }
+  auto op = std::move(st.control_queue.front());
+  st.control_queue.pop_front();
+  st.control_busy = true;
+  op();
+}
+
+void enqueue_control(scheduler_pointer self, std::function<void()> op) {
+  self->state.control_queue.push_back(std::move(op));
+  run_controls(self);
+}
+
+// Sends the caller what is new since the last chunk (streaming) or everything (final chunk of
+// a non-streaming request). `finish` set: this is the last chunk.
+void emit(scheduler_pointer self, request_state& r, std::optional<FinishReason> finish,
+          bool success = true, std::string message = {}) {
+  auto& st = self->state;
+  bool finished = finish.has_value() || !success;
+  if (!r.req.stream && !finished)
+    return;
+  TokenChunk c;
+  c.rid = r.req.rid;
+  auto from = r.req.stream ? r.streamed : std::size_t{0};
+  c.output_ids.assign(r.output_ids.begin() + static_cast<std::ptrdiff_t>(from), r.output_ids.end());
+  if (r.req.return_logprob) {
+    c.output_token_logprobs.assign(r.logprobs.begin() + static_cast<std::ptrdiff_t>(from),
+                                   r.logprobs.end());
+    c.output_top_logprobs.assign(r.top_logprobs.begin() + static_cast<std::ptrdiff_t>(from),
+                                 r.top_logprobs.end());
+  }
+  r.streamed = r.output_ids.size();
+  c.finished = finished;
+  c.finish_reason = std::move(finish);
+  c.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
+  c.completion_tokens = static_cast<int32_t>(r.output_ids.size());
+  c.weight_version_start = r.version_start.empty() ? st.version : r.version_start;
+  c.weight_version = st.version;
+  c.success = success;
+  c.message = std::move(message);
+  caf::anon_send(r.sink, std::move(c));
+}
+
+// Ends a request: last chunk to its sink, KV released, bookkeeping dropped.
+void finish(scheduler_pointer self, const std::string& rid, std::optional<FinishReason> reason,
+            bool success = true, std::string message = {}) {
+  auto& st = self->state;
+  auto it = st.requests.find(rid);
+  if (it == st.requests.end())
+    return;
+  auto& r = it->second;
+  emit(self, r, std::move(reason), success, std::move(message));
+  if (r.has_kv)
+    self->send(st.target, ReleaseSequences{{r.seq_id}});
+  st.rid_of_seq.erase(r.seq_id);
+  st.running.erase(std::remove(st.running.begin(), st.running.end(), rid), st.running.end());
+  st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), rid), st.waiting.end());
+  st.requests.erase(it);
+  if (!st.pending_flushes.empty() && st.running.empty())
+    schedule_step(self); // a flush may be waiting for exactly this
+}
+
+FinishReason abort_reason(const request_state& r) {
+  FinishReason f;
+  f.type = "abort";
+  f.message = r.abort_message.empty() ? "aborted" : r.abort_message;
+  return f;
+}
+
+// Why `r` stops after its newest token, or nullopt to go on (SGLang's check order: EOS and stop
+// tokens, length, then stop strings).
+std::optional<FinishReason> stop_check(const scheduler_state& st, const request_state& r) {
+  const auto& p = r.req.sampling_params;
+  int32_t last = r.output_ids.back();
+  auto out_len = static_cast<int64_t>(r.output_ids.size());
+  if (out_len >= p.min_new_tokens) {
+    bool eos = std::find(st.manifest.eos_token_ids.begin(), st.manifest.eos_token_ids.end(),
+                         last) != st.manifest.eos_token_ids.end();
+    bool stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), last) !=
+                   p.stop_token_ids.end();
+    if ((eos && !p.ignore_eos) || stop_id)
+      return FinishReason{"stop", last, std::nullopt, {}};
+  }
+  if (out_len >= p.max_new_tokens)
+    return FinishReason{"length", std::nullopt, std::nullopt, {}};
+  if (static_cast<int64_t>(r.req.input_ids.size()) + out_len >= st.manifest.max_context_length)
+    return FinishReason{"length", std::nullopt, std::nullopt,
+                        "reached the model's context length (" +
+                          std::to_string(st.manifest.max_context_length) + " tokens)"};
+  if (!p.stop.empty() && st.tokenizer && out_len >= p.min_new_tokens) {
+    auto text = st.tokenizer->decode(r.output_ids, p.skip_special_tokens);
+    for (const auto& s : p.stop)
+      if (!s.empty() && text.find(s) != std::string::npos)
+        return FinishReason{"stop", std::nullopt, s, {}};
+  }
+  return std::nullopt;
+}
+
+void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
+  auto& st = self->state;
+  st.forward_in_flight = false;
+  for (auto& res : out.results) {
+    auto seq = st.rid_of_seq.find(res.seq_id);
+    if (seq == st.rid_of_seq.end())
+      continue; // finished meanwhile
+    auto rid = seq->second;
+    auto& r = st.requests.at(rid);
+    r.in_batch = false;
+    if (!res.error.empty()) {
+      r.has_kv = false; // a failed forward leaves the runner's cache as it was; drop it anyway
+      self->send(st.target, ReleaseSequences{{r.seq_id}});
+      finish(self, rid, FinishReason{"abort", std::nullopt, std::nullopt, res.error}, false,
+             res.error);
+      continue;
+    }
+    r.has_kv = true;
+    if (r.abort_requested) {
+      finish(self, rid, abort_reason(r));
+      continue;
+    }
+    r.output_ids.push_back(res.token);
+    r.logprobs.push_back(res.logprob);
+    r.top_logprobs.push_back(std::move(res.top_logprobs));
+    if (auto reason = stop_check(st, r))
+      finish(self, rid, std::move(reason));
+    else
+      emit(self, r, std::nullopt);
+  }
+  if (!out.success) {
+    // The whole batch failed (the runner could not run it): every request in it ends.
+    std::vector<std::string> in_batch;
+    for (auto& [rid, r] : st.requests)
+      if (r.in_batch)
+        in_batch.push_back(rid);
+    for (auto& rid : in_batch)
+      finish(self, rid, FinishReason{"abort", std::nullopt, std::nullopt, out.message}, false,
+             out.message);
+  }
+  run_controls(self);
+}
+
+void check_flushes(scheduler_pointer self);
+
+void step(scheduler_pointer self) {
+  auto& st = self->state;
+  st.step_scheduled = false;
+  check_flushes(self);
+  if (st.paused || st.forward_in_flight || st.control_busy || !st.control_queue.empty())
+    return;
+  while (static_cast<int32_t>(st.running.size()) < st.options.max_running_requests &&
+         !st.waiting.empty()) {
+    st.running.push_back(st.waiting.front());
+    st.waiting.pop_front();
+  }
+  if (st.running.empty())
+    return;
+  ForwardBatch batch;
+  batch.step = st.next_step++;
+  for (const auto& rid : st.running) {
+    auto& r = st.requests.at(rid);
+    SequenceWork w;
+    w.seq_id = r.seq_id;
+    w.new_sequence = !r.has_kv;
+    if (w.new_sequence) {
+      // First batch, or back from retract: the prompt and every token generated so far.
+      w.tokens = r.req.input_ids;
+      w.tokens.insert(w.tokens.end(), r.output_ids.begin(), r.output_ids.end());
+      w.sampling_params = r.req.sampling_params;
+      w.sampling_seed = r.req.sampling_seed + r.output_ids.size();
+    } else {
+      w.tokens = {r.output_ids.back()};
+    }
+    if (r.version_start.empty())
+      r.version_start = st.version;
+    w.top_logprobs_num = r.req.return_logprob ? r.req.top_logprobs_num : 0;
+    r.in_batch = true;
+    batch.work.push_back(std::move(w));
+  }
+  st.forward_in_flight = true;
+  self->request(st.target, caf::infinite, std::move(batch))
+    .then([self](ForwardBatchOutput& out) { on_batch_done(self, out); },
+          [self](caf::error& err) {
+            ForwardBatchOutput out;
+            out.success = false;
+            out.message = "the target runner failed: " + self->system().render(err);
+            on_batch_done(self, out);
+          });
+}
+
+// retract: every running request gives its KV back and returns to the front of the queue, in
+// its admission order, keeping the tokens it has.
+void retract_running(scheduler_pointer self) {
+  auto& st = self->state;
+  std::vector<uint64_t> released;
+  for (auto it = st.running.rbegin(); it != st.running.rend(); ++it) {
+    auto& r = st.requests.at(*it);
+    if (r.has_kv)
+      released.push_back(r.seq_id);
+    r.has_kv = false;
+    st.waiting.push_front(*it);
+  }
+  st.running.clear();
+  if (!released.empty())
+    self->send(st.target, ReleaseSequences{std::move(released)});
+}
+
+// Refreshes the version the scheduler stamps on results, then calls `then`.
+void refresh_version(scheduler_pointer self, std::function<void()> then) {
+  self->request(self->state.updater, caf::infinite, version_atom_v)
+    .then(
+      [self, then](WeightUpdaterStatus& s) {
+        self->state.version = s.weight_version;
+        self->state.committed_updates = s.committed_updates;
+        then();
+      },
+      [then](caf::error&) { then(); });
+}
+
+// A handler that forwards `In` to the weight_updater as a control operation.
+template <class In, class Out>
+auto forward_to_updater(scheduler_pointer self) {
+  return [self](In& req) -> caf::result<Out> {
+    auto rp = self->make_response_promise<Out>();
+    enqueue_control(self, [self, req = std::move(req), rp]() mutable {
+      self->request(self->state.updater, caf::infinite, std::move(req))
+        .then(
+          [self, rp](Out& out) mutable {
+            refresh_version(self, [self, rp, out = std::move(out)]() mutable {
+              rp.deliver(std::move(out));
+              control_done(self);
+            });
+          },
+          [self, rp](caf::error& err) mutable {
+            Out out;
+            out.success = false;
+            out.message = "the weight updater failed: " + self->system().render(err);
+            rp.deliver(std::move(out));
+            control_done(self);
+          });
+    });
+    return rp;
+  };
+}
+
+// Answers the flush requests waiting for the running requests to end: success once none runs,
+// failure at the deadline. Called on every step and whenever a request ends.
+void check_flushes(scheduler_pointer self) {
+  auto& st = self->state;
+  auto now = caf::make_timestamp();
+  for (auto it = st.pending_flushes.begin(); it != st.pending_flushes.end();) {
+    if (st.running.empty()) {
+      it->promise.deliver(FlushCacheReqOutput{true, "cache flushed"});
+    } else if (now >= it->deadline) {
+      it->promise.deliver(FlushCacheReqOutput{
+        false, "cannot flush the cache: " + std::to_string(st.running.size()) +
+                 " requests are running (pause with mode \"abort\" or \"retract\" first, or "
+                 "pass a larger timeout_s to wait for them)"});
+    } else {
+      ++it;
+      continue;
+    }
+    it = st.pending_flushes.erase(it);
+  }
+}
+
+scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_options options,
+                                         runner_actor target, RunnerManifest manifest,
+                                         weight_updater_actor updater, std::string version,
+                                         std::shared_ptr<const model::bpe_tokenizer> tokenizer) {
+  auto& st = self->state;
+  st.options = options;
+  st.target = std::move(target);
+  st.manifest = std::move(manifest);
+  st.updater = std::move(updater);
+  st.version = std::move(version);
+  st.tokenizer = std::move(tokenizer);
+  return {
+    [self](TokenizedGenerateReqInput& req, caf::actor& sink) {
+      auto& st = self->state;
+      request_state r;
+      r.seq_id = st.next_seq++;
+      r.sink = std::move(sink);
+      r.req = std::move(req);
+      auto rid = r.req.rid;
+      if (st.requests.count(rid)) {
+        TokenChunk c;
+        c.rid = rid;
+        c.finished = true;
+        c.success = false;
+        c.message = "a request with rid \"" + rid + "\" is already running";
+        caf::anon_send(r.sink, std::move(c));
+        return;
+      }
+      st.rid_of_seq[r.seq_id] = rid;
+      auto& stored = st.requests.emplace(rid, std::move(r)).first->second;
+      if (stored.req.sampling_params.max_new_tokens == 0) {
+        finish(self, rid, FinishReason{"length", std::nullopt, std::nullopt, {}});
+        return;
+      }
+      st.waiting.push_back(rid);
+      schedule_step(self);
+    },
+    [self](AbortReq& req) {
+      auto& st = self->state;
+      std::vector<std::string> targets;
+      if (req.abort_all) {
+        for (auto& [rid, r] : st.requests)
+          targets.push_back(rid);
+      } else if (st.requests.count(req.rid)) {
+        targets.push_back(req.rid);
+      }
+      for (auto& rid : targets) {
+        auto& r = st.requests.at(rid);
+        r.abort_requested = true;
+        r.abort_message = req.abort_message.empty() ? "aborted by request" : req.abort_message;
+        if (!r.in_batch)
+          finish(self, rid, abort_reason(r));
+      }
+      return AbortReqOutput{true, std::to_string(targets.size()) + " requests aborted",
+                            static_cast<int32_t>(targets.size())};
+    },
+    [self](PauseGenerationReqInput& req) -> caf::result<PauseGenerationReqOutput> {
+      auto rp = self->make_response_promise<PauseGenerationReqOutput>();
+      self->state.paused = true; // no new batch from now on
+      self->state.mode = req.mode;
+      auto mode = req.mode;
+      enqueue_control(self, [self, rp, mode]() mutable {
+        if (mode == pause_mode::retract)
+          retract_running(self);
+        rp.deliver(PauseGenerationReqOutput{
+          true, mode == pause_mode::retract
+                  ? "generation paused; running requests retracted to the queue"
+                  : "generation paused"});
+        control_done(self);
+      });
+      return rp;
+    },
+    [self](ContinueGenerationReqInput&) {
+      self->state.paused = false;
+      schedule_step(self);
+      return ContinueGenerationReqOutput{true, "generation continues"};
+    },
+    [self](FlushCacheReqInput& req) -> caf::result<FlushCacheReqOutput> {
+      auto rp = self->make_response_promise<FlushCacheReqOutput>();
+      auto wait = std::chrono::duration_cast<caf::timespan>(
+        std::chrono::duration<double>(std::max(0.0, req.timeout_s.value_or(0.0))));
+      self->state.pending_flushes.push_back({rp, caf::make_timestamp() + wait});
+      if (wait.count() > 0)
+        self->delayed_send(self, wait, step_atom_v); // wakes check_flushes at the deadline
+      check_flushes(self);
+      return rp;
+    },
+    [self](GetServerInfoReqInput&) {
+      auto& st = self->state;
+      GetServerInfoReqOutput out;
+      out.weight_version = st.version;
+      out.paused = st.paused;
+      out.running_requests = static_cast<int32_t>(st.running.size());
+      out.waiting_requests = static_cast<int32_t>(st.waiting.size());
+      out.committed_updates = st.committed_updates;
+      return out;
+    },
+    forward_to_updater<BeginWeightUpdateReqInput, BeginWeightUpdateReqOutput>(self),
+    forward_to_updater<UpdateWeightsFromTensorReqInput, UpdateWeightsFromTensorReqOutput>(self),
+    forward_to_updater<UpdateWeightsFromDistributedReqInput, UpdateWeightsFromDistributedReqOutput>(self),
+    forward_to_updater<UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput>(self),
+    forward_to_updater<EndWeightUpdateReqInput, EndWeightUpdateReqOutput>(self),
+    forward_to_updater<PostProcessWeightsReqInput, PostProcessWeightsReqOutput>(self),
+    forward_to_updater<InitWeightsUpdateGroupReqInput, InitWeightsUpdateGroupReqOutput>(self),
+    forward_to_updater<DestroyWeightsUpdateGroupReqInput, DestroyWeightsUpdateGroupReqOutput>(self),
+    forward_to_updater<CheckWeightsReqInput, CheckWeightsReqOutput>(self),
+    forward_to_updater<GetWeightsByNameReqInput, GetWeightsByNameReqOutput>(self),
+    forward_to_updater<UpdateWeightVersionReqInput, UpdateWeightVersionReqOutput>(self),
+    [self](step_atom) { step(self); },
+  };
+}
+
+} // namespace
+
+scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_options options,
+                                runner_actor target, RunnerManifest target_manifest,
+                                weight_updater_actor updater, std::string initial_version,
+                                std::shared_ptr<const model::bpe_tokenizer> tokenizer) {
+  return sys.spawn(scheduler, options, std::move(target), std::move(target_manifest),
+                   std::move(updater), std::move(initial_version), std::move(tokenizer));
+}
+
+} // namespace rlserve

@@ -1,0 +1,66 @@
+// scheduler: runs generation over the target runner, one batch at a time, and is the one door
+// through which weight operations reach the weight_updater — only between batches, so a weight
+// operation never overlaps a forward (DESIGN §2).
+//
+// This is the walking skeleton's scheduler: every running request advances one token per batch
+// (the prompt in its first batch), up to max_running_requests at once, first come first served.
+// Paged KV, chunked prefill and speculative decoding come with the scheduler issue.
+#pragma once
+
+#include <memory>
+
+#include "actors/runner_actor.hpp"
+#include "actors/weight_updater_actor.hpp"
+#include "caf/fwd.hpp"
+#include "caf/replies_to.hpp"
+#include "caf/typed_actor.hpp"
+#include "messages/all.hpp"
+
+namespace rlserve {
+
+namespace model {
+class bpe_tokenizer;
+}
+
+using scheduler_actor = caf::typed_actor<
+  // Queues a request. Progress goes to `sink` as TokenChunk messages (every token when
+  // streaming, else one final chunk); the last chunk has finished = true. No reply.
+  caf::reacts_to<TokenizedGenerateReqInput, caf::actor>,
+  // Aborts one request (by rid) or all; each ends with finish reason "abort" and its partial
+  // output. Replies with how many it found.
+  caf::replies_to<AbortReq>::with<AbortReqOutput>,
+  // retract: running requests give up their KV and go back to the queue; in_place: they keep
+  // it. Either way no batch starts until continue. Replies once the batch in flight is done.
+  caf::replies_to<PauseGenerationReqInput>::with<PauseGenerationReqOutput>,
+  caf::replies_to<ContinueGenerationReqInput>::with<ContinueGenerationReqOutput>,
+  // Drops cached KV; refused while requests are running (after waiting up to timeout_s).
+  caf::replies_to<FlushCacheReqInput>::with<FlushCacheReqOutput>,
+  // Queue depths, pause state and the serving weight version.
+  caf::replies_to<GetServerInfoReqInput>::with<GetServerInfoReqOutput>,
+  // Weight operations, forwarded to the weight_updater between batches, one at a time.
+  caf::replies_to<BeginWeightUpdateReqInput>::with<BeginWeightUpdateReqOutput>,
+  caf::replies_to<UpdateWeightsFromTensorReqInput>::with<UpdateWeightsFromTensorReqOutput>,
+  caf::replies_to<UpdateWeightsFromDistributedReqInput>::with<UpdateWeightsFromDistributedReqOutput>,
+  caf::replies_to<UpdateWeightFromDiskReqInput>::with<UpdateWeightFromDiskReqOutput>,
+  caf::replies_to<EndWeightUpdateReqInput>::with<EndWeightUpdateReqOutput>,
+  caf::replies_to<PostProcessWeightsReqInput>::with<PostProcessWeightsReqOutput>,
+  caf::replies_to<InitWeightsUpdateGroupReqInput>::with<InitWeightsUpdateGroupReqOutput>,
+  caf::replies_to<DestroyWeightsUpdateGroupReqInput>::with<DestroyWeightsUpdateGroupReqOutput>,
+  caf::replies_to<CheckWeightsReqInput>::with<CheckWeightsReqOutput>,
+  caf::replies_to<GetWeightsByNameReqInput>::with<GetWeightsByNameReqOutput>,
+  caf::replies_to<UpdateWeightVersionReqInput>::with<UpdateWeightVersionReqOutput>,
+  // Internal: run the next batch if there is work and nothing else in flight.
+  caf::reacts_to<step_atom>>;
+
+struct scheduler_options {
+  int32_t max_running_requests = 64;
+};
+
+// `target`: the runner that generates; `target_manifest`: its limits and EOS ids; `tokenizer`:
+// for stop strings (may be null: then stop strings are refused by the front door).
+scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_options options,
+                                runner_actor target, RunnerManifest target_manifest,
+                                weight_updater_actor updater, std::string initial_version,
+                                std::shared_ptr<const model::bpe_tokenizer> tokenizer);
+
+} // namespace rlserve

@@ -1,0 +1,444 @@
+#include "actors/tokenizer_actor.hpp"
+
+#include <functional>
+#include <random>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "actors/policy/update_gate.hpp"
+#include "caf/all.hpp"
+#include "messages/registration_check.hpp"
+#include "messages/enums.hpp"
+#include "messages/validate.hpp"
+#include "model/bpe_tokenizer.hpp"
+
+namespace rlserve {
+
+// CAF 0.17 does not check type IDs: a message type missing from messages/type_ids.hpp would
+// work here and fail across processes.
+static_assert(interface_registered<tokenizer_actor>::value, "a message type of tokenizer_actor is not in type_ids.hpp");
+
+namespace {
+
+using policy::gate_op;
+
+struct active_request {
+  GenerateReqOutput result; // everything so far
+  caf::actor sink;
+  bool stream = false;
+  bool no_stop_trim = false;
+  caf::typed_response_promise<GenerateReqOutput> promise;
+  std::optional<model::incremental_decoder> decoder;
+};
+
+struct queued_generate {
+  uint64_t ticket;
+  TokenizedGenerateReqInput req;
+  caf::actor sink;
+  caf::typed_response_promise<GenerateReqOutput> promise;
+};
+
+struct tokenizer_state {
+  // Not an aggregate: under C++20, CAF 0.17's stateful_actor would otherwise try to build the
+  // state from the actor pointer (parenthesized aggregate init makes is_constructible true).
+  tokenizer_state() = default;
+
+  scheduler_actor scheduler;
+  std::shared_ptr<const model::bpe_tokenizer> tokenizer;
+  front_door_info info;
+  policy::update_gate gate;
+  uint64_t next_ticket = 1;
+  std::unordered_map<uint64_t, std::function<void()>> starters; // ticket -> start it
+  std::unordered_map<std::string, queued_generate> queued;      // rid -> waiting at the gate
+  std::unordered_map<std::string, active_request> active;       // rid -> running
+  std::vector<caf::typed_response_promise<PauseGenerationReqOutput>> pause_abort_waiters;
+  std::string pause_mode_name;
+  std::mt19937_64 rng{std::random_device{}()};
+  static inline const char* name = "tokenizer";
+};
+
+using tokenizer_pointer = tokenizer_actor::stateful_pointer<tokenizer_state>;
+
+GenerateReqOutput failed_output(std::string rid, std::string message) {
+  GenerateReqOutput out;
+  out.success = false;
+  out.rid = std::move(rid);
+  out.message = std::move(message);
+  out.finished = true;
+  out.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt, out.message};
+  return out;
+}
+
+// Starts whatever the gate lets through now.
+void pump(tokenizer_pointer self) {
+  auto& st = self->state;
+  for (auto& s : st.gate.ready()) {
+    auto it = st.starters.find(s.id);
+    if (it == st.starters.end())
+      continue;
+    auto start = std::move(it->second);
+    st.starters.erase(it);
+    start();
+  }
+}
+
+void check_pause_abort(tokenizer_pointer self) {
+  auto& st = self->state;
+  if (st.gate.running_generates() != 0 || st.pause_abort_waiters.empty())
+    return;
+  for (auto& rp : st.pause_abort_waiters)
+    rp.deliver(PauseGenerationReqOutput{true, "generation paused; running requests aborted"});
+  st.pause_abort_waiters.clear();
+}
+
+// Validation and tokenization: everything that can be said about a request before it runs.
+expected<TokenizedGenerateReqInput> prepare(tokenizer_state& st, GenerateReqInput& req) {
+  if (auto ok = validate(req); !ok)
+    return std::move(ok).take_failure();
+  const auto& p = req.sampling_params;
+  if (p.n != 1)
+    return fail("sampling_params.n: " + std::to_string(p.n) +
+                " is not supported yet (send n separate requests)");
+  if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f || p.repetition_penalty != 1.0f)
+    return fail("sampling_params: frequency, presence and repetition penalties are not supported "
+                "yet (leave them at 0, 0 and 1)");
+  if (req.logprob_start_len != -1)
+    return fail("logprob_start_len: prompt logprobs are not supported yet (use -1: output "
+                "tokens only)");
+  if (!p.stop.empty() && !st.tokenizer)
+    return fail("sampling_params.stop: stop strings need a tokenizer, and this model has no "
+                "tokenizer.json (use stop_token_ids)");
+  TokenizedGenerateReqInput out;
+  if (req.text) {
+    if (!st.tokenizer)
+      return fail("text: this model has no tokenizer.json; send input_ids instead");
+    out.input_text = *req.text;
+    out.input_ids = st.tokenizer->encode(*req.text);
+    if (out.input_ids.empty())
+      return fail("text: the prompt is empty after tokenization");
+  } else {
+    out.input_ids = std::move(*req.input_ids);
+  }
+  for (std::size_t i = 0; i < out.input_ids.size(); ++i)
+    if (out.input_ids[i] >= st.info.vocab_size)
+      return fail(fmt::format("input_ids[{}]: token id {} is outside the vocabulary (size {})", i,
+                              out.input_ids[i], st.info.vocab_size));
+  if (static_cast<int64_t>(out.input_ids.size()) >= st.info.max_context_length)
+    return fail(fmt::format("the prompt has {} tokens; the model's context length is {}",
+                            out.input_ids.size(), st.info.max_context_length));
+  out.rid = req.rid ? *req.rid : fmt::format("{:016x}{:016x}", st.rng(), st.rng());
+  if (st.active.count(out.rid) || st.queued.count(out.rid))
+    return fail("rid: a request with rid \"" + out.rid + "\" is already in flight");
+  out.sampling_params = std::move(req.sampling_params);
+  out.sampling_seed = out.sampling_params.sampling_seed ? *out.sampling_params.sampling_seed : st.rng();
+  out.return_logprob = req.return_logprob;
+  out.logprob_start_len = req.logprob_start_len;
+  out.top_logprobs_num = req.top_logprobs_num;
+  out.stream = req.stream;
+  return out;
+}
+
+void start_generate(tokenizer_pointer self, const std::string& rid) {
+  auto& st = self->state;
+  auto q = st.queued.find(rid);
+  if (q == st.queued.end())
+    return;
+  active_request a;
+  a.sink = q->second.sink;
+  a.stream = q->second.req.stream;
+  a.no_stop_trim = q->second.req.sampling_params.no_stop_trim;
+  a.promise = q->second.promise;
+  if (st.tokenizer)
+    a.decoder.emplace(*st.tokenizer, q->second.req.sampling_params.skip_special_tokens);
+  a.result.rid = rid;
+  a.result.sampling_seed = q->second.req.sampling_seed;
+  a.result.prompt_tokens = static_cast<int32_t>(q->second.req.input_ids.size());
+  auto req = std::move(q->second.req);
+  st.queued.erase(q);
+  st.active.emplace(rid, std::move(a));
+  self->send(st.scheduler, std::move(req), caf::actor_cast<caf::actor>(self));
+}
+
+void on_chunk(tokenizer_pointer self, TokenChunk& c) {
+  auto& st = self->state;
+  auto it = st.active.find(c.rid);
+  if (it == st.active.end())
+    return;
+  auto& a = it->second;
+  GenerateReqOutput delta;
+  delta.rid = c.rid;
+  for (auto id : c.output_ids)
+    if (a.decoder)
+      delta.text += a.decoder->push(id);
+  if (c.finished && a.decoder)
+    delta.text += a.decoder->finish();
+  delta.output_ids = c.output_ids;
+  delta.output_token_logprobs = c.output_token_logprobs;
+  delta.output_top_logprobs = c.output_top_logprobs;
+  delta.finished = c.finished;
+  delta.finish_reason = c.finish_reason;
+  delta.prompt_tokens = c.prompt_tokens;
+  delta.completion_tokens = c.completion_tokens;
+  delta.cached_tokens = c.cached_tokens;
+  delta.weight_version_start = c.weight_version_start;
+  delta.weight_version = c.weight_version;
+  delta.sampling_seed = a.result.sampling_seed;
+  delta.success = c.success;
+  delta.message = c.message;
+
+  auto& r = a.result;
+  r.text += delta.text;
+  r.output_ids.insert(r.output_ids.end(), c.output_ids.begin(), c.output_ids.end());
+  r.output_token_logprobs.insert(r.output_token_logprobs.end(), c.output_token_logprobs.begin(),
+                                 c.output_token_logprobs.end());
+  r.output_top_logprobs.insert(r.output_top_logprobs.end(), c.output_top_logprobs.begin(),
+                               c.output_top_logprobs.end());
+  r.finished = c.finished;
+  r.finish_reason = c.finish_reason;
+  r.completion_tokens = c.completion_tokens;
+  r.cached_tokens = c.cached_tokens;
+  r.weight_version_start = c.weight_version_start;
+  r.weight_version = c.weight_version;
+  r.success = c.success;
+  r.message = c.message;
+  if (a.stream && a.sink)
+    caf::anon_send(a.sink, std::move(delta));
+  if (!c.finished)
+    return;
+  // SGLang drops a matched stop string from the text unless no_stop_trim.
+  if (r.finish_reason && r.finish_reason->matched_str && !a.no_stop_trim)
+    if (auto pos = r.text.find(*r.finish_reason->matched_str); pos != std::string::npos)
+      r.text.resize(pos);
+  a.promise.deliver(std::move(r));
+  st.active.erase(it);
+  st.gate.finished(gate_op::generate);
+  check_pause_abort(self);
+  pump(self);
+}
+
+// Queues a weight operation at the gate; when it may run it goes to the scheduler, and the
+// gate hears its end (a session opens on a successful begin and closes on any end).
+template <class In, class Out>
+auto locked_update(tokenizer_pointer self, gate_op op) {
+  return [self, op](In& req) -> caf::result<Out> {
+    auto& st = self->state;
+    if constexpr (requires { req.abort_all_requests; }) {
+      if (req.abort_all_requests)
+        caf::anon_send(st.scheduler, AbortReq{"", true, "aborted: a weight update asked for it"});
+    }
+    auto rp = self->make_response_promise<Out>();
+    auto ticket = st.next_ticket++;
+    st.starters.emplace(ticket, [self, op, rp, req = std::move(req)]() mutable {
+      self->request(self->state.scheduler, caf::infinite, std::move(req))
+        .then(
+          [self, op, rp](Out& out) mutable {
+            self->state.gate.finished(op, out.success);
+            rp.deliver(std::move(out));
+            pump(self);
+          },
+          [self, op, rp](caf::error& err) mutable {
+            self->state.gate.finished(op, false);
+            Out out;
+            out.success = false;
+            out.message = "the scheduler failed: " + self->system().render(err);
+            rp.deliver(std::move(out));
+            pump(self);
+          });
+    });
+    st.gate.submit(ticket, op);
+    pump(self);
+    return rp;
+  };
+}
+
+// A weight operation that takes no lock: straight to the scheduler.
+template <class In, class Out>
+auto unlocked(tokenizer_pointer self) {
+  return [self](In& req) -> caf::result<Out> {
+    if constexpr (requires { req.abort_all_requests; }) {
+      if (req.abort_all_requests)
+        caf::anon_send(self->state.scheduler,
+                   AbortReq{"", true, "aborted: a weight-version update asked for it"});
+    }
+    return self->delegate(self->state.scheduler, std::move(req));
+  };
+}
+
+tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_actor scheduler,
+                                          std::shared_ptr<const model::bpe_tokenizer> tokenizer,
+                                          front_door_info info) {
+  auto& st = self->state;
+  st.scheduler = std::move(scheduler);
+  st.tokenizer = std::move(tokenizer);
+  st.info = std::move(info);
+  return {
+    [self](GenerateReqInput& req, caf::actor& sink) -> caf::result<GenerateReqOutput> {
+      auto& st = self->state;
+      auto rid_hint = req.rid.value_or("");
+      auto prepared = prepare(st, req);
+      if (!prepared) {
+        auto out = failed_output(rid_hint, prepared.error());
+        if (sink)
+          caf::anon_send(sink, out); // a streaming caller always gets a last chunk
+        return out;
+      }
+      auto rp = self->make_response_promise<GenerateReqOutput>();
+      auto ticket = st.next_ticket++;
+      auto rid = prepared->rid;
+      st.queued.emplace(rid, queued_generate{ticket, std::move(*prepared), std::move(sink), rp});
+      st.starters.emplace(ticket, [self, rid] { start_generate(self, rid); });
+      st.gate.submit(ticket, gate_op::generate);
+      pump(self);
+      return rp;
+    },
+    [self](TokenChunk& c) { on_chunk(self, c); },
+    [self](AbortReq& req) -> caf::result<AbortReqOutput> {
+      auto& st = self->state;
+      // Requests still waiting at the gate end here; running ones in the scheduler.
+      int32_t here = 0;
+      std::vector<std::string> rids;
+      for (auto& [rid, q] : st.queued)
+        if (req.abort_all || rid == req.rid)
+          rids.push_back(rid);
+      for (auto& rid : rids) {
+        auto q = st.queued.find(rid);
+        st.gate.cancel(q->second.ticket);
+        st.starters.erase(q->second.ticket);
+        GenerateReqOutput out;
+        out.rid = rid;
+        out.finished = true;
+        out.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt,
+                                         req.abort_message.empty() ? "aborted by request"
+                                                                   : req.abort_message};
+        out.sampling_seed = q->second.req.sampling_seed;
+        out.prompt_tokens = static_cast<int32_t>(q->second.req.input_ids.size());
+        if (q->second.sink)
+          caf::anon_send(q->second.sink, out);
+        q->second.promise.deliver(std::move(out));
+        st.queued.erase(q);
+        ++here;
+      }
+      if (!req.abort_all && here == 1)
+        return AbortReqOutput{true, "1 request aborted", 1};
+      auto rp = self->make_response_promise<AbortReqOutput>();
+      self->request(st.scheduler, caf::infinite, req)
+        .then(
+          [rp, here](AbortReqOutput& out) mutable {
+            out.num_aborted += here;
+            out.message = std::to_string(out.num_aborted) + " requests aborted";
+            rp.deliver(std::move(out));
+          },
+          [self, rp](caf::error& err) mutable {
+            rp.deliver(AbortReqOutput{false, "the scheduler failed: " + self->system().render(err), 0});
+          });
+      return rp;
+    },
+    [self](PauseGenerationReqInput& req) -> caf::result<PauseGenerationReqOutput> {
+      auto& st = self->state;
+      st.gate.pause();
+      st.pause_mode_name = std::string(to_string(req.mode));
+      if (req.mode == pause_mode::abort) {
+        // SGLang handles abort mode in the front door: abort everything, then wait until no
+        // request holds the lock. Requests arriving from now on wait for continue.
+        auto rp = self->make_response_promise<PauseGenerationReqOutput>();
+        st.pause_abort_waiters.push_back(rp);
+        caf::anon_send(st.scheduler, AbortReq{"", true, "aborted: generation paused (mode abort)"});
+        check_pause_abort(self);
+        pump(self); // a writer waiting for the running requests may go now
+        return rp;
+      }
+      auto rp = self->make_response_promise<PauseGenerationReqOutput>();
+      self->request(st.scheduler, caf::infinite, req)
+        .then([self, rp](PauseGenerationReqOutput& out) mutable {
+                rp.deliver(std::move(out));
+                pump(self);
+              },
+              [self, rp](caf::error& err) mutable {
+                rp.deliver(PauseGenerationReqOutput{
+                  false, "the scheduler failed: " + self->system().render(err)});
+              });
+      pump(self); // update operations waiting for the lock run under the pause now
+      return rp;
+    },
+    [self](ContinueGenerationReqInput& req) -> caf::result<ContinueGenerationReqOutput> {
+      auto& st = self->state;
+      if (!st.gate.paused())
+        return ContinueGenerationReqOutput{true, "generation was not paused"};
+      auto rp = self->make_response_promise<ContinueGenerationReqOutput>();
+      auto ticket = st.next_ticket++;
+      st.starters.emplace(ticket, [self, rp, req]() mutable {
+        self->state.pause_mode_name.clear();
+        self->request(self->state.scheduler, caf::infinite, req)
+          .then([rp](ContinueGenerationReqOutput& out) mutable { rp.deliver(std::move(out)); },
+                [self, rp](caf::error& err) mutable {
+                  rp.deliver(ContinueGenerationReqOutput{
+                    false, "the scheduler failed: " + self->system().render(err)});
+                });
+      });
+      st.gate.submit(ticket, gate_op::resume);
+      pump(self);
+      return rp;
+    },
+    [self](FlushCacheReqInput& req) { return self->delegate(self->state.scheduler, req); },
+    [self](GetServerInfoReqInput& req) -> caf::result<GetServerInfoReqOutput> {
+      auto rp = self->make_response_promise<GetServerInfoReqOutput>();
+      self->request(self->state.scheduler, caf::infinite, req)
+        .then(
+          [self, rp](GetServerInfoReqOutput& out) mutable {
+            auto& st = self->state;
+            out.model_path = st.info.model_path;
+            out.draft_model_path = st.info.draft_model_path;
+            out.device = st.info.device;
+            out.architecture = st.info.architecture;
+            out.vocab_size = st.info.vocab_size;
+            out.max_context_length = st.info.max_context_length;
+            out.paused = st.gate.paused();
+            out.pause_mode = st.pause_mode_name;
+            out.weight_update_session_open = st.gate.session_open();
+            out.waiting_requests += static_cast<int32_t>(st.gate.queued_generates());
+            rp.deliver(std::move(out));
+          },
+          [self, rp](caf::error& err) mutable {
+            GetServerInfoReqOutput out;
+            out.success = false;
+            out.message = "the scheduler failed: " + self->system().render(err);
+            rp.deliver(std::move(out));
+          });
+      return rp;
+    },
+    [self](HealthCheckReqInput&) -> caf::result<HealthCheckReqOutput> {
+      auto rp = self->make_response_promise<HealthCheckReqOutput>();
+      self->request(self->state.scheduler, std::chrono::seconds(10), GetServerInfoReqInput{})
+        .then([rp](GetServerInfoReqOutput&) mutable { rp.deliver(HealthCheckReqOutput{true, "ok"}); },
+              [self, rp](caf::error& err) mutable {
+                rp.deliver(HealthCheckReqOutput{
+                  false, "the scheduler does not answer: " + self->system().render(err)});
+              });
+      return rp;
+    },
+    locked_update<BeginWeightUpdateReqInput, BeginWeightUpdateReqOutput>(self, gate_op::session_begin),
+    locked_update<UpdateWeightsFromTensorReqInput, UpdateWeightsFromTensorReqOutput>(
+      self, gate_op::session_update),
+    locked_update<UpdateWeightsFromDistributedReqInput, UpdateWeightsFromDistributedReqOutput>(
+      self, gate_op::session_update),
+    locked_update<UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput>(self, gate_op::standalone),
+    locked_update<EndWeightUpdateReqInput, EndWeightUpdateReqOutput>(self, gate_op::session_end),
+    locked_update<PostProcessWeightsReqInput, PostProcessWeightsReqOutput>(self, gate_op::standalone),
+    unlocked<InitWeightsUpdateGroupReqInput, InitWeightsUpdateGroupReqOutput>(self),
+    unlocked<DestroyWeightsUpdateGroupReqInput, DestroyWeightsUpdateGroupReqOutput>(self),
+    unlocked<CheckWeightsReqInput, CheckWeightsReqOutput>(self),
+    unlocked<GetWeightsByNameReqInput, GetWeightsByNameReqOutput>(self),
+    unlocked<UpdateWeightVersionReqInput, UpdateWeightVersionReqOutput>(self),
+  };
+}
+
+} // namespace
+
+tokenizer_actor spawn_tokenizer(caf::actor_system& sys, scheduler_actor scheduler,
+                                std::shared_ptr<const model::bpe_tokenizer> tokenizer,
+                                front_door_info info) {
+  return sys.spawn(front_door, std::move(scheduler), std::move(tokenizer), std::move(info));
+}
+
+} // namespace rlserve

@@ -1,0 +1,67 @@
+// tokenizer: the front door (SGLang's tokenizer manager and its control mixin). Validates and
+// tokenizes generate requests (or passes token ids through), detokenizes results incrementally
+// for streaming, routes results back to callers, and holds the pause-aware update lock
+// (actors/policy/update_gate.hpp): generate requests hold it shared, a weight-update session
+// exclusive, except while generation is paused.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "actors/scheduler_actor.hpp"
+#include "caf/fwd.hpp"
+#include "caf/replies_to.hpp"
+#include "caf/typed_actor.hpp"
+#include "messages/all.hpp"
+
+namespace rlserve {
+
+namespace model {
+class bpe_tokenizer;
+}
+
+using tokenizer_actor = caf::typed_actor<
+  // Runs one request to its end. When req.stream is set, every chunk also goes to `sink`
+  // (a GenerateReqOutput message per chunk; `sink` may be invalid otherwise). The reply is the
+  // whole result. Bad input ends it at once with success = false and a message.
+  caf::replies_to<GenerateReqInput, caf::actor>::with<GenerateReqOutput>,
+  // From the scheduler: progress of a request.
+  caf::reacts_to<TokenChunk>,
+  // Aborts a request (queued here or running) or all of them.
+  caf::replies_to<AbortReq>::with<AbortReqOutput>,
+  // abort: end every running request (partial output, finish reason "abort") and reply once
+  // none runs; retract / in_place: the scheduler keeps them. New requests wait until continue.
+  caf::replies_to<PauseGenerationReqInput>::with<PauseGenerationReqOutput>,
+  // Unpauses, after any update operation or session in progress has ended.
+  caf::replies_to<ContinueGenerationReqInput>::with<ContinueGenerationReqOutput>,
+  caf::replies_to<FlushCacheReqInput>::with<FlushCacheReqOutput>,
+  caf::replies_to<GetServerInfoReqInput>::with<GetServerInfoReqOutput>,
+  caf::replies_to<HealthCheckReqInput>::with<HealthCheckReqOutput>,
+  // Weight operations that take the update lock (pause-aware).
+  caf::replies_to<BeginWeightUpdateReqInput>::with<BeginWeightUpdateReqOutput>,
+  caf::replies_to<UpdateWeightsFromTensorReqInput>::with<UpdateWeightsFromTensorReqOutput>,
+  caf::replies_to<UpdateWeightsFromDistributedReqInput>::with<UpdateWeightsFromDistributedReqOutput>,
+  caf::replies_to<UpdateWeightFromDiskReqInput>::with<UpdateWeightFromDiskReqOutput>,
+  caf::replies_to<EndWeightUpdateReqInput>::with<EndWeightUpdateReqOutput>,
+  caf::replies_to<PostProcessWeightsReqInput>::with<PostProcessWeightsReqOutput>,
+  // Weight operations that take no lock.
+  caf::replies_to<InitWeightsUpdateGroupReqInput>::with<InitWeightsUpdateGroupReqOutput>,
+  caf::replies_to<DestroyWeightsUpdateGroupReqInput>::with<DestroyWeightsUpdateGroupReqOutput>,
+  caf::replies_to<CheckWeightsReqInput>::with<CheckWeightsReqOutput>,
+  caf::replies_to<GetWeightsByNameReqInput>::with<GetWeightsByNameReqOutput>,
+  caf::replies_to<UpdateWeightVersionReqInput>::with<UpdateWeightVersionReqOutput>>;
+
+struct front_door_info {
+  std::string model_path;
+  std::string draft_model_path;
+  std::string device;
+  std::string architecture;
+  int64_t vocab_size = 0;
+  int64_t max_context_length = 0;
+};
+
+tokenizer_actor spawn_tokenizer(caf::actor_system& sys, scheduler_actor scheduler,
+                                std::shared_ptr<const model::bpe_tokenizer> tokenizer,
+                                front_door_info info);
+
+} // namespace rlserve

@@ -1,0 +1,632 @@
+#include "actors/weight_updater_actor.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <unordered_map>
+
+#include <xxhash.h>
+
+#include "caf/all.hpp"
+#include "messages/registration_check.hpp"
+#include "messages/enums.hpp"
+#include "model/checkpoint.hpp"
+
+namespace rlserve {
+
+// CAF 0.17 does not check type IDs: a message type missing from messages/type_ids.hpp would
+// work here and fail across processes.
+static_assert(interface_registered<weight_updater_actor>::value, "a message type of weight_updater_actor is not in type_ids.hpp");
+
+namespace {
+
+struct runner_entry {
+  runner_handle handle;
+  std::unordered_map<std::string, const TensorSpec*> by_name;
+  std::unordered_map<std::string, std::string> aliases; // alias -> canonical name
+};
+
+struct session_state {
+  bool open = false;
+  runner_selector selector = runner_selector::all;
+  bool loaded = false;        // something was staged
+  std::size_t staged = 0;     // tensors staged so far (all runners)
+  std::optional<std::string> version; // from the update messages, if they named one
+};
+
+struct updater_state {
+  // Not an aggregate: under C++20, CAF 0.17's stateful_actor would otherwise try to build the
+  // state from the actor pointer (parenthesized aggregate init makes is_constructible true).
+  updater_state() = default;
+
+  std::vector<std::unique_ptr<runner_entry>> runners; // target first
+  std::string version;
+  uint64_t committed = 0;
+  session_state session;
+  static inline const char* name = "weight_updater";
+};
+
+using updater_pointer = weight_updater_actor::stateful_pointer<updater_state>;
+
+std::string selector_name(runner_selector s) { return std::string(to_string(s)); }
+
+std::string hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string spec_string(dtype t, const std::vector<int64_t>& shape) {
+  return std::string(torch_name(t)) + " " + shape_string(shape);
+}
+
+// The runners a selector reaches, target first; an error when it names a role with no runner.
+expected<std::vector<runner_entry*>> select(updater_state& st, runner_selector sel) {
+  std::vector<runner_entry*> out;
+  for (auto& r : st.runners) {
+    const auto& role = r->handle.manifest.role;
+    if (sel == runner_selector::all || (sel == runner_selector::target && role == "target") ||
+        (sel == runner_selector::draft && role == "draft"))
+      out.push_back(r.get());
+  }
+  if (out.empty())
+    return fail(sel == runner_selector::draft
+                  ? "selector \"draft\": no draft model is loaded (start the engine with "
+                    "--draft-model to have one)"
+                  : "selector \"" + selector_name(sel) + "\" reaches no runner");
+  return out;
+}
+
+// Runs `msg` on every runner of `targets` concurrently and calls `done` with one reply per
+// runner (in the same order) once all have answered; a runner that fails to answer (it died)
+// yields a reply with success = false and CAF's reason.
+template <class Reply, class Msg, class Done>
+void gather(updater_pointer self, const std::vector<runner_entry*>& targets, Msg msg, Done done) {
+  struct pending_replies {
+    std::vector<Reply> replies;
+    std::size_t missing;
+  };
+  auto acc = std::make_shared<pending_replies>(pending_replies{std::vector<Reply>(targets.size()),
+                                                               targets.size()});
+  if (targets.empty()) {
+    done(std::move(acc->replies));
+    return;
+  }
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    auto role = targets[i]->handle.manifest.role;
+    self->request(targets[i]->handle.actor, caf::infinite, msg)
+      .then(
+        [acc, i, done](Reply& r) mutable {
+          acc->replies[i] = std::move(r);
+          if (--acc->missing == 0)
+            done(std::move(acc->replies));
+        },
+        [self, acc, i, done, role](caf::error& err) mutable {
+          acc->replies[i].success = false;
+          acc->replies[i].message = "the " + role + " runner did not answer: " +
+                                    self->system().render(err);
+          if (--acc->missing == 0)
+            done(std::move(acc->replies));
+        });
+  }
+}
+
+// Joins the messages of failed replies, each prefixed by its runner's role.
+template <class Reply>
+std::optional<std::string> failures(const std::vector<runner_entry*>& targets,
+                                    const std::vector<Reply>& replies) {
+  std::string msg;
+  for (std::size_t i = 0; i < replies.size(); ++i)
+    if (!replies[i].success)
+      msg += (msg.empty() ? "" : "; ") + targets[i]->handle.manifest.role + ": " +
+             replies[i].message;
+  if (msg.empty())
+    return std::nullopt;
+  return msg;
+}
+
+// Splits a bucket among the selected runners after checking all of it: every name is a
+// parameter (or alias) of at least one selected runner, with its dtype, shape and byte count;
+// no name twice; tied aliases agree with their target. Returns one tensor list per runner.
+expected<std::vector<std::vector<NamedTensor>>>
+route_bucket(const std::vector<runner_entry*>& targets, const std::vector<NamedTensor>& bucket,
+             const updater_state& st, runner_selector sel) {
+  std::vector<std::vector<NamedTensor>> out(targets.size());
+  std::set<std::string> seen;
+  for (const auto& t : bucket) {
+    if (!seen.insert(t.name).second)
+      return fail("tensor '" + t.name + "' appears twice in one update");
+    for (auto d : t.tensor.shape)
+      if (d < 0)
+        return fail("tensor '" + t.name + "': negative dimension in shape " +
+                    shape_string(t.tensor.shape));
+    auto numel = t.tensor.checked_numel();
+    if (numel < 0)
+      return fail("tensor '" + t.name + "': shape " + shape_string(t.tensor.shape) +
+                  " overflows (more bytes than a 64-bit size can count)");
+    auto expected_bytes = static_cast<std::size_t>(numel) * element_size(t.tensor.type);
+    if (expected_bytes != t.tensor.nbytes)
+      return fail("tensor '" + t.name + "': " + std::to_string(t.tensor.nbytes) +
+                  " bytes of data for " + spec_string(t.tensor.type, t.tensor.shape) + " (" +
+                  std::to_string(expected_bytes) + " expected)");
+  }
+  for (const auto& t : bucket) {
+    bool owned = false;
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      auto& r = *targets[i];
+      std::string name = t.name;
+      if (auto a = r.aliases.find(name); a != r.aliases.end()) {
+        name = a->second;
+        // Sent under both names: they are one tensor here, so they must be equal.
+        for (const auto& other : bucket) {
+          if (other.name != name)
+            continue;
+          if (other.tensor.nbytes != t.tensor.nbytes ||
+              std::memcmp(other.tensor.data.get(), t.tensor.data.get(), t.tensor.nbytes) != 0)
+            return fail("'" + t.name + "' and '" + name + "' are tied in the " +
+                        r.handle.manifest.role +
+                        " model (tie_word_embeddings) but the update gives them different values");
+          name.clear(); // the canonical entry carries it
+        }
+        if (name.empty()) {
+          owned = true;
+          continue;
+        }
+      }
+      auto spec = r.by_name.find(name);
+      if (spec == r.by_name.end())
+        continue;
+      owned = true;
+      if (spec->second->type != t.tensor.type || spec->second->shape != t.tensor.shape)
+        return fail("tensor '" + t.name + "': the " + r.handle.manifest.role + " model expects " +
+                    spec_string(spec->second->type, spec->second->shape) + ", the update sent " +
+                    spec_string(t.tensor.type, t.tensor.shape));
+      out[i].push_back({name, t.tensor});
+    }
+    if (!owned) {
+      for (const auto& r : st.runners)
+        if (r->by_name.count(t.name) || r->aliases.count(t.name))
+          return fail("tensor '" + t.name + "' belongs to the " + r->handle.manifest.role +
+                      " model, which selector \"" + selector_name(sel) + "\" does not reach");
+      return fail("unknown tensor name '" + t.name + "': not a parameter of the " +
+                  (targets.size() == 1 ? targets[0]->handle.manifest.role + " model"
+                                       : std::string("target or draft model")));
+    }
+  }
+  return out;
+}
+
+// Stages routed tensors on the runners that got any; `done(error or nullopt)`.
+template <class Done>
+void stage_routed(updater_pointer self, const std::vector<runner_entry*>& targets,
+                  std::vector<std::vector<NamedTensor>> routed, Done done) {
+  auto remaining = std::make_shared<std::size_t>(0);
+  auto errors = std::make_shared<std::string>();
+  for (auto& list : routed)
+    *remaining += !list.empty();
+  if (*remaining == 0) {
+    done(std::optional<std::string>{});
+    return;
+  }
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    if (routed[i].empty())
+      continue;
+    auto role = targets[i]->handle.manifest.role;
+    auto finish = [remaining, errors, done](const std::string& err) mutable {
+      if (!err.empty())
+        *errors += (errors->empty() ? "" : "; ") + err;
+      if (--*remaining == 0)
+        done(errors->empty() ? std::optional<std::string>{} : std::optional<std::string>{*errors});
+    };
+    self->request(targets[i]->handle.actor, caf::infinite, StageTensors{std::move(routed[i])})
+      .then([finish, role](RunnerReply& r) mutable { finish(r.success ? "" : role + ": " + r.message); },
+            [self, finish, role](caf::error& e) mutable {
+              finish(role + " runner did not answer: " + self->system().render(e));
+            });
+  }
+}
+
+// Drops the open session on every runner it reached (the old weights keep serving).
+void abort_session(updater_pointer self) {
+  auto targets = select(self->state, self->state.session.selector);
+  self->state.session = {};
+  if (targets)
+    for (auto* r : *targets)
+      caf::anon_send(r->handle.actor, discard_atom_v); // its reply is not needed
+}
+
+std::size_t count_tensors(const std::vector<std::vector<NamedTensor>>& routed) {
+  std::size_t n = 0;
+  for (auto& l : routed)
+    n += l.size();
+  return n;
+}
+
+// Commits runner i, then i + 1, ... (target first, so a draft never serves weights its
+// target does not have); `done(error or nullopt)`.
+template <class Done>
+void commit_chain(updater_pointer self, std::shared_ptr<std::vector<runner_entry*>> targets,
+                  std::size_t i, std::string so_far, Done done) {
+  if (i == targets->size()) {
+    done(std::optional<std::string>{});
+    return;
+  }
+  auto role = (*targets)[i]->handle.manifest.role;
+  auto fail_with = [i, so_far, role, done](const std::string& why) mutable {
+    std::string msg = role + " runner failed to commit: " + why;
+    if (i > 0)
+      msg += " (" + so_far + " already committed: the engine is partially updated; resend "
+             "every tensor in a new session)";
+    done(std::optional<std::string>{msg});
+  };
+  self->request((*targets)[i]->handle.actor, caf::infinite, commit_atom_v)
+    .then(
+      [self, targets, i, so_far, role, done, fail_with](RunnerReply& r) mutable {
+        if (!r.success) {
+          fail_with(r.message);
+          return;
+        }
+        commit_chain(self, targets, i + 1, so_far.empty() ? role : so_far + ", " + role, done);
+      },
+      [self, fail_with](caf::error& e) mutable { fail_with(self->system().render(e)); });
+}
+
+weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<runner_handle> runners,
+                                            std::string initial_version) {
+  for (auto& h : runners) {
+    auto e = std::make_unique<runner_entry>();
+    e->handle = std::move(h);
+    for (const auto& spec : e->handle.manifest.parameters)
+      e->by_name.emplace(spec.name, &spec);
+    for (const auto& a : e->handle.manifest.aliases)
+      e->aliases.emplace(a.alias, a.target);
+    self->state.runners.push_back(std::move(e));
+  }
+  self->state.version = std::move(initial_version);
+
+  return {
+    [self](BeginWeightUpdateReqInput& req) -> caf::result<BeginWeightUpdateReqOutput> {
+      auto& st = self->state;
+      if (st.session.open)
+        return BeginWeightUpdateReqOutput{
+          false, "a weight-update session is already open (begun with selector \"" +
+                   selector_name(st.session.selector) +
+                   "\"); end it with end_weight_update (or abort it) before beginning another"};
+      auto targets = select(st, req.selector);
+      if (!targets)
+        return BeginWeightUpdateReqOutput{false, targets.error()};
+      auto rp = self->make_response_promise<BeginWeightUpdateReqOutput>();
+      auto sel = req.selector;
+      st.session.open = true; // reserve: a second begin while runners restore is refused
+      st.session.selector = sel;
+      gather<RunnerReply>(self, *targets, restore_atom_v,
+                          [self, rp, sel, targets = *targets](std::vector<RunnerReply> replies) mutable {
+                            if (auto err = failures(targets, replies)) {
+                              abort_session(self);
+                              rp.deliver(BeginWeightUpdateReqOutput{
+                                false, "begin_weight_update failed, no session is open: " + *err});
+                              return;
+                            }
+                            self->state.session = session_state{true, sel, false, 0, std::nullopt};
+                            rp.deliver(BeginWeightUpdateReqOutput{
+                              true, "weight-update session open for selector \"" +
+                                      selector_name(sel) + "\" (" + std::to_string(targets.size()) +
+                                      " runner" + (targets.size() == 1 ? "" : "s") + ")"});
+                          });
+      return rp;
+    },
+    [self](UpdateWeightsFromTensorReqInput& req) -> caf::result<UpdateWeightsFromTensorReqOutput> {
+      auto& st = self->state;
+      if (!st.session.open)
+        return UpdateWeightsFromTensorReqOutput{
+          false, "no weight-update session is open; call begin_weight_update first"};
+      if (!req.device_tensors.empty())
+        return UpdateWeightsFromTensorReqOutput{
+          false, "update_weights_from_tensor: CUDA IPC tensors need a GPU runner; this engine "
+                 "runs on the CPU (send named_tensors inline instead)"};
+      if (req.load_format && *req.load_format != "direct")
+        return UpdateWeightsFromTensorReqOutput{
+          false, "update_weights_from_tensor: load_format \"" + *req.load_format +
+                   "\" is not supported for inline tensors (use none or \"direct\")"};
+      if (st.session.selector != runner_selector::all && req.selector != st.session.selector)
+        return UpdateWeightsFromTensorReqOutput{
+          false, "selector \"" + selector_name(req.selector) +
+                   "\" reaches runners this session did not open (it was begun with \"" +
+                   selector_name(st.session.selector) + "\")"};
+      auto targets = select(st, req.selector);
+      if (!targets)
+        return UpdateWeightsFromTensorReqOutput{false, targets.error()};
+      auto routed = route_bucket(*targets, req.named_tensors, st, req.selector);
+      if (!routed)
+        return UpdateWeightsFromTensorReqOutput{
+          false, routed.error() + "; nothing from this update was staged (the session stays open)"};
+      auto n = count_tensors(*routed);
+      auto rp = self->make_response_promise<UpdateWeightsFromTensorReqOutput>();
+      auto version = req.weight_version;
+      stage_routed(self, *targets, std::move(*routed),
+                   [self, rp, n, version](std::optional<std::string> err) mutable {
+                     if (err) {
+                       abort_session(self);
+                       rp.deliver(UpdateWeightsFromTensorReqOutput{
+                         false, "staging failed, the session was aborted and the old weights "
+                                "keep serving: " + *err});
+                       return;
+                     }
+                     auto& s = self->state.session;
+                     s.loaded = s.loaded || n > 0;
+                     s.staged += n;
+                     if (version)
+                       s.version = version;
+                     rp.deliver(UpdateWeightsFromTensorReqOutput{
+                       true, "staged " + std::to_string(n) + " tensors; they serve after "
+                             "end_weight_update"});
+                   });
+      return rp;
+    },
+    [self](UpdateWeightsFromDistributedReqInput& req) {
+      if (!self->state.session.open)
+        return UpdateWeightsFromDistributedReqOutput{
+          false, "no weight-update session is open; call begin_weight_update first"};
+      return UpdateWeightsFromDistributedReqOutput{
+        false, "no weight-update group named \"" + req.group_name +
+                 "\" exists (NCCL groups need GPU runners; this engine runs on the CPU)"};
+    },
+    [self](UpdateWeightFromDiskReqInput& req) -> caf::result<UpdateWeightFromDiskReqOutput> {
+      auto& st = self->state;
+      if (st.session.open)
+        return UpdateWeightFromDiskReqOutput{
+          false, "update_weights_from_disk runs as a session of its own, but a session is open; "
+                 "end it first", 0};
+      auto targets = select(st, req.selector);
+      if (!targets)
+        return UpdateWeightFromDiskReqOutput{false, targets.error(), 0};
+      auto ckpt = model::checkpoint::open(req.model_path);
+      if (!ckpt)
+        return UpdateWeightFromDiskReqOutput{false, ckpt.error(), 0};
+      // Every parameter of every selected runner, read from the checkpoint (aliasing its mmap).
+      std::vector<NamedTensor> bucket;
+      std::set<std::string> wanted;
+      for (auto* r : *targets)
+        for (const auto& spec : r->handle.manifest.parameters)
+          wanted.insert(spec.name);
+      for (const auto& name : wanted) {
+        auto t = ckpt->tensor(name);
+        if (!t)
+          return UpdateWeightFromDiskReqOutput{
+            false, req.model_path + " lacks tensor '" + name + "' (" + t.error() +
+                     "); weights unchanged", 0};
+        bucket.push_back({name, std::move(*t)});
+      }
+      for (const auto& name : ckpt->names()) {
+        bool tolerated = name.find("rotary_emb.inv_freq") != std::string::npos;
+        for (auto* r : *targets)
+          tolerated = tolerated || r->aliases.count(name);
+        if (!wanted.count(name) && !tolerated)
+          return UpdateWeightFromDiskReqOutput{
+            false, req.model_path + " holds tensor '" + name + "', which no selected model has "
+                   "(is it a checkpoint of another architecture?); weights unchanged", 0};
+      }
+      auto routed = route_bucket(*targets, bucket, st, req.selector);
+      if (!routed)
+        return UpdateWeightFromDiskReqOutput{false, routed.error() + "; weights unchanged", 0};
+      auto rp = self->make_response_promise<UpdateWeightFromDiskReqOutput>();
+      auto sel = req.selector;
+      auto version = req.weight_version;
+      auto path = req.model_path;
+      st.session = session_state{true, sel, false, 0, std::nullopt};
+      auto chosen = std::make_shared<std::vector<runner_entry*>>(*targets);
+      gather<RunnerReply>(
+        self, *chosen, restore_atom_v,
+        [self, rp, chosen, routed = std::move(*routed), version, path](
+          std::vector<RunnerReply> replies) mutable {
+          if (auto err = failures(*chosen, replies)) {
+            abort_session(self);
+            rp.deliver(UpdateWeightFromDiskReqOutput{false, "restore failed: " + *err, 0});
+            return;
+          }
+          auto n = count_tensors(routed);
+          stage_routed(self, *chosen, std::move(routed),
+                       [self, rp, chosen, n, version, path](std::optional<std::string> err) mutable {
+                         if (err) {
+                           abort_session(self);
+                           rp.deliver(UpdateWeightFromDiskReqOutput{
+                             false, "staging failed, weights unchanged: " + *err, 0});
+                           return;
+                         }
+                         commit_chain(self, chosen, 0, "",
+                                      [self, rp, n, version, path](std::optional<std::string> err) mutable {
+                                        auto& st = self->state;
+                                        st.session = {};
+                                        if (err) {
+                                          rp.deliver(UpdateWeightFromDiskReqOutput{false, *err, 0});
+                                          return;
+                                        }
+                                        st.version = version ? *version : next_weight_version(st.version);
+                                        ++st.committed;
+                                        rp.deliver(UpdateWeightFromDiskReqOutput{
+                                          true, "loaded " + std::to_string(n) + " tensors from " +
+                                                  path + "; weight version " + st.version, 0});
+                                      });
+                       });
+        });
+      return rp;
+    },
+    [self](EndWeightUpdateReqInput& req) -> caf::result<EndWeightUpdateReqOutput> {
+      auto& st = self->state;
+      if (!st.session.open)
+        return EndWeightUpdateReqOutput{
+          false, "no weight-update session is open; call begin_weight_update first", st.version};
+      if (req.abort) {
+        auto staged = st.session.staged;
+        abort_session(self);
+        return EndWeightUpdateReqOutput{
+          true, "session aborted: " + std::to_string(staged) +
+                  " staged tensors dropped, the weights are unchanged (version " + st.version + ")",
+          st.version};
+      }
+      auto targets = select(st, st.session.selector);
+      if (!targets) {
+        abort_session(self);
+        return EndWeightUpdateReqOutput{false, targets.error(), st.version};
+      }
+      auto rp = self->make_response_promise<EndWeightUpdateReqOutput>();
+      auto chosen = std::make_shared<std::vector<runner_entry*>>(*targets);
+      auto label = req.weight_version ? req.weight_version : st.session.version;
+      auto loaded = st.session.loaded;
+      auto staged = st.session.staged;
+      commit_chain(self, chosen, 0, "",
+                   [self, rp, label, loaded, staged](std::optional<std::string> err) mutable {
+                     auto& st = self->state;
+                     st.session = {};
+                     if (err) {
+                       rp.deliver(EndWeightUpdateReqOutput{false, *err, st.version});
+                       return;
+                     }
+                     auto before = st.version;
+                     if (label)
+                       st.version = *label;
+                     else if (loaded)
+                       st.version = next_weight_version(st.version);
+                     if (loaded || label)
+                       ++st.committed;
+                     rp.deliver(EndWeightUpdateReqOutput{
+                       true, loaded ? "committed " + std::to_string(staged) +
+                                        " tensors; weight version " + before + " -> " + st.version
+                                    : "session closed with nothing staged; weights unchanged "
+                                      "(version " + st.version + ")",
+                       st.version});
+                   });
+      return rp;
+    },
+    [self](PostProcessWeightsReqInput& req) -> caf::result<PostProcessWeightsReqOutput> {
+      auto& st = self->state;
+      if (st.session.open)
+        return PostProcessWeightsReqOutput{
+          false, "post_process_weights is refused inside a weight-update session: "
+                 "begin_weight_update restores and end_weight_update post-processes"};
+      auto targets = select(st, req.selector);
+      if (!targets)
+        return PostProcessWeightsReqOutput{false, targets.error()};
+      if (!req.restore_weights_before_loading && !req.post_process_quantization)
+        return PostProcessWeightsReqOutput{true, "nothing requested"};
+      // BF16 runners have no quantized modules: restore and post-process are no-ops by state.
+      return PostProcessWeightsReqOutput{
+        true, "no quantized modules on the selected runners (BF16 weights): nothing to restore "
+              "or post-process"};
+    },
+    [](InitWeightsUpdateGroupReqInput& req) {
+      return InitWeightsUpdateGroupReqOutput{
+        false, "cannot join weight-update group \"" + req.group_name +
+                 "\": NCCL groups need GPU runners and this engine runs on the CPU"};
+    },
+    [](DestroyWeightsUpdateGroupReqInput& req) {
+      return DestroyWeightsUpdateGroupReqOutput{
+        false, "weight-update group \"" + req.group_name + "\" does not exist"};
+    },
+    [self](CheckWeightsReqInput& req) -> caf::result<CheckWeightsReqOutput> {
+      auto targets = select(self->state, req.selector);
+      if (!targets)
+        return CheckWeightsReqOutput{false, targets.error(), {}, {}, {}};
+      auto rp = self->make_response_promise<CheckWeightsReqOutput>();
+      auto action = req.action;
+      gather<RunnerCheckOutput>(self, *targets, req,
+                                [rp, action, targets = *targets](std::vector<RunnerCheckOutput> replies) mutable {
+                                  CheckWeightsReqOutput out;
+                                  if (auto err = failures(targets, replies)) {
+                                    out.success = false;
+                                    out.message = *err;
+                                    rp.deliver(std::move(out));
+                                    return;
+                                  }
+                                  ChecksumInfo info;
+                                  std::string overall;
+                                  std::string messages;
+                                  for (auto& r : replies) {
+                                    std::string prefix = r.role == "target" ? "" : r.role + ".";
+                                    std::string role_stream;
+                                    for (std::size_t i = 0; i < r.names.size(); ++i) {
+                                      auto digest = hex16(r.digests[i]);
+                                      info.checksums[prefix + r.names[i]] = digest;
+                                      role_stream += r.names[i] + ":" + digest + "\n";
+                                    }
+                                    for (auto& n : r.changed)
+                                      out.changed.push_back(prefix + n);
+                                    for (auto& n : r.unchanged)
+                                      out.unchanged.push_back(prefix + n);
+                                    if (action == check_weights_action::checksum)
+                                      info.role_checksums[r.role] =
+                                        hex16(XXH3_64bits(role_stream.data(), role_stream.size()));
+                                    ParallelismInfo p;
+                                    p.role = r.role;
+                                    info.parallelism_info.push_back(p);
+                                    messages += (messages.empty() ? "" : "; ") + r.role + ": " + r.message;
+                                  }
+                                  if (action == check_weights_action::checksum) {
+                                    std::string all;
+                                    for (auto& [name, digest] : info.checksums)
+                                      all += name + ":" + digest + "\n";
+                                    info.per_gpu_checksum = hex16(XXH3_64bits(all.data(), all.size()));
+                                    out.payload.push_back(std::move(info));
+                                  }
+                                  out.message = messages;
+                                  rp.deliver(std::move(out));
+                                });
+      return rp;
+    },
+    [self](GetWeightsByNameReqInput& req) -> caf::result<GetWeightsByNameReqOutput> {
+      auto sel = req.selector == runner_selector::all ? runner_selector::target : req.selector;
+      auto targets = select(self->state, sel);
+      if (!targets) {
+        GetWeightsByNameReqOutput out;
+        out.success = false;
+        out.message = targets.error();
+        return out;
+      }
+      return self->delegate(targets->front()->handle.actor, std::move(req));
+    },
+    [self](UpdateWeightVersionReqInput& req) {
+      if (req.new_version.empty())
+        return UpdateWeightVersionReqOutput{false, "new_version must not be empty",
+                                            self->state.version};
+      auto before = self->state.version;
+      self->state.version = req.new_version;
+      return UpdateWeightVersionReqOutput{
+        true, "weight version " + before + " -> " + req.new_version, req.new_version};
+    },
+    [self](version_atom) {
+      const auto& st = self->state;
+      return WeightUpdaterStatus{st.version, st.session.open,
+                                 st.session.open ? selector_name(st.session.selector) : "",
+                                 st.committed};
+    },
+  };
+}
+
+} // namespace
+
+std::string next_weight_version(const std::string& current) {
+  auto digits_begin = current.size();
+  while (digits_begin > 0 && current[digits_begin - 1] >= '0' && current[digits_begin - 1] <= '9')
+    --digits_begin;
+  if (digits_begin == current.size() || current.size() - digits_begin > 18)
+    return current + "-1";
+  auto n = std::stoull(current.substr(digits_begin));
+  return current.substr(0, digits_begin) + std::to_string(n + 1);
+}
+
+weight_updater_actor spawn_weight_updater(caf::actor_system& sys, std::vector<runner_handle> runners,
+                                          std::string initial_version) {
+  return sys.spawn(updater, std::move(runners), std::move(initial_version));
+}
+
+} // namespace rlserve

@@ -1,0 +1,61 @@
+// weight_updater: owns the weight-update session (begin → updates → end), the runner selector,
+// the weight-update groups, the weight version and the weight checker (DESIGN §2, reference
+// §3.3). Selection is routing: each operation goes to the runner actors the selector names.
+//
+// Atomicity: every update message is validated as a whole against the selected runners'
+// manifests (names, aliases, dtypes, shapes, byte counts, duplicates) before any runner stages
+// any of it; runners keep staged tensors aside until end_weight_update commits them all. A
+// failed message leaves the session open with what earlier messages staged; an aborted or
+// failed session leaves the old weights serving and the version unchanged.
+#pragma once
+
+#include <vector>
+
+#include "actors/runner_actor.hpp"
+#include "caf/fwd.hpp"
+#include "caf/replies_to.hpp"
+#include "caf/typed_actor.hpp"
+#include "messages/all.hpp"
+
+namespace rlserve {
+
+using weight_updater_actor = caf::typed_actor<
+  // Opens a session on the selected runners; fails if one is open or the selector names a
+  // runner that does not exist.
+  caf::replies_to<BeginWeightUpdateReqInput>::with<BeginWeightUpdateReqOutput>,
+  // Stages inline tensors (or CUDA IPC handles) on the selected runners; needs an open session.
+  caf::replies_to<UpdateWeightsFromTensorReqInput>::with<UpdateWeightsFromTensorReqOutput>,
+  // Receives a broadcast bucket over a weight-update group; needs an open session and a group.
+  caf::replies_to<UpdateWeightsFromDistributedReqInput>::with<UpdateWeightsFromDistributedReqOutput>,
+  // Loads a whole checkpoint directory as a session of its own; fails while a session is open.
+  caf::replies_to<UpdateWeightFromDiskReqInput>::with<UpdateWeightFromDiskReqOutput>,
+  // Commits (or aborts) the open session and sets the weight version.
+  caf::replies_to<EndWeightUpdateReqInput>::with<EndWeightUpdateReqOutput>,
+  // Generation-1 restore / post-process flags; refused inside a session.
+  caf::replies_to<PostProcessWeightsReqInput>::with<PostProcessWeightsReqOutput>,
+  // Joins / leaves a trainer's NCCL group (GPU runners only).
+  caf::replies_to<InitWeightsUpdateGroupReqInput>::with<InitWeightsUpdateGroupReqOutput>,
+  caf::replies_to<DestroyWeightsUpdateGroupReqInput>::with<DestroyWeightsUpdateGroupReqOutput>,
+  // checksum / snapshot / compare / reset_tensors on the selected runners, merged by role.
+  caf::replies_to<CheckWeightsReqInput>::with<CheckWeightsReqOutput>,
+  // Reads the first values of one parameter from one runner.
+  caf::replies_to<GetWeightsByNameReqInput>::with<GetWeightsByNameReqOutput>,
+  // Relabels the serving weights.
+  caf::replies_to<UpdateWeightVersionReqInput>::with<UpdateWeightVersionReqOutput>,
+  // The serving version and whether a session is open.
+  caf::replies_to<version_atom>::with<WeightUpdaterStatus>>;
+
+struct runner_handle {
+  runner_actor actor;
+  RunnerManifest manifest;
+};
+
+// `runners`: target first, then draft(s). `initial_version`: the label of the loaded weights.
+weight_updater_actor spawn_weight_updater(caf::actor_system& sys, std::vector<runner_handle> runners,
+                                          std::string initial_version);
+
+// The version a commit gets when the caller named none: the trailing number incremented
+// ("7" -> "8", "step-9" -> "step-10"), or "-1" appended when there is none.
+std::string next_weight_version(const std::string& current);
+
+} // namespace rlserve

@@ -1,0 +1,109 @@
+#include "messages/codec_registry.hpp"
+
+#include <array>
+
+#include <nlohmann/json.hpp>
+
+#include "caf/deep_to_string.hpp"
+#include "caf/make_message.hpp"
+#include "caf/message.hpp"
+#include "messages/enums.hpp"
+#include "messages/json_codec.hpp"
+#include "messages/type_ids.hpp"
+
+namespace rlserve {
+
+namespace {
+
+using nlohmann::json;
+
+// "rlserve::GenerateReqInput" -> "GenerateReqInput": the name from the type-ID block, so a
+// renamed struct cannot leave a stale string here.
+template <class T>
+constexpr std::string_view short_name() {
+  std::string_view name = caf::type_name<T>::value;
+  if (auto pos = name.rfind("::"); pos != std::string_view::npos)
+    name.remove_prefix(pos + 2);
+  return name;
+}
+
+template <class T>
+expected<caf::message> decode_as(const json& body) {
+  auto x = from_json<T>(body);
+  if (!x)
+    return std::move(x).take_failure();
+  return caf::make_message(std::move(*x));
+}
+
+template <class T>
+expected<json> encode_as(const caf::message& msg) {
+  if (msg.match_elements<T>())
+    return to_json(msg.get_as<T>(0));
+  return fail("expected a message holding one " + std::string(short_name<T>()) + ", got " +
+              caf::to_string(msg));
+}
+
+template <class In, class Out>
+constexpr codec_entry entry(std::string_view route, auth_level auth) {
+  return codec_entry{route,           auth,          short_name<In>(), short_name<Out>(),
+                     &decode_as<In>,  &encode_as<Out>, &encode_as<In>,   &decode_as<Out>};
+}
+
+constexpr auto normal = auth_level::normal;
+constexpr auto admin = auth_level::admin;
+
+// One line per family. The auth column is the security boundary: every route that changes,
+// reads or checks weights, pauses or resumes, flushes or aborts is admin.
+// constexpr: the table is built at compile time, so find_codec works even from another
+// translation unit's static initialisation.
+constexpr std::array k_codecs{
+  entry<GenerateReqInput, GenerateReqOutput>("generate", normal),
+  entry<HealthCheckReqInput, HealthCheckReqOutput>("health", normal),
+  entry<GetServerInfoReqInput, GetServerInfoReqOutput>("get_server_info", normal),
+  // abort_all ends everyone's requests; SGLang's /abort_request is admin-optional too.
+  entry<AbortReq, AbortReqOutput>("abort_request", admin),
+  entry<InitWeightsUpdateGroupReqInput, InitWeightsUpdateGroupReqOutput>(
+    "init_weights_update_group", admin),
+  entry<DestroyWeightsUpdateGroupReqInput, DestroyWeightsUpdateGroupReqOutput>(
+    "destroy_weights_update_group", admin),
+  entry<UpdateWeightsFromDistributedReqInput, UpdateWeightsFromDistributedReqOutput>(
+    "update_weights_from_distributed", admin),
+  entry<UpdateWeightsFromTensorReqInput, UpdateWeightsFromTensorReqOutput>(
+    "update_weights_from_tensor", admin),
+  entry<UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput>("update_weights_from_disk",
+                                                                     admin),
+  entry<BeginWeightUpdateReqInput, BeginWeightUpdateReqOutput>("begin_weight_update", admin),
+  entry<EndWeightUpdateReqInput, EndWeightUpdateReqOutput>("end_weight_update", admin),
+  entry<PostProcessWeightsReqInput, PostProcessWeightsReqOutput>("post_process_weights", admin),
+  entry<UpdateWeightVersionReqInput, UpdateWeightVersionReqOutput>("update_weight_version",
+                                                                   admin),
+  // weights_checker can reset_tensors, and both read weights: never normal.
+  entry<CheckWeightsReqInput, CheckWeightsReqOutput>("weights_checker", admin),
+  entry<GetWeightsByNameReqInput, GetWeightsByNameReqOutput>("get_weights_by_name", admin),
+  entry<PauseGenerationReqInput, PauseGenerationReqOutput>("pause_generation", admin),
+  entry<ContinueGenerationReqInput, ContinueGenerationReqOutput>("continue_generation", admin),
+  entry<FlushCacheReqInput, FlushCacheReqOutput>("flush_cache", admin),
+};
+
+} // namespace
+
+std::string to_string(auth_level x) {
+  switch (x) {
+    case auth_level::normal: return "normal";
+    case auth_level::admin: return "admin";
+  }
+  return "<invalid " + std::to_string(static_cast<int>(x)) + ">";
+}
+
+const codec_entry* find_codec(std::string_view route) {
+  for (const auto& c : k_codecs)
+    if (c.route == route)
+      return &c;
+  return nullptr;
+}
+
+std::span<const codec_entry> all_codecs() {
+  return k_codecs;
+}
+
+} // namespace rlserve

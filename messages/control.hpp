@@ -1,0 +1,131 @@
+// Control messages: pause / continue (reference §1.9), cache flush, server info and health.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "caf/meta/type_name.hpp"
+#include "messages/enums.hpp"
+#include "messages/std_optional_inspect.hpp"
+
+namespace rlserve {
+
+// abort: in-flight requests end with finish reason "abort" and their partial output.
+// retract: KV freed, requests go back to the queue with their tokens and resume on continue.
+// in_place: nothing freed; decoding stops and resumes on continue.
+// JSON: "abort" | "retract" | "in_place".
+enum class pause_mode : uint8_t { abort = 1, retract, in_place };
+
+struct PauseGenerationReqInput {
+  pause_mode mode = pause_mode::abort;
+};
+
+struct PauseGenerationReqOutput {
+  bool success = true;
+  std::string message;
+};
+
+struct ContinueGenerationReqInput {
+  bool torch_empty_cache = true;
+};
+
+struct ContinueGenerationReqOutput {
+  bool success = true;
+  std::string message;
+};
+
+// Drops cached KV (prefix cache). Refused while requests are running; with timeout_s the engine
+// waits up to that long for them to finish first.
+struct FlushCacheReqInput {
+  std::optional<double> timeout_s;
+};
+
+struct FlushCacheReqOutput {
+  bool success = true;
+  std::string message;
+};
+
+struct GetServerInfoReqInput {};
+
+struct GetServerInfoReqOutput {
+  bool success = true;
+  std::string message;
+  std::string model_path;
+  std::string draft_model_path; // empty without a draft
+  std::string weight_version;
+  std::string device;           // "cpu" or "cuda:<n> (<name>)"
+  std::string architecture;
+  int64_t vocab_size = 0;
+  int64_t max_context_length = 0;
+  bool paused = false;
+  std::string pause_mode;       // the mode of the current pause, or empty
+  bool weight_update_session_open = false;
+  int32_t running_requests = 0;
+  int32_t waiting_requests = 0;
+  uint64_t committed_updates = 0;
+};
+
+struct HealthCheckReqInput {};
+
+struct HealthCheckReqOutput {
+  bool success = true;
+  std::string message;
+};
+
+// ---- inspect (CAF 0.17 form) ------------------------------------------------------------------
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, PauseGenerationReqInput& x) {
+  return f(caf::meta::type_name("PauseGenerationReqInput"), x.mode);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, PauseGenerationReqOutput& x) {
+  return f(caf::meta::type_name("PauseGenerationReqOutput"), x.success, x.message);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ContinueGenerationReqInput& x) {
+  return f(caf::meta::type_name("ContinueGenerationReqInput"), x.torch_empty_cache);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ContinueGenerationReqOutput& x) {
+  return f(caf::meta::type_name("ContinueGenerationReqOutput"), x.success, x.message);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, FlushCacheReqInput& x) {
+  return f(caf::meta::type_name("FlushCacheReqInput"), x.timeout_s);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, FlushCacheReqOutput& x) {
+  return f(caf::meta::type_name("FlushCacheReqOutput"), x.success, x.message);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, GetServerInfoReqInput&) {
+  return f(caf::meta::type_name("GetServerInfoReqInput"));
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, GetServerInfoReqOutput& x) {
+  return f(caf::meta::type_name("GetServerInfoReqOutput"), x.success, x.message, x.model_path,
+           x.draft_model_path, x.weight_version, x.device, x.architecture, x.vocab_size,
+           x.max_context_length, x.paused, x.pause_mode, x.weight_update_session_open,
+           x.running_requests, x.waiting_requests, x.committed_updates);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, HealthCheckReqInput&) {
+  return f(caf::meta::type_name("HealthCheckReqInput"));
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, HealthCheckReqOutput& x) {
+  return f(caf::meta::type_name("HealthCheckReqOutput"), x.success, x.message);
+}
+
+} // namespace rlserve

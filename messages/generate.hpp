@@ -1,0 +1,190 @@
+// Generation messages: SGLang's GenerateReqInput / TokenizedGenerateReqInput / AbortReq and the
+// output chunks, by SGLang's field names and defaults (reference §1.2) so a user can map this
+// contract onto SGLang's documentation one to one.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "caf/meta/type_name.hpp"
+#include "messages/std_optional_inspect.hpp"
+
+namespace rlserve {
+
+// SGLang `SamplingParams` (sampling/sampling_params.py) — defaults as there.
+struct SamplingParams {
+  int32_t max_new_tokens = 128;
+  std::vector<std::string> stop;       // JSON: a string or a list of strings
+  std::vector<int32_t> stop_token_ids;
+  float temperature = 1.0f;            // < 1e-6 means greedy
+  float top_p = 1.0f;
+  int32_t top_k = -1;                  // -1: the whole vocabulary
+  float min_p = 0.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  int32_t min_new_tokens = 0;
+  int32_t n = 1;
+  bool ignore_eos = false;
+  bool skip_special_tokens = true;
+  bool spaces_between_special_tokens = true;
+  bool no_stop_trim = false;
+  std::optional<uint64_t> sampling_seed; // none: the engine picks one and reports it
+};
+
+// What a caller sends: text or token ids (exactly one), one request per message.
+struct GenerateReqInput {
+  std::optional<std::string> rid; // generated (uuid-like hex) when missing
+  std::optional<std::string> text;
+  std::optional<std::vector<int32_t>> input_ids;
+  SamplingParams sampling_params;
+  bool return_logprob = false;
+  int32_t logprob_start_len = -1; // -1: logprobs of output tokens only
+  int32_t top_logprobs_num = 0;
+  bool stream = false;
+};
+
+// What the tokenizer actor sends the scheduler: ids only, rid always set.
+struct TokenizedGenerateReqInput {
+  std::string rid;
+  std::string input_text; // for logs and echo; may be empty for id input
+  std::vector<int32_t> input_ids;
+  SamplingParams sampling_params;
+  bool return_logprob = false;
+  int32_t logprob_start_len = -1;
+  int32_t top_logprobs_num = 0;
+  bool stream = false;
+  uint64_t sampling_seed = 0; // resolved: from sampling_params or chosen by the front door
+};
+
+// Why a request ended. type: "stop" (EOS, stop token or stop string; `matched` says which),
+// "length" (max_new_tokens or the context limit), "abort" (abort request or pause(abort)).
+struct FinishReason {
+  std::string type;
+  std::optional<int32_t> matched_token;
+  std::optional<std::string> matched_str;
+  std::string message; // for abort: who aborted and why
+};
+
+struct TopLogprob {
+  int32_t token_id = 0;
+  float logprob = 0.0f;
+};
+
+// A generation result. Non-streaming: one message with everything. Streaming: chunks whose
+// text / output_ids / logprobs hold only what is new since the previous chunk, the last one
+// with finished = true and the finish reason. Versions: the weight version the request's
+// first token was computed with, and the one its last token was computed with (they differ
+// only when an update committed while the request was paused in place).
+struct GenerateReqOutput {
+  bool success = true;
+  std::string message;
+  std::string rid;
+  std::string text;
+  std::vector<int32_t> output_ids;
+  std::vector<float> output_token_logprobs;            // one per entry of output_ids
+  std::vector<std::vector<TopLogprob>> output_top_logprobs;
+  bool finished = false;
+  std::optional<FinishReason> finish_reason;
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0; // so far, for chunks
+  int32_t cached_tokens = 0;
+  std::string weight_version_start;
+  std::string weight_version; // at the end (SGLang's meta_info.weight_version)
+  uint64_t sampling_seed = 0;
+};
+
+// Token-level progress from the scheduler to the tokenizer actor, which detokenizes it and
+// turns it into GenerateReqOutput chunks for the caller.
+struct TokenChunk {
+  std::string rid;
+  std::vector<int32_t> output_ids;                 // new tokens
+  std::vector<float> output_token_logprobs;        // one per new token when requested
+  std::vector<std::vector<TopLogprob>> output_top_logprobs;
+  bool finished = false;
+  std::optional<FinishReason> finish_reason;
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_tokens = 0;
+  std::string weight_version_start;
+  std::string weight_version;
+  bool success = true;   // false: the request failed (message says why), finished is true
+  std::string message;
+};
+
+// SGLang AbortReq: one request by rid, or every request.
+struct AbortReq {
+  std::string rid;
+  bool abort_all = false;
+  std::string abort_message;
+};
+
+struct AbortReqOutput {
+  bool success = true;
+  std::string message;
+  int32_t num_aborted = 0;
+};
+
+// ---- inspect (CAF 0.17 form) ------------------------------------------------------------------
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
+  return f(caf::meta::type_name("SamplingParams"), x.max_new_tokens, x.stop, x.stop_token_ids,
+           x.temperature, x.top_p, x.top_k, x.min_p, x.frequency_penalty, x.presence_penalty,
+           x.repetition_penalty, x.min_new_tokens, x.n, x.ignore_eos, x.skip_special_tokens,
+           x.spaces_between_special_tokens, x.no_stop_trim, x.sampling_seed);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, GenerateReqInput& x) {
+  return f(caf::meta::type_name("GenerateReqInput"), x.rid, x.text, x.input_ids,
+           x.sampling_params, x.return_logprob, x.logprob_start_len, x.top_logprobs_num, x.stream);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TokenizedGenerateReqInput& x) {
+  return f(caf::meta::type_name("TokenizedGenerateReqInput"), x.rid, x.input_text, x.input_ids,
+           x.sampling_params, x.return_logprob, x.logprob_start_len, x.top_logprobs_num, x.stream,
+           x.sampling_seed);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, FinishReason& x) {
+  return f(caf::meta::type_name("FinishReason"), x.type, x.matched_token, x.matched_str,
+           x.message);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TopLogprob& x) {
+  return f(caf::meta::type_name("TopLogprob"), x.token_id, x.logprob);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, GenerateReqOutput& x) {
+  return f(caf::meta::type_name("GenerateReqOutput"), x.success, x.message, x.rid, x.text,
+           x.output_ids, x.output_token_logprobs, x.output_top_logprobs, x.finished,
+           x.finish_reason, x.prompt_tokens, x.completion_tokens, x.cached_tokens,
+           x.weight_version_start, x.weight_version, x.sampling_seed);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TokenChunk& x) {
+  return f(caf::meta::type_name("TokenChunk"), x.rid, x.output_ids, x.output_token_logprobs,
+           x.output_top_logprobs, x.finished, x.finish_reason, x.prompt_tokens,
+           x.completion_tokens, x.cached_tokens, x.weight_version_start, x.weight_version,
+           x.success, x.message);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AbortReq& x) {
+  return f(caf::meta::type_name("AbortReq"), x.rid, x.abort_all, x.abort_message);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AbortReqOutput& x) {
+  return f(caf::meta::type_name("AbortReqOutput"), x.success, x.message, x.num_aborted);
+}
+
+} // namespace rlserve

@@ -1,0 +1,375 @@
+// JSON codecs of generate.hpp: SamplingParams, GenerateReqInput, GenerateReqOutput (SGLang's
+// /generate response shape), FinishReason, TopLogprob, AbortReq and AbortReqOutput.
+#include "messages/json_codec.hpp"
+#include "messages/json_codec_detail.hpp"
+#include "messages/validate.hpp"
+
+namespace rlserve {
+
+using namespace json_codec_detail;
+
+namespace {
+
+const int_rule<int32_t> k_token_id{.lo = 0};
+const int_rule<int32_t> k_count{.lo = 0};
+
+// `stop`: SGLang takes one string or a list of them. An empty stop string would end every
+// request at its first token, so it is refused.
+void read_stop(object_reader& r, std::vector<std::string>& out) {
+  auto v = r.get("stop");
+  if (v == nullptr)
+    return;
+  if (v->is_string()) {
+    std::string s;
+    if (parse(r.cx(), *v, r.at("stop"), s, text_rule{.non_empty = true}))
+      out = {std::move(s)};
+  } else if (v->is_array()) {
+    parse(r.cx(), *v, r.at("stop"), out, list_rule<text_rule>{.elem = {.non_empty = true}});
+  } else {
+    r.cx().expected_but_got(r.at("stop"), "a string or a list of strings", *v);
+  }
+}
+
+// [logprob, token_id], or SGLang's [logprob, token_id, token_text] whose text is ignored.
+bool parse_logprob_pair(context& cx, const json& v, const path& p, float& logprob,
+                        int32_t& token_id) {
+  if (!v.is_array() || v.size() < 2 || v.size() > 3) {
+    cx.expected_but_got(p, "[logprob, token_id]", v);
+    return false;
+  }
+  return parse(cx, v[0], p.index(0), logprob, lenient_float_rule{}) &&
+         parse(cx, v[1], p.index(1), token_id, k_token_id);
+}
+
+json logprob_pair(float logprob, int32_t token_id) {
+  return json::array({float_value(logprob), token_id});
+}
+
+void read_fields(object_reader& r, SamplingParams& x) {
+  r.field("max_new_tokens", x.max_new_tokens, k_count);
+  read_stop(r, x.stop);
+  r.field("stop_token_ids", x.stop_token_ids, list_rule<int_rule<int32_t>>{.elem = k_token_id});
+  r.field("temperature", x.temperature, num_rule{.lo = 0});
+  r.field("top_p", x.top_p, num_rule{.lo = 0, .hi = 1, .lo_open = true});
+  r.field("top_k", x.top_k);
+  if (r.ok() && (x.top_k == 0 || x.top_k < -1))
+    r.fail("top_k", "expected -1 (the whole vocabulary) or an integer >= 1, got " +
+                      std::to_string(x.top_k));
+  r.field("min_p", x.min_p, num_rule{.lo = 0, .hi = 1});
+  // Ranges as SGLang's SamplingParams.verify() checks them.
+  r.field("frequency_penalty", x.frequency_penalty, num_rule{.lo = -2, .hi = 2});
+  r.field("presence_penalty", x.presence_penalty, num_rule{.lo = -2, .hi = 2});
+  r.field("repetition_penalty", x.repetition_penalty, num_rule{.lo = 0, .hi = 2, .lo_open = true});
+  r.field("min_new_tokens", x.min_new_tokens, k_count);
+  if (r.ok() && x.min_new_tokens > x.max_new_tokens)
+    r.fail("min_new_tokens", "expected at most max_new_tokens (" +
+                               std::to_string(x.max_new_tokens) + "), got " +
+                               std::to_string(x.min_new_tokens));
+  r.field("n", x.n, int_rule<int32_t>{.lo = 1});
+  r.field("ignore_eos", x.ignore_eos);
+  r.field("skip_special_tokens", x.skip_special_tokens);
+  r.field("spaces_between_special_tokens", x.spaces_between_special_tokens);
+  r.field("no_stop_trim", x.no_stop_trim);
+  r.field("sampling_seed", x.sampling_seed);
+  // SGLang features rlserve does not implement (constrained decoding, custom processors).
+  for (auto key : {"json_schema", "regex", "ebnf", "structural_tag", "stop_regex",
+                   "custom_params", "stream_interval", "logit_bias"})
+    r.unsupported(key);
+}
+
+void read_fields(object_reader& r, GenerateReqInput& x) {
+  for (auto key : {"rid", "text", "sampling_params", "return_logprob", "logprob_start_len",
+                   "top_logprobs_num"})
+    r.reject_batch(key);
+  r.reject_batch("input_ids", /*nested_list=*/true);
+  r.field("rid", x.rid, text_rule{.non_empty = true});
+  r.field("text", x.text);
+  r.field("input_ids", x.input_ids, list_rule<int_rule<int32_t>>{.elem = k_token_id});
+  r.object("sampling_params", [&](object_reader& s) { read_fields(s, x.sampling_params); });
+  r.field("return_logprob", x.return_logprob);
+  r.field("logprob_start_len", x.logprob_start_len, int_rule<int32_t>{.lo = -1});
+  r.field("top_logprobs_num", x.top_logprobs_num, k_count);
+  r.field("stream", x.stream);
+  r.unsupported("input_embeds", nullptr, "send text or input_ids");
+  for (auto key : {"image_data", "video_data", "audio_data", "return_hidden_states",
+                   "return_routed_experts", "lora_path", "lora_id", "session_params",
+                   "custom_logit_processor", "extra_key", "cache_salt", "routed_dp_rank",
+                   "data_parallel_rank", "token_ids_logprob", "return_text_in_logprobs",
+                   "http_worker_ipc", "no_logs", "custom_labels", "bootstrap_host",
+                   "bootstrap_port", "bootstrap_room"})
+    r.unsupported(key);
+  r.unsupported("priority", 0);
+  r.unsupported("log_metrics", true); // SGLang's default is true
+  if (!r.ok())
+    return;
+  if (x.text && x.input_ids)
+    r.cx().fail(r.where(), "text and input_ids are both set; send exactly one");
+  else if (!x.text && !x.input_ids)
+    r.cx().fail(r.where(), "neither text nor input_ids is set; send exactly one");
+  else if (x.input_ids && x.input_ids->empty())
+    r.fail("input_ids", "empty");
+}
+
+void read_fields(object_reader& r, FinishReason& x) {
+  r.required("type", x.type, text_rule{.non_empty = true});
+  if (auto v = r.get("matched")) {
+    if (v->is_string())
+      x.matched_str = v->get<std::string>();
+    else if (v->is_number())
+      parse(r.cx(), *v, r.at("matched"), x.matched_token, k_token_id);
+    else
+      r.cx().expected_but_got(r.at("matched"), "a token id or a stop string", *v);
+  }
+  r.field("matched_str", x.matched_str);
+  r.field("message", x.message);
+}
+
+json fields_of(const FinishReason& x) {
+  json j = {{"type", x.type}};
+  if (x.matched_token)
+    j["matched"] = *x.matched_token;
+  if (x.matched_str)
+    j[x.matched_token ? "matched_str" : "matched"] = *x.matched_str;
+  if (!x.message.empty())
+    j["message"] = x.message;
+  return j;
+}
+
+void read_fields(object_reader& r, GenerateReqOutput& x) {
+  r.field("text", x.text);
+  r.field("output_ids", x.output_ids, list_rule<int_rule<int32_t>>{.elem = k_token_id});
+  r.field("success", x.success);
+  r.field("message", x.message);
+  r.field("finished", x.finished);
+  std::vector<int32_t> logprob_ids;
+  r.object("meta_info", [&](object_reader& m) {
+    m.field("id", x.rid);
+    m.object("finish_reason", [&](object_reader& f) {
+      FinishReason reason;
+      read_fields(f, reason);
+      x.finish_reason = std::move(reason);
+    });
+    m.field("prompt_tokens", x.prompt_tokens, k_count);
+    m.field("completion_tokens", x.completion_tokens, k_count);
+    m.field("cached_tokens", x.cached_tokens, k_count);
+    m.field("weight_version", x.weight_version);
+    m.field("weight_version_start", x.weight_version_start);
+    m.field("sampling_seed", x.sampling_seed);
+    if (auto v = m.get("output_token_logprobs")) {
+      const path p = m.at("output_token_logprobs");
+      if (expect_array(m.cx(), *v, p)) {
+        for (std::size_t i = 0; i < v->size() && m.ok(); ++i) {
+          float lp = 0;
+          int32_t id = 0;
+          if (parse_logprob_pair(m.cx(), (*v)[i], p.index(i), lp, id)) {
+            x.output_token_logprobs.push_back(lp);
+            logprob_ids.push_back(id);
+          }
+        }
+      }
+    }
+    if (auto v = m.get("output_top_logprobs")) {
+      const path p = m.at("output_top_logprobs");
+      if (expect_array(m.cx(), *v, p)) {
+        for (std::size_t i = 0; i < v->size() && m.ok(); ++i) {
+          const path pi = p.index(i);
+          const json& row = (*v)[i];
+          std::vector<TopLogprob> alternatives;
+          if (expect_array(m.cx(), row, pi))
+            for (std::size_t k = 0; k < row.size() && m.ok(); ++k) {
+              TopLogprob t;
+              if (parse_logprob_pair(m.cx(), row[k], pi.index(k), t.logprob, t.token_id))
+                alternatives.push_back(t);
+            }
+          x.output_top_logprobs.push_back(std::move(alternatives));
+        }
+      }
+    }
+    if (!m.ok() || logprob_ids.empty())
+      return;
+    if (logprob_ids.size() != x.output_ids.size()) {
+      m.fail("output_token_logprobs", "has " + std::to_string(logprob_ids.size()) +
+                                          " entries for " + std::to_string(x.output_ids.size()) +
+                                          " output_ids");
+      return;
+    }
+    const path list = m.at("output_token_logprobs");
+    for (std::size_t i = 0; i < logprob_ids.size(); ++i)
+      if (logprob_ids[i] != x.output_ids[i]) {
+        const path entry = list.index(i);
+        m.cx().fail(entry.index(1),
+                    "token id " + std::to_string(logprob_ids[i]) + " does not match output_ids[" +
+                      std::to_string(i) + "] = " + std::to_string(x.output_ids[i]));
+        return;
+      }
+  });
+}
+
+} // namespace
+
+// ---- SamplingParams -----------------------------------------------------------------------------
+
+// Both decoders end with validate() (messages/validate.hpp), the checks the in-process API
+// runs. The field rules above already enforce the same ranges with JSON paths; this backstop
+// keeps the two ways in from drifting apart when a rule is added only there.
+template <>
+expected<SamplingParams> from_json<SamplingParams>(const json& j) {
+  auto x = decode<SamplingParams>(
+    j, strictness::strict, [](object_reader& r, SamplingParams& x) { read_fields(r, x); });
+  if (x)
+    if (auto st = validate(*x, ""); !st)
+      return std::move(st).take_failure();
+  return x;
+}
+
+json to_json(const SamplingParams& x) {
+  return {
+    {"max_new_tokens", x.max_new_tokens},
+    {"stop", x.stop},
+    {"stop_token_ids", x.stop_token_ids},
+    {"temperature", float_value(x.temperature)},
+    {"top_p", float_value(x.top_p)},
+    {"top_k", x.top_k},
+    {"min_p", float_value(x.min_p)},
+    {"frequency_penalty", float_value(x.frequency_penalty)},
+    {"presence_penalty", float_value(x.presence_penalty)},
+    {"repetition_penalty", float_value(x.repetition_penalty)},
+    {"min_new_tokens", x.min_new_tokens},
+    {"n", x.n},
+    {"ignore_eos", x.ignore_eos},
+    {"skip_special_tokens", x.skip_special_tokens},
+    {"spaces_between_special_tokens", x.spaces_between_special_tokens},
+    {"no_stop_trim", x.no_stop_trim},
+    {"sampling_seed", optional_value(x.sampling_seed)},
+  };
+}
+
+// ---- GenerateReqInput ---------------------------------------------------------------------------
+
+template <>
+expected<GenerateReqInput> from_json<GenerateReqInput>(const json& j) {
+  auto x = decode<GenerateReqInput>(
+    j, strictness::strict, [](object_reader& r, GenerateReqInput& x) { read_fields(r, x); });
+  if (x)
+    if (auto st = validate(*x); !st)
+      return std::move(st).take_failure();
+  return x;
+}
+
+json to_json(const GenerateReqInput& x) {
+  return {
+    {"rid", optional_value(x.rid)},
+    {"text", optional_value(x.text)},
+    {"input_ids", optional_value(x.input_ids)},
+    {"sampling_params", to_json(x.sampling_params)},
+    {"return_logprob", x.return_logprob},
+    {"logprob_start_len", x.logprob_start_len},
+    {"top_logprobs_num", x.top_logprobs_num},
+    {"stream", x.stream},
+  };
+}
+
+// ---- FinishReason, TopLogprob -------------------------------------------------------------------
+
+template <>
+expected<FinishReason> from_json<FinishReason>(const json& j) {
+  return decode<FinishReason>(j, strictness::lenient,
+                              [](object_reader& r, FinishReason& x) { read_fields(r, x); });
+}
+
+json to_json(const FinishReason& x) {
+  return fields_of(x);
+}
+
+template <>
+expected<TopLogprob> from_json<TopLogprob>(const json& j) {
+  context cx;
+  TopLogprob x;
+  if (!parse_logprob_pair(cx, j, path{}, x.logprob, x.token_id))
+    return fail(cx.take_error());
+  return x;
+}
+
+json to_json(const TopLogprob& x) {
+  return logprob_pair(x.logprob, x.token_id);
+}
+
+// ---- GenerateReqOutput --------------------------------------------------------------------------
+
+template <>
+expected<GenerateReqOutput> from_json<GenerateReqOutput>(const json& j) {
+  return decode<GenerateReqOutput>(
+    j, strictness::lenient, [](object_reader& r, GenerateReqOutput& x) { read_fields(r, x); });
+}
+
+json to_json(const GenerateReqOutput& x) {
+  json meta = {
+    {"id", x.rid},
+    {"finish_reason", x.finish_reason ? fields_of(*x.finish_reason) : json(nullptr)},
+    {"prompt_tokens", x.prompt_tokens},
+    {"completion_tokens", x.completion_tokens},
+    {"cached_tokens", x.cached_tokens},
+    {"weight_version", x.weight_version},
+    {"weight_version_start", x.weight_version_start},
+    {"sampling_seed", x.sampling_seed},
+  };
+  if (!x.output_token_logprobs.empty()) {
+    auto pairs = json::array();
+    for (std::size_t i = 0; i < x.output_token_logprobs.size(); ++i)
+      // A logprob without its token (a malformed struct) is written with token id -1, which
+      // the reader refuses, rather than silently dropped.
+      pairs.push_back(logprob_pair(x.output_token_logprobs[i],
+                                   i < x.output_ids.size() ? x.output_ids[i] : -1));
+    meta["output_token_logprobs"] = std::move(pairs);
+  }
+  if (!x.output_top_logprobs.empty()) {
+    auto rows = json::array();
+    for (const auto& row : x.output_top_logprobs) {
+      auto alternatives = json::array();
+      for (const auto& t : row)
+        alternatives.push_back(logprob_pair(t.logprob, t.token_id));
+      rows.push_back(std::move(alternatives));
+    }
+    meta["output_top_logprobs"] = std::move(rows);
+  }
+  return {
+    {"text", x.text},           {"output_ids", x.output_ids}, {"meta_info", std::move(meta)},
+    {"success", x.success},     {"message", x.message},       {"finished", x.finished},
+  };
+}
+
+// ---- AbortReq -----------------------------------------------------------------------------------
+
+template <>
+expected<AbortReq> from_json<AbortReq>(const json& j) {
+  return decode<AbortReq>(j, strictness::strict, [](object_reader& r, AbortReq& x) {
+    r.reject_batch("rid");
+    r.field("rid", x.rid);
+    r.field("abort_all", x.abort_all);
+    r.field("abort_message", x.abort_message);
+    // SGLang's AbortReq also carries fields its front end fills in for the scheduler.
+    for (auto key : {"finished_reason", "weight_versions", "http_worker_ipc"})
+      r.unsupported(key);
+    if (r.ok() && x.rid.empty() && !x.abort_all)
+      r.cx().fail(r.where(), "neither rid nor abort_all is set");
+  });
+}
+
+json to_json(const AbortReq& x) {
+  return {{"rid", x.rid}, {"abort_all", x.abort_all}, {"abort_message", x.abort_message}};
+}
+
+template <>
+expected<AbortReqOutput> from_json<AbortReqOutput>(const json& j) {
+  return decode<AbortReqOutput>(j, strictness::lenient, [](object_reader& r, AbortReqOutput& x) {
+    r.field("success", x.success);
+    r.field("message", x.message);
+    r.field("num_aborted", x.num_aborted, k_count);
+  });
+}
+
+json to_json(const AbortReqOutput& x) {
+  return {{"success", x.success}, {"message", x.message}, {"num_aborted", x.num_aborted}};
+}
+
+} // namespace rlserve

@@ -1,0 +1,186 @@
+// Internal messages between the scheduler / weight_updater and the runner actors. Not part of
+// the public contract (no JSON codec), but inspectable so runners can live in another process.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "caf/meta/type_name.hpp"
+#include "messages/dtype.hpp"
+#include "messages/generate.hpp"
+#include "messages/tensor.hpp"
+
+namespace rlserve {
+
+// ---- forward -----------------------------------------------------------------------------------
+
+// One sequence's share of a forward batch: `tokens` are appended to the sequence's KV (a prompt
+// chunk, or the token sampled last step) and, when `sample` is set, a next token is sampled
+// from the last position with the sequence's own seeded sampler.
+struct SequenceWork {
+  uint64_t seq_id = 0;
+  bool new_sequence = false;       // drop any KV under seq_id and start fresh
+  std::vector<int32_t> tokens;
+  bool sample = true;
+  SamplingParams sampling_params;  // read when new_sequence is set
+  uint64_t sampling_seed = 0;      // read when new_sequence is set
+  int32_t top_logprobs_num = 0;
+};
+
+struct ForwardBatch {
+  uint64_t step = 0;
+  std::vector<SequenceWork> work;
+};
+
+struct SequenceResult {
+  uint64_t seq_id = 0;
+  int32_t token = -1;        // -1 when sample was false or the sequence failed
+  float logprob = 0.0f;
+  std::vector<TopLogprob> top_logprobs;
+  std::string error;         // non-empty: this sequence failed (the others still ran)
+};
+
+struct ForwardBatchOutput {
+  bool success = true;
+  std::string message;
+  uint64_t step = 0;
+  std::vector<SequenceResult> results; // in the order of ForwardBatch::work
+};
+
+struct ReleaseSequences {
+  std::vector<uint64_t> seq_ids;
+};
+
+// ---- weights -----------------------------------------------------------------------------------
+
+struct TensorSpec {
+  std::string name;
+  dtype type = dtype::f32;
+  std::vector<int64_t> shape;
+};
+
+// A second name for a parameter: with tied embeddings, trainers send the shared tensor under
+// `lm_head.weight` too (or only there); it lands in `target`.
+struct TensorAlias {
+  std::string alias;
+  std::string target;
+};
+
+// What a runner serves: its role, its parameters in load format (what a checkpoint or a trainer
+// sends), and its model's limits. The weight_updater validates whole buckets against this
+// before anything is staged.
+struct RunnerManifest {
+  std::string role; // "target" | "draft"
+  int32_t tp_rank = 0;
+  int32_t tp_size = 1;
+  std::string model_path;
+  std::string architecture;
+  std::string device;
+  int64_t vocab_size = 0;
+  int64_t max_context_length = 0;
+  std::vector<int32_t> eos_token_ids;
+  std::vector<TensorSpec> parameters; // sorted by name
+  std::vector<TensorAlias> aliases;
+};
+
+// Tensors a runner keeps aside until the session commits; they must be in the manifest.
+struct StageTensors {
+  std::vector<NamedTensor> tensors;
+};
+
+struct RunnerReply {
+  bool success = true;
+  std::string message;
+};
+
+// A runner's answer to a CheckWeightsReqInput: its own role and unprefixed names.
+struct RunnerCheckOutput {
+  bool success = true;
+  std::string message;
+  std::string role;
+  std::vector<std::string> names;   // checksum: sorted; same order as digests
+  std::vector<uint64_t> digests;    // XXH3-64 of each tensor's canonical bytes
+  std::vector<std::string> changed; // compare
+  std::vector<std::string> unchanged;
+};
+
+// ---- weight_updater state -----------------------------------------------------------------------
+
+// What the weight_updater reports about itself (the scheduler stamps results with the version).
+struct WeightUpdaterStatus {
+  std::string weight_version;
+  bool session_open = false;
+  std::string session_selector; // "target" | "draft" | "all" while a session is open
+  uint64_t committed_updates = 0;
+};
+
+// ---- inspect (CAF 0.17 form) ------------------------------------------------------------------
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SequenceWork& x) {
+  return f(caf::meta::type_name("SequenceWork"), x.seq_id, x.new_sequence, x.tokens, x.sample,
+           x.sampling_params, x.sampling_seed, x.top_logprobs_num);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ForwardBatch& x) {
+  return f(caf::meta::type_name("ForwardBatch"), x.step, x.work);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SequenceResult& x) {
+  return f(caf::meta::type_name("SequenceResult"), x.seq_id, x.token, x.logprob, x.top_logprobs,
+           x.error);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ForwardBatchOutput& x) {
+  return f(caf::meta::type_name("ForwardBatchOutput"), x.success, x.message, x.step, x.results);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ReleaseSequences& x) {
+  return f(caf::meta::type_name("ReleaseSequences"), x.seq_ids);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TensorSpec& x) {
+  return f(caf::meta::type_name("TensorSpec"), x.name, x.type, x.shape);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TensorAlias& x) {
+  return f(caf::meta::type_name("TensorAlias"), x.alias, x.target);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RunnerManifest& x) {
+  return f(caf::meta::type_name("RunnerManifest"), x.role, x.tp_rank, x.tp_size, x.model_path,
+           x.architecture, x.device, x.vocab_size, x.max_context_length, x.eos_token_ids,
+           x.parameters, x.aliases);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StageTensors& x) {
+  return f(caf::meta::type_name("StageTensors"), x.tensors);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RunnerReply& x) {
+  return f(caf::meta::type_name("RunnerReply"), x.success, x.message);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RunnerCheckOutput& x) {
+  return f(caf::meta::type_name("RunnerCheckOutput"), x.success, x.message, x.role, x.names,
+           x.digests, x.changed, x.unchanged);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WeightUpdaterStatus& x) {
+  return f(caf::meta::type_name("WeightUpdaterStatus"), x.weight_version, x.session_open,
+           x.session_selector, x.committed_updates);
+}
+
+} // namespace rlserve

@@ -1,0 +1,424 @@
+#include "model/qwen3.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "kernels/bf16.hpp"
+#include "kernels/cpu_ops.hpp"
+#include "kernels/rms_norm.hpp"
+#include "model/safetensors.hpp"
+
+namespace rlserve::model {
+
+namespace {
+
+// One parameter the config implies, and where its fp32 copy goes in the arena.
+struct layout_entry {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::size_t offset;
+};
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape)
+    n *= d;
+  return n;
+}
+
+bool is_float_type(dtype t) { return t == dtype::bf16 || t == dtype::f16 || t == dtype::f32; }
+
+// Lists at most `limit` names, then "and N more": an error about 300 missing tensors should
+// still fit on a screen.
+std::string name_list(const std::vector<std::string>& names, std::size_t limit = 8) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < limit; ++i)
+    out += (i ? ", " : "") + names[i];
+  if (names.size() > limit)
+    out += fmt::format(" and {} more", names.size() - limit);
+  return out;
+}
+
+// Checkpoint bytes -> fp32. memcpy per element: tensors aliasing a safetensors mapping need not
+// be aligned to their element size (the format packs them back to back).
+void to_float(const HostTensor& t, float* dst) {
+  const auto* src = reinterpret_cast<const unsigned char*>(t.data.get());
+  const int64_t n = t.numel();
+  switch (t.type) {
+    case dtype::f32: std::memcpy(dst, src, static_cast<std::size_t>(n) * 4); break;
+    case dtype::bf16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, src + 2 * i, 2);
+        dst[i] = kernels::bf16_to_float(bits);
+      }
+      break;
+    case dtype::f16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, src + 2 * i, 2);
+        dst[i] = kernels::f16_to_float(bits);
+      }
+      break;
+    default: break; // rejected by load/validate before we get here
+  }
+}
+
+// The parameters of a dense Qwen3 config, with arena offsets chosen so q/k/v and gate/up are
+// contiguous (fused matmuls). Returns the arena size in floats.
+std::size_t make_layout(const model_config& c, std::vector<layout_entry>& out) {
+  std::size_t offset = 0;
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    const auto n = static_cast<std::size_t>(numel(shape));
+    out.push_back({std::move(name), std::move(shape), offset});
+    offset += n;
+    return out.back().offset;
+  };
+  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads;
+  add("model.embed_tokens.weight", {c.vocab_size, H});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    add(p + "input_layernorm.weight", {H});
+    add(p + "self_attn.q_proj.weight", {nq * D, H});
+    add(p + "self_attn.k_proj.weight", {nkv * D, H});
+    add(p + "self_attn.v_proj.weight", {nkv * D, H});
+    add(p + "self_attn.q_norm.weight", {D});
+    add(p + "self_attn.k_norm.weight", {D});
+    add(p + "self_attn.o_proj.weight", {H, nq * D});
+    add(p + "post_attention_layernorm.weight", {H});
+    add(p + "mlp.gate_proj.weight", {I, H});
+    add(p + "mlp.up_proj.weight", {I, H});
+    add(p + "mlp.down_proj.weight", {H, I});
+  }
+  add("model.norm.weight", {H});
+  if (!c.tie_word_embeddings)
+    add("lm_head.weight", {c.vocab_size, H});
+  return offset;
+}
+
+// Names a checkpoint may carry that the model does not own and transformers ignores.
+bool ignorable(const model_config& c, const std::string& name) {
+  if (c.tie_word_embeddings && name == "lm_head.weight")
+    return true;
+  return name.ends_with("rotary_emb.inv_freq");
+}
+
+status check_supported(const model_config& c) {
+  if (c.is_moe() || c.architecture == "Qwen3MoeForCausalLM" || c.model_type == "qwen3_moe")
+    return fail(fmt::format("{} (model_type '{}') is not supported by the CPU model yet; only "
+                            "dense Qwen3ForCausalLM", c.architecture, c.model_type));
+  if (c.architecture != "Qwen3ForCausalLM")
+    return fail(fmt::format("architecture '{}' is not supported; expected Qwen3ForCausalLM",
+                            c.architecture));
+  if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 ||
+      c.num_hidden_layers <= 0 || c.num_attention_heads <= 0 || c.num_key_value_heads <= 0 ||
+      c.head_dim <= 0 || c.head_dim % 2 != 0 || c.num_attention_heads % c.num_key_value_heads != 0)
+    return fail("model config has inconsistent sizes (load it with load_model_config, which "
+                "checks them)");
+  if (c.vocab_size > int64_t{1} << 31)
+    return fail(fmt::format("vocab_size {} does not fit 32-bit token ids", c.vocab_size));
+  return {};
+}
+
+} // namespace
+
+std::vector<parameter_spec> qwen3_parameter_specs(const model_config& config, dtype type) {
+  std::vector<layout_entry> layout;
+  make_layout(config, layout);
+  std::vector<parameter_spec> out;
+  for (auto& e : layout)
+    out.push_back({std::move(e.name), type, std::move(e.shape)});
+  std::sort(out.begin(), out.end(),
+            [](const parameter_spec& a, const parameter_spec& b) { return a.name < b.name; });
+  return out;
+}
+
+template <class Lookup>
+expected<qwen3_model> qwen3_model::load_from(const model_config& config,
+                                             const std::vector<std::string>& available,
+                                             Lookup&& get, const std::string& where) {
+  if (auto s = check_supported(config); !s)
+    return std::move(s).take_failure();
+  std::vector<layout_entry> layout;
+  const std::size_t floats = make_layout(config, layout);
+
+  std::set<std::string> expected_names;
+  for (const auto& e : layout)
+    expected_names.insert(e.name);
+  std::vector<std::string> missing, extra;
+  for (const auto& e : layout)
+    if (!std::binary_search(available.begin(), available.end(), e.name))
+      missing.push_back(e.name);
+  for (const auto& n : available)
+    if (expected_names.count(n) == 0 && !ignorable(config, n))
+      extra.push_back(n);
+  if (!missing.empty())
+    return fail(fmt::format("{}: missing {} tensor(s) the config needs: {}", where, missing.size(),
+                            name_list(missing)));
+  if (!extra.empty())
+    return fail(fmt::format("{}: {} tensor(s) that a dense {} with this config does not have: {}",
+                            where, extra.size(), config.architecture, name_list(extra)));
+
+  qwen3_model m;
+  m.config_ = config;
+  for (const auto& e : layout) {
+    std::optional<HostTensor> t = get(e.name);
+    if (!t)
+      return fail(fmt::format("{}: cannot read tensor '{}'", where, e.name));
+    if (!is_float_type(t->type))
+      return fail(fmt::format("{}: tensor '{}' has dtype {}; expected bfloat16, float16 or float32",
+                              where, e.name, torch_name(t->type)));
+    if (t->shape != e.shape)
+      return fail(fmt::format("{}: tensor '{}' has shape {}; the config implies {}", where, e.name,
+                              shape_string(t->shape), shape_string(e.shape)));
+    if (t->nbytes != static_cast<std::size_t>(numel(e.shape)) * element_size(t->type))
+      return fail(fmt::format("{}: tensor '{}' has {} bytes, not what shape {} of {} needs", where,
+                              e.name, t->nbytes, shape_string(e.shape), torch_name(t->type)));
+    m.params_.push_back({{e.name, t->type, e.shape}, std::move(*t), e.offset});
+  }
+  m.weights_.resize(floats);
+  for (const auto& p : m.params_)
+    to_float(p.canonical, m.weights_.data() + p.offset);
+  std::sort(m.params_.begin(), m.params_.end(),
+            [](const param_entry& a, const param_entry& b) { return a.spec.name < b.spec.name; });
+  for (std::size_t i = 0; i < m.params_.size(); ++i)
+    m.by_name_.emplace(m.params_[i].spec.name, i);
+
+  auto offset_of = [&](const std::string& name) { return m.params_[m.by_name_.at(name)].offset; };
+  m.embed_ = offset_of("model.embed_tokens.weight");
+  m.norm_ = offset_of("model.norm.weight");
+  m.lm_head_ = config.tie_word_embeddings ? m.embed_ : offset_of("lm_head.weight");
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    m.layers_.push_back({offset_of(p + "input_layernorm.weight"),
+                         offset_of(p + "self_attn.q_proj.weight"),
+                         offset_of(p + "self_attn.q_norm.weight"),
+                         offset_of(p + "self_attn.k_norm.weight"),
+                         offset_of(p + "self_attn.o_proj.weight"),
+                         offset_of(p + "post_attention_layernorm.weight"),
+                         offset_of(p + "mlp.gate_proj.weight"),
+                         offset_of(p + "mlp.down_proj.weight")});
+  }
+  return m;
+}
+
+expected<qwen3_model> qwen3_model::load(const model_config& config, const checkpoint& ckpt) {
+  auto get = [&](const std::string& name) -> std::optional<HostTensor> {
+    auto t = ckpt.tensor(name);
+    if (!t)
+      return std::nullopt;
+    return std::move(*t);
+  };
+  return load_from(config, ckpt.names(), get, ckpt.dir().string());
+}
+
+expected<qwen3_model> qwen3_model::load(const model_config& config,
+                                        std::span<const NamedTensor> tensors) {
+  std::map<std::string, const HostTensor*> by_name;
+  for (const auto& t : tensors)
+    if (!by_name.emplace(t.name, &t.tensor).second)
+      return fail(fmt::format("tensors: '{}' given twice", t.name));
+  std::vector<std::string> names;
+  for (const auto& [n, _] : by_name)
+    names.push_back(n);
+  auto get = [&](const std::string& name) -> std::optional<HostTensor> {
+    auto it = by_name.find(name);
+    if (it == by_name.end())
+      return std::nullopt;
+    return *it->second;
+  };
+  return load_from(config, names, get, "tensors");
+}
+
+std::vector<parameter_spec> qwen3_model::parameters() const {
+  std::vector<parameter_spec> out;
+  out.reserve(params_.size());
+  for (const auto& p : params_)
+    out.push_back(p.spec);
+  return out;
+}
+
+expected<HostTensor> qwen3_model::parameter(std::string_view name) const {
+  auto it = by_name_.find(std::string(name));
+  if (it == by_name_.end()) {
+    if (name == "lm_head.weight" && config_.tie_word_embeddings)
+      return fail("lm_head.weight is not a parameter: this model ties it to "
+                  "model.embed_tokens.weight");
+    return fail(fmt::format("unknown parameter '{}'", name));
+  }
+  return params_[it->second].canonical;
+}
+
+status qwen3_model::validate(const NamedTensor& t) const {
+  auto it = by_name_.find(t.name);
+  if (it == by_name_.end()) {
+    if (t.name == "lm_head.weight" && config_.tie_word_embeddings)
+      return fail("parameter 'lm_head.weight': not a parameter of this model (tie_word_embeddings: "
+                  "update model.embed_tokens.weight instead)");
+    if (params_.empty())
+      return fail(fmt::format("parameter '{}': the model holds no parameters (not loaded)", t.name));
+    return fail(fmt::format("parameter '{}': unknown name (the model has {} parameters, "
+                            "e.g. '{}')", t.name, params_.size(), params_.front().spec.name));
+  }
+  const parameter_spec& spec = params_[it->second].spec;
+  if (t.tensor.type != spec.type || t.tensor.shape != spec.shape)
+    return fail(fmt::format("parameter '{}': expected {} {}, got {} {}", t.name,
+                            torch_name(spec.type), shape_string(spec.shape),
+                            torch_name(t.tensor.type), shape_string(t.tensor.shape)));
+  const auto nbytes = static_cast<std::size_t>(numel(spec.shape)) * element_size(spec.type);
+  if (t.tensor.nbytes != nbytes || t.tensor.data == nullptr)
+    return fail(fmt::format("parameter '{}': {} {} needs {} bytes, got {}", t.name,
+                            torch_name(spec.type), shape_string(spec.shape), nbytes,
+                            t.tensor.data == nullptr ? 0 : t.tensor.nbytes));
+  return {};
+}
+
+status qwen3_model::assign(std::span<const NamedTensor> tensors) {
+  std::set<std::string_view> seen;
+  for (const auto& t : tensors) {
+    if (auto s = validate(t); !s)
+      return s;
+    if (!seen.insert(t.name).second)
+      return fail(fmt::format("parameter '{}': given twice in one update", t.name));
+  }
+  for (const auto& t : tensors) {
+    param_entry& p = params_[by_name_.at(t.name)];
+    p.canonical = t.tensor;
+    to_float(p.canonical, weights_.data() + p.offset);
+  }
+  return {};
+}
+
+expected<std::vector<float>> qwen3_model::forward_all(std::span<const int32_t> tokens) const {
+  kv_cache cache(config_);
+  std::vector<float> logits;
+  if (auto s = run(cache, tokens, /*all_rows=*/true, logits); !s)
+    return std::move(s).take_failure();
+  return logits;
+}
+
+status qwen3_model::forward(kv_cache& cache, std::span<const int32_t> tokens,
+                            std::vector<float>& logits) const {
+  return run(cache, tokens, /*all_rows=*/false, logits);
+}
+
+status qwen3_model::run(kv_cache& cache, std::span<const int32_t> tokens, bool all_rows,
+                        std::vector<float>& logits) const {
+  const model_config& c = config_;
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_size;
+  const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t qkv_cols = (nq + 2 * nkv) * D;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+
+  // Everything that can be wrong is checked before the cache changes.
+  if (T == 0)
+    return fail("forward: no tokens to run");
+  for (int64_t t = 0; t < T; ++t)
+    if (tokens[t] < 0 || tokens[t] >= V)
+      return fail(fmt::format("forward: token id {} at index {} is outside the vocabulary [0, {})",
+                              tokens[t], t, V));
+  if (cache.layers() != c.num_hidden_layers || cache.kv_heads() != nkv || cache.head_dim() != D)
+    return fail(fmt::format("forward: the KV cache is shaped for {} layers x {} kv heads x {} "
+                            "head_dim; this model has {} x {} x {}", cache.layers(),
+                            cache.kv_heads(), cache.head_dim(), c.num_hidden_layers, nkv, D));
+  const int64_t past = cache.size();
+  if (past + T > c.max_position_embeddings)
+    return fail(fmt::format("forward: {} cached + {} new tokens exceed max_position_embeddings {}",
+                            past, T, c.max_position_embeddings));
+
+  // Scratch, one allocation set per call (a decode step's are a few KB).
+  std::vector<float> x(T * H);          // [T, hidden] residual stream
+  std::vector<float> h(T * H);          // [T, hidden] normed input of a block
+  std::vector<float> qkv(T * qkv_cols); // [T, (nq + 2 nkv) * head_dim]
+  std::vector<float> q(T * nq * D);     // [T, nq, head_dim]
+  std::vector<float> attn(T * nq * D);  // [T, nq, head_dim]
+  std::vector<float> proj(T * H);       // [T, hidden] o_proj / down_proj output
+  std::vector<float> gate_up(T * 2 * I); // [T, 2 * intermediate]
+  std::vector<float> act(T * I);        // [T, intermediate]
+
+  for (int64_t t = 0; t < T; ++t)
+    std::memcpy(&x[t * H], w(embed_) + int64_t{tokens[t]} * H, H * sizeof(float));
+
+  cache.append(tokens);
+  auto kernel_failed = [&](const char* op, kernels::kernel_status s) {
+    cache.truncate(past);
+    return fail(fmt::format("forward: {} failed: {}", op, kernels::to_string(s)));
+  };
+  using kernels::kernel_status;
+
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const layer_weights& L = layers_[l];
+    float* k_cache = cache.keys(l) + past * nkv * D;   // [T, nkv, head_dim] this step's rows
+    float* v_cache = cache.values(l) + past * nkv * D; // [T, nkv, head_dim]
+
+    if (auto s = kernels::rms_norm_ref({x.data(), w(L.input_norm), h.data(), T, H, eps});
+        s != kernel_status::ok)
+      return kernel_failed("input_layernorm", s);
+    if (auto s = kernels::matmul_cpu({h.data(), w(L.qkv), qkv.data(), T, qkv_cols, H});
+        s != kernel_status::ok)
+      return kernel_failed("qkv_proj", s);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = &qkv[t * qkv_cols];
+      std::memcpy(&q[t * nq * D], row, nq * D * sizeof(float));
+      std::memcpy(k_cache + t * nkv * D, row + nq * D, nkv * D * sizeof(float));
+      std::memcpy(v_cache + t * nkv * D, row + (nq + nkv) * D, nkv * D * sizeof(float));
+    }
+    // q_norm / k_norm: RMSNorm of each head's head_dim vector.
+    if (auto s = kernels::rms_norm_ref({q.data(), w(L.q_norm), q.data(), T * nq, D, eps});
+        s != kernel_status::ok)
+      return kernel_failed("q_norm", s);
+    if (auto s = kernels::rms_norm_ref({k_cache, w(L.k_norm), k_cache, T * nkv, D, eps});
+        s != kernel_status::ok)
+      return kernel_failed("k_norm", s);
+    if (auto s = kernels::rope_cpu({q.data(), T, nq, D, past, c.rope_theta}); s != kernel_status::ok)
+      return kernel_failed("rope(q)", s);
+    if (auto s = kernels::rope_cpu({k_cache, T, nkv, D, past, c.rope_theta}); s != kernel_status::ok)
+      return kernel_failed("rope(k)", s);
+    kernels::attention_args aa{q.data(), cache.keys(l), cache.values(l), attn.data(),
+                               T, past + T, nq, nkv, D,
+                               static_cast<float>(1.0 / std::sqrt(double(D)))};
+    if (auto s = kernels::attention_cpu(aa); s != kernel_status::ok)
+      return kernel_failed("attention", s);
+    if (auto s = kernels::matmul_cpu({attn.data(), w(L.o), proj.data(), T, H, nq * D});
+        s != kernel_status::ok)
+      return kernel_failed("o_proj", s);
+    for (int64_t i = 0; i < T * H; ++i)
+      x[i] += proj[i];
+
+    if (auto s = kernels::rms_norm_ref({x.data(), w(L.post_norm), h.data(), T, H, eps});
+        s != kernel_status::ok)
+      return kernel_failed("post_attention_layernorm", s);
+    if (auto s = kernels::matmul_cpu({h.data(), w(L.gate_up), gate_up.data(), T, 2 * I, H});
+        s != kernel_status::ok)
+      return kernel_failed("gate_up_proj", s);
+    if (auto s = kernels::silu_mul_cpu({gate_up.data(), act.data(), T, I}); s != kernel_status::ok)
+      return kernel_failed("silu_mul", s);
+    if (auto s = kernels::matmul_cpu({act.data(), w(L.down), proj.data(), T, H, I});
+        s != kernel_status::ok)
+      return kernel_failed("down_proj", s);
+    for (int64_t i = 0; i < T * H; ++i)
+      x[i] += proj[i];
+  }
+
+  // Only the rows whose logits are wanted go through the final norm and lm_head (the lm_head
+  // matmul is the largest of a decode step for real vocabularies).
+  const int64_t rows = all_rows ? T : 1;
+  const float* last = x.data() + (T - rows) * H; // [rows, hidden]
+  if (auto s = kernels::rms_norm_ref({last, w(norm_), h.data(), rows, H, eps}); s != kernel_status::ok)
+    return kernel_failed("norm", s);
+  logits.resize(static_cast<std::size_t>(rows * V));
+  if (auto s = kernels::matmul_cpu({h.data(), w(lm_head_), logits.data(), rows, V, H});
+      s != kernel_status::ok)
+    return kernel_failed("lm_head", s);
+  return {};
+}
+
+} // namespace rlserve::model

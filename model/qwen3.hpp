@@ -1,0 +1,121 @@
+// qwen3_model: a dense Qwen3 (Hugging Face Qwen3ForCausalLM) on the CPU, fp32 compute, owned by
+// one runner. Forward, exactly as transformers defines it:
+//
+//   x = embed_tokens[ids]                                              [T, hidden]
+//   per layer:
+//     h = input_layernorm(x)                                           RMSNorm
+//     q, k, v = q_proj(h), k_proj(h), v_proj(h)                        no bias
+//     q, k = q_norm(q), k_norm(k)                                      RMSNorm over head_dim, per head
+//     q, k = rope(q), rope(k)                                          rotate_half, positions from the cache
+//     a = softmax(q k^T / sqrt(head_dim) + causal) v                   GQA: kv head = q head / (heads / kv_heads)
+//     x = x + o_proj(a)
+//     x = x + down_proj(silu(gate_proj(h')) * up_proj(h')),  h' = post_attention_layernorm(x)
+//   logits = lm_head(norm(x))                                          lm_head = embed_tokens when tied
+//
+// Weights: every parameter is held twice, in the checkpoint's own bytes and dtype (what
+// `parameter` returns and a weight update must match) and as an fp32 compute copy (q/k/v and
+// gate/up rows laid out back to back, so each pair is one fused matmul).
+//
+// Thread safety: forward and forward_all are const and may run concurrently with each other
+// (each call owns its scratch); assign must not overlap any of them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "messages/dtype.hpp"
+#include "messages/expected.hpp"
+#include "messages/tensor.hpp"
+#include "model/checkpoint.hpp"
+#include "model/config.hpp"
+#include "model/kv_cache.hpp"
+
+namespace rlserve::model {
+
+struct parameter_spec {
+  std::string name; // Hugging Face name, "model.layers.0.self_attn.q_proj.weight"
+  dtype type;       // the checkpoint's dtype (bf16, f16 or f32)
+  std::vector<int64_t> shape;
+};
+
+// The parameters a dense Qwen3 config implies, every one of dtype `type`, sorted by name (what
+// qwen3_model::parameters() returns for a checkpoint saved in `type`; make-model writes these).
+std::vector<parameter_spec> qwen3_parameter_specs(const model_config& config, dtype type);
+
+class qwen3_model {
+public:
+  // Loads the parameters the config implies from `ckpt`. Fails, naming the tensors, when one is
+  // missing, has another shape, has a dtype other than bf16/f16/f32, or when the checkpoint holds
+  // tensors the model does not own. Tolerated and ignored, as transformers and vLLM do:
+  // lm_head.weight when the config ties embeddings, and legacy rotary_emb.inv_freq buffers.
+  // Refuses configs it would run wrong (MoE architectures, for now).
+  static expected<qwen3_model> load(const model_config& config, const checkpoint& ckpt);
+  // The same from tensors in memory (tests, and weights that never touched a file).
+  static expected<qwen3_model> load(const model_config& config, std::span<const NamedTensor> tensors);
+
+  const model_config& config() const { return config_; }
+  // Every Hugging Face name the model owns, sorted. No lm_head.weight when embeddings are tied.
+  std::vector<parameter_spec> parameters() const;
+  // The parameter in canonical load-format bytes (checkpoint dtype), as last loaded or assigned.
+  expected<HostTensor> parameter(std::string_view name) const;
+  // Known name, same dtype, same shape, byte count consistent; the message names the tensor and
+  // gives expected vs got ("parameter 'model.norm.weight': expected bfloat16 [64], got float32 [64]").
+  status validate(const NamedTensor& t) const;
+  // All or nothing: validates every tensor (and that no name repeats) before writing any; then
+  // replaces each one's canonical bytes and recomputes its fp32 copy.
+  status assign(std::span<const NamedTensor> tensors);
+
+  // Runs `tokens` at positions cache.size() .. cache.size() + T - 1, appends their keys/values
+  // (and ids) to `cache`, and writes the logits of the LAST position into `logits` (resized to
+  // vocab_size). Fails, leaving the cache unchanged, on no tokens, an id outside the vocabulary,
+  // a cache made for another config, or a sequence longer than max_position_embeddings.
+  status forward(kv_cache& cache, std::span<const int32_t> tokens, std::vector<float>& logits) const;
+  // Logits of every position, [tokens.size() * vocab_size] row-major, from an empty cache
+  // (parity tests and `rlserve forward`). Row t equals what forward() returns after token t.
+  expected<std::vector<float>> forward_all(std::span<const int32_t> tokens) const;
+
+  // An empty cache shaped for this model.
+  kv_cache make_cache() const { return kv_cache(config_); }
+
+private:
+  struct param_entry {
+    parameter_spec spec;
+    HostTensor canonical;
+    std::size_t offset = 0; // into weights_, where the fp32 copy starts
+  };
+  // Offsets into weights_ of one decoder layer's fp32 weights.
+  struct layer_weights {
+    std::size_t input_norm;  // [hidden]
+    std::size_t qkv;         // [(heads + 2 kv_heads) * head_dim, hidden]: q_proj, k_proj, v_proj rows
+    std::size_t q_norm;      // [head_dim]
+    std::size_t k_norm;      // [head_dim]
+    std::size_t o;           // [hidden, heads * head_dim]
+    std::size_t post_norm;   // [hidden]
+    std::size_t gate_up;     // [2 * intermediate, hidden]: gate_proj rows, then up_proj rows
+    std::size_t down;        // [hidden, intermediate]
+  };
+
+  template <class Lookup>
+  static expected<qwen3_model> load_from(const model_config& config,
+                                         const std::vector<std::string>& available, Lookup&& get,
+                                         const std::string& where);
+  status run(kv_cache& cache, std::span<const int32_t> tokens, bool all_rows,
+             std::vector<float>& logits) const;
+  const float* w(std::size_t offset) const { return weights_.data() + offset; }
+
+  model_config config_;
+  std::vector<param_entry> params_;                      // sorted by name
+  std::unordered_map<std::string, std::size_t> by_name_; // name -> index into params_
+  std::vector<float> weights_;                           // fp32 compute copies, one arena
+  std::vector<layer_weights> layers_;
+  std::size_t embed_ = 0;   // [vocab, hidden]
+  std::size_t norm_ = 0;    // [hidden]
+  std::size_t lm_head_ = 0; // [vocab, hidden]; == embed_ when tied
+};
+
+} // namespace rlserve::model

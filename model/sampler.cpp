@@ -1,0 +1,139 @@
+#include "model/sampler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace rlserve::model {
+
+namespace {
+
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+constexpr float k_neg_inf = -std::numeric_limits<float>::infinity();
+
+// Below this temperature sampling is argmax (dividing by it would overflow to inf anyway).
+constexpr float k_greedy_temperature = 1e-6f;
+
+} // namespace
+
+rng::rng(uint64_t seed) {
+  for (auto& word : s_)
+    word = splitmix64(seed);
+}
+
+uint64_t rng::next() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+float rng::uniform() { return static_cast<float>(next() >> 40) * 0x1.0p-24f; }
+
+sampler::sampler(uint64_t seed) : rng_(seed) {}
+
+sampled_token sampler::sample(std::span<const float> logits, const sampling_config& cfg) {
+  const auto V = static_cast<int64_t>(logits.size());
+  if (V == 0)
+    return {-1, k_neg_inf};
+  auto logit = [&](int64_t i) { return std::isnan(logits[i]) ? k_neg_inf : logits[i]; };
+
+  if (!(cfg.temperature >= k_greedy_temperature)) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (logit(i) > logit(best)) // strict: the lowest id wins ties
+        best = i;
+    const double m = logit(best);
+    if (std::isinf(m))
+      return {static_cast<int32_t>(best), m > 0 ? 0.0f : k_neg_inf};
+    double sum = 0.0;
+    for (int64_t i = 0; i < V; ++i)
+      sum += std::exp(double(logit(i)) - m);
+    return {static_cast<int32_t>(best), static_cast<float>(m - (m + std::log(sum)))};
+  }
+
+  // probs = softmax(logits / T), in double up to the final rounding.
+  const double inv_t = 1.0 / double(cfg.temperature);
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < V; ++i)
+    m = std::max(m, double(logit(i)) * inv_t);
+  const float u = rng_.uniform(); // drawn before any early return: one draw per call
+  if (!std::isfinite(m))
+    return {0, k_neg_inf};
+  double sum = 0.0;
+  for (int64_t i = 0; i < V; ++i)
+    sum += std::exp(double(logit(i)) * inv_t - m);
+  const double lse = m + std::log(sum);
+  probs_.resize(static_cast<std::size_t>(V));
+  for (int64_t i = 0; i < V; ++i)
+    probs_[i] = static_cast<float>(std::exp(double(logit(i)) * inv_t - lse));
+
+  order_.resize(static_cast<std::size_t>(V));
+  std::iota(order_.begin(), order_.end(), 0);
+  int64_t n = V; // candidates are order_[0, n)
+  auto more_probable = [&](int32_t a, int32_t b) {
+    return probs_[a] > probs_[b] || (probs_[a] == probs_[b] && a < b);
+  };
+  const bool top_k = cfg.top_k > 0 && cfg.top_k < V;
+  const bool top_p = cfg.top_p < 1.0f;
+  if (top_k) {
+    std::partial_sort(order_.begin(), order_.begin() + cfg.top_k, order_.end(), more_probable);
+    n = cfg.top_k;
+  } else if (top_p) {
+    std::sort(order_.begin(), order_.end(), more_probable);
+  }
+  if (top_p) {
+    // Keep tokens while the probability of those before them is below top_p: the smallest
+    // prefix reaching top_p (the first token always stays).
+    double before = 0.0;
+    int64_t keep = 0;
+    while (keep < n && (keep == 0 || before < double(cfg.top_p)))
+      before += probs_[order_[keep++]];
+    n = keep;
+  }
+  if (cfg.min_p > 0.0f) {
+    const float p_max = static_cast<float>(std::exp(m - lse));
+    const float threshold = cfg.min_p * p_max;
+    const int32_t top = *std::min_element(order_.begin(), order_.begin() + n, more_probable);
+    auto end = std::stable_partition(order_.begin(), order_.begin() + n,
+                                     [&](int32_t id) { return probs_[id] >= threshold; });
+    n = end - order_.begin();
+    if (n == 0) { // min_p > 1: nothing reaches the bar; keep the most probable token
+      order_[0] = top;
+      n = 1;
+    }
+  }
+
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i)
+    total += probs_[order_[i]];
+  const double target = double(u) * total;
+  int32_t token = order_[0]; // the most probable when filtered; replaced by the walk below
+  double acc = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float p = probs_[order_[i]];
+    if (p <= 0.0f)
+      continue; // an underflowed token is never drawn, not even by rounding at the end
+    acc += p;
+    token = order_[i];
+    if (target < acc)
+      break;
+  }
+  return {token, static_cast<float>(double(logit(token)) * inv_t - lse)};
+}
+
+} // namespace rlserve::model

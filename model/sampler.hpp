@@ -1,0 +1,65 @@
+// sampler: per-request seeded sampling of the next token, with the logprob RL needs.
+//
+//   temperature < 1e-6   greedy: argmax of the logits (ties -> lowest id).
+//   otherwise            p = softmax(logits / T); then top-k (keep the k most probable), top-p
+//                        (keep the smallest most-probable-first set whose cumulative probability
+//                        reaches top_p; at least one token), min-p (drop tokens with
+//                        p < min_p * p_max); the survivors are renormalized and one is drawn with
+//                        the request's own generator.
+//
+// The reported logprob is log_softmax(logits / T)[token], computed BEFORE top-k / top-p / min-p
+// filtering (SGLang's default: the policy's probability of the token, which is what the trainer
+// recomputes); for greedy it is log_softmax(logits)[token].
+//
+// The generator is xoshiro256** seeded through splitmix64, and uniforms are 24-bit floats: the
+// same seed gives the same tokens on every platform and compiler (std:: distributions do not).
+// Ties in the top-k / top-p ordering are broken by the lower id, so filtering is deterministic too.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace rlserve::model {
+
+struct sampling_config {
+  float temperature = 1.0f;
+  int32_t top_k = -1;  // <= 0: off
+  float top_p = 1.0f;  // >= 1: off
+  float min_p = 0.0f;  // <= 0: off
+};
+
+struct sampled_token {
+  int32_t token;
+  float logprob;
+};
+
+// xoshiro256** (Blackman & Vigna), state from splitmix64(seed). Small, fast, and the same
+// sequence everywhere.
+class rng {
+public:
+  explicit rng(uint64_t seed);
+  uint64_t next();
+  // Uniform in [0, 1) with 24 random bits: exactly representable floats, no rounding surprises.
+  float uniform();
+
+private:
+  std::array<uint64_t, 4> s_;
+};
+
+class sampler {
+public:
+  explicit sampler(uint64_t seed);
+  // `logits` has one entry per vocabulary id (NaN counts as -inf). An empty span returns
+  // {-1, -inf}. Draws exactly one uniform per non-greedy call, so a request's token stream
+  // depends only on its seed and its logits.
+  sampled_token sample(std::span<const float> logits, const sampling_config& cfg);
+
+private:
+  rng rng_;
+  std::vector<float> probs_;     // [vocab] scratch, reused across calls
+  std::vector<int32_t> order_;   // [vocab] candidate ids
+};
+
+} // namespace rlserve::model

@@ -1,0 +1,695 @@
+// Actor-level simulation: the whole graph (tokenizer, scheduler, weight_updater, runners) in one
+// process on tiny seeded models, driven through rlserve::Engine. References are independent of
+// the actor pipeline: the model library run directly (greedy decoding), and XXH3-64 computed
+// here over the bytes a "trainer" sends.
+#include <boost/test/unit_test.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <xxhash.h>
+
+#include "actors/engine.hpp"
+#include "kernels/bf16.hpp"
+#include "model/bpe_tokenizer.hpp"
+#include "model/checkpoint.hpp"
+#include "model/config.hpp"
+#include "model/make_model.hpp"
+#include "model/qwen3.hpp"
+
+using namespace rlserve;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path scratch_dir(const std::string& name) {
+  auto dir = fs::temp_directory_path() / ("rlserve-engine-sim-" + std::to_string(::getpid())) / name;
+  fs::create_directories(dir.parent_path());
+  return dir;
+}
+
+fs::path tiny_model(const std::string& name, uint64_t seed) {
+  auto dir = scratch_dir(name);
+  if (!fs::exists(dir / "config.json")) {
+    model::make_model_options o;
+    o.out = dir;
+    o.seed = seed;
+    auto ok = model::make_model(o);
+    BOOST_REQUIRE_MESSAGE(ok.has_value(), (ok ? std::string() : ok.error()));
+  }
+  return dir;
+}
+
+std::unique_ptr<Engine> start(const fs::path& model, const fs::path& draft = {}) {
+  engine_config cfg;
+  cfg.model_path = model;
+  cfg.draft_model_path = draft;
+  auto e = Engine::start(cfg);
+  BOOST_REQUIRE_MESSAGE(e.has_value(), (e ? std::string() : e.error()));
+  return std::move(*e);
+}
+
+GenerateReqInput greedy(std::vector<int32_t> ids, int32_t n) {
+  GenerateReqInput r;
+  r.input_ids = std::move(ids);
+  r.sampling_params.temperature = 0.0f;
+  r.sampling_params.max_new_tokens = n;
+  r.sampling_params.ignore_eos = true;
+  return r;
+}
+
+std::string hex16(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// Every parameter of `dir`'s checkpoint, each element moved by noise of `scale` x its RMS.
+std::vector<NamedTensor> perturbed(const fs::path& dir, uint64_t seed, float scale = 0.5f) {
+  auto ckpt = model::checkpoint::open(dir);
+  BOOST_REQUIRE(ckpt.has_value());
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> noise;
+  std::vector<NamedTensor> out;
+  for (const auto& name : ckpt->names()) {
+    auto t = ckpt->tensor(name);
+    BOOST_REQUIRE(t.has_value());
+    BOOST_REQUIRE(t->type == dtype::bf16);
+    auto src = t->as<uint16_t>();
+    double ss = 0;
+    for (auto b : src)
+      ss += double(kernels::bf16_to_float(b)) * kernels::bf16_to_float(b);
+    auto s = scale * static_cast<float>(std::sqrt(ss / src.size()));
+    std::vector<uint16_t> dst(src.size());
+    for (std::size_t i = 0; i < src.size(); ++i)
+      dst[i] = kernels::float_to_bf16(kernels::bf16_to_float(src[i]) + s * noise(rng));
+    out.push_back({name, HostTensor::from_vector(dtype::bf16, t->shape, dst)});
+  }
+  return out;
+}
+
+std::map<std::string, std::string> checksums_of(const std::vector<NamedTensor>& ts) {
+  std::map<std::string, std::string> out;
+  for (auto& t : ts)
+    out[t.name] = hex16(XXH3_64bits(t.tensor.data.get(), t.tensor.nbytes));
+  return out;
+}
+
+std::map<std::string, std::string> engine_checksums(Engine& e, runner_selector sel = runner_selector::all) {
+  CheckWeightsReqInput req;
+  req.selector = sel;
+  auto out = e.check_weights(req);
+  BOOST_REQUIRE_MESSAGE(out.success, out.message);
+  BOOST_REQUIRE_EQUAL(out.payload.size(), 1u);
+  return out.payload[0].checksums;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  bool ok = haystack.find(needle) != std::string::npos;
+  if (!ok)
+    BOOST_TEST_MESSAGE("\"" << haystack << "\" lacks \"" << needle << "\"");
+  return ok;
+}
+
+// Greedy decoding with the model library directly: the reference for the pipeline.
+std::vector<int32_t> reference_greedy(const fs::path& dir, std::vector<int32_t> prompt, int n) {
+  auto cfg = model::load_model_config(dir);
+  auto ckpt = model::checkpoint::open(dir);
+  auto m = model::qwen3_model::load(*cfg, *ckpt);
+  BOOST_REQUIRE(m.has_value());
+  auto cache = m->make_cache();
+  std::vector<float> logits;
+  std::vector<int32_t> out;
+  std::vector<int32_t> step = std::move(prompt);
+  for (int i = 0; i < n; ++i) {
+    BOOST_REQUIRE(m->forward(cache, step, logits).has_value());
+    auto best = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    out.push_back(best);
+    step = {best};
+  }
+  return out;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(engine_sim_test)
+
+BOOST_AUTO_TEST_CASE(greedy_generation_matches_the_model_run_directly) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  std::vector<int32_t> prompt{5, 17, 300, 42, 9};
+  auto out = e->generate(greedy(prompt, 16));
+  BOOST_REQUIRE_MESSAGE(out.success, out.message);
+  BOOST_TEST(out.output_ids == reference_greedy(dir, prompt, 16));
+  BOOST_TEST(out.prompt_tokens == 5);
+  BOOST_TEST(out.completion_tokens == 16);
+  BOOST_TEST(out.finish_reason->type == "length");
+  BOOST_TEST(out.weight_version == "0");
+  BOOST_TEST(out.weight_version_start == "0");
+}
+
+BOOST_AUTO_TEST_CASE(text_prompts_are_tokenized_and_results_detokenized) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  auto tok = model::bpe_tokenizer::from_file(dir / "tokenizer.json");
+  BOOST_REQUIRE(tok.has_value());
+  GenerateReqInput r;
+  r.text = "Hello, world! 123";
+  r.sampling_params.max_new_tokens = 12;
+  r.sampling_params.sampling_seed = 3;
+  r.return_logprob = true;
+  auto out = e->generate(r);
+  BOOST_REQUIRE_MESSAGE(out.success, out.message);
+  BOOST_TEST(out.prompt_tokens == static_cast<int32_t>(tok->encode("Hello, world! 123").size()));
+  BOOST_TEST(out.text == tok->decode(out.output_ids, true));
+  BOOST_TEST(out.output_token_logprobs.size() == out.output_ids.size());
+  for (float lp : out.output_token_logprobs)
+    BOOST_TEST(lp <= 0.0f);
+  BOOST_TEST(out.sampling_seed == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(seeded_sampling_is_reproducible_and_streams_add_up) {
+  auto e = start(tiny_model("target", 11));
+  GenerateReqInput r;
+  r.input_ids = std::vector<int32_t>{1, 2, 3};
+  r.sampling_params.max_new_tokens = 20;
+  r.sampling_params.ignore_eos = true;
+  r.sampling_params.sampling_seed = 1234;
+  r.return_logprob = true;
+  auto a = e->generate(r);
+  std::vector<GenerateReqOutput> chunks;
+  auto b = e->generate(r, [&](const GenerateReqOutput& c) { chunks.push_back(c); });
+  BOOST_REQUIRE(a.success && b.success);
+  BOOST_TEST(a.output_ids == b.output_ids);
+  BOOST_TEST(a.output_token_logprobs == b.output_token_logprobs);
+  BOOST_REQUIRE(!chunks.empty());
+  std::vector<int32_t> ids;
+  std::string text;
+  for (auto& c : chunks) {
+    ids.insert(ids.end(), c.output_ids.begin(), c.output_ids.end());
+    text += c.text;
+  }
+  BOOST_TEST(ids == b.output_ids);
+  BOOST_TEST(text == b.text);
+  BOOST_TEST(chunks.back().finished);
+  BOOST_TEST(chunks.size() >= 20u); // one chunk per token
+  r.sampling_params.sampling_seed = 99;
+  BOOST_TEST(e->generate(r).output_ids != a.output_ids);
+}
+
+BOOST_AUTO_TEST_CASE(many_concurrent_requests_all_finish_as_if_alone) {
+  auto e = start(tiny_model("target", 11));
+  std::vector<GenerateReqInput> reqs;
+  for (int i = 0; i < 96; ++i) {
+    GenerateReqInput r;
+    r.input_ids = std::vector<int32_t>{1 + i % 50, 7, 2 + i % 11};
+    r.sampling_params.max_new_tokens = 4 + i % 13;
+    r.sampling_params.sampling_seed = 1000 + i;
+    r.sampling_params.temperature = i % 3 == 0 ? 0.0f : 0.9f;
+    r.sampling_params.ignore_eos = true;
+    r.rid = "req-" + std::to_string(i);
+    reqs.push_back(r);
+  }
+  std::vector<std::future<GenerateReqOutput>> fs;
+  for (auto& r : reqs)
+    fs.push_back(e->generate_async(r));
+  std::set<std::string> rids;
+  for (std::size_t i = 0; i < fs.size(); ++i) {
+    auto out = fs[i].get();
+    BOOST_REQUIRE_MESSAGE(out.success, out.message);
+    BOOST_TEST(out.rid == reqs[i].rid.value());
+    BOOST_TEST(out.completion_tokens == reqs[i].sampling_params.max_new_tokens);
+    rids.insert(out.rid);
+    if (i % 12 == 0) // batched with 95 others, or alone: the same tokens
+      BOOST_TEST(e->generate(reqs[i]).output_ids == out.output_ids);
+  }
+  BOOST_TEST(rids.size() == reqs.size());
+}
+
+BOOST_AUTO_TEST_CASE(bad_generate_requests_fail_with_a_message) {
+  auto e = start(tiny_model("target", 11));
+  auto expect_error = [&](GenerateReqInput r, const std::string& needle) {
+    auto out = e->generate(std::move(r));
+    BOOST_TEST(!out.success);
+    BOOST_TEST(out.finished);
+    BOOST_TEST(contains(out.message, needle));
+  };
+  GenerateReqInput both;
+  both.text = "x";
+  both.input_ids = std::vector<int32_t>{1};
+  expect_error(both, "both set");
+  expect_error(GenerateReqInput{}, "neither text nor input_ids");
+  expect_error(greedy({}, 4), "input_ids: empty");
+  expect_error(greedy({1, 512}, 4), "input_ids[1]: token id 512 is outside the vocabulary");
+  expect_error(greedy(std::vector<int32_t>(2048, 3), 4), "context length is 2048");
+  auto n2 = greedy({1}, 4);
+  n2.sampling_params.n = 2;
+  expect_error(n2, "sampling_params.n");
+  auto penalty = greedy({1}, 4);
+  penalty.sampling_params.repetition_penalty = 1.1f;
+  expect_error(penalty, "penalties");
+  auto hot = greedy({1}, 4);
+  hot.sampling_params.top_p = 0.0f;
+  expect_error(hot, "sampling_params.top_p");
+  // a rid in flight twice
+  auto slow = greedy({1}, 400);
+  slow.rid = "same";
+  auto first = e->generate_async(slow);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  expect_error(slow, "already in flight");
+  BOOST_TEST(first.get().success);
+}
+
+BOOST_AUTO_TEST_CASE(update_session_changes_weights_version_and_generations) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  auto prompt = std::vector<int32_t>{4, 8, 15, 16, 23, 42};
+  auto before = e->generate(greedy(prompt, 16));
+  auto update = perturbed(dir, 5);
+  BOOST_REQUIRE(e->begin_weight_update({}).success);
+  // Old weights serve while tensors are staged.
+  std::vector<NamedTensor> half(update.begin(), update.begin() + update.size() / 2);
+  std::vector<NamedTensor> rest(update.begin() + update.size() / 2, update.end());
+  UpdateWeightsFromTensorReqInput b1, b2;
+  b1.named_tensors = half;
+  b2.named_tensors = rest;
+  auto r1 = e->update_weights_from_tensor(b1);
+  BOOST_REQUIRE_MESSAGE(r1.success, r1.message);
+  auto r2 = e->update_weights_from_tensor(b2);
+  BOOST_REQUIRE_MESSAGE(r2.success, r2.message);
+  BOOST_TEST(e->get_server_info().weight_version == "0");
+  auto end = e->end_weight_update({});
+  BOOST_REQUIRE_MESSAGE(end.success, end.message);
+  BOOST_TEST(end.weight_version == "1");
+  BOOST_TEST(engine_checksums(*e) == checksums_of(update));
+  auto after = e->generate(greedy(prompt, 16));
+  BOOST_TEST(after.weight_version == "1");
+  BOOST_TEST(after.output_ids != before.output_ids);
+  // A fresh engine on a checkpoint of the new weights generates the same tokens.
+  auto fresh_dir = scratch_dir("fresh-from-update");
+  fs::remove_all(fresh_dir);
+  fs::create_directories(fresh_dir);
+  fs::copy_file(dir / "config.json", fresh_dir / "config.json");
+  fs::copy_file(dir / "tokenizer.json", fresh_dir / "tokenizer.json");
+  BOOST_REQUIRE(model::write_checkpoint(fresh_dir, update).has_value());
+  auto fresh = start(fresh_dir);
+  BOOST_TEST(fresh->generate(greedy(prompt, 16)).output_ids == after.output_ids);
+  // A labelled session.
+  BOOST_REQUIRE(e->begin_weight_update({}).success);
+  EndWeightUpdateReqInput labelled;
+  labelled.weight_version = "step-7";
+  BOOST_TEST(e->end_weight_update(labelled).weight_version == "step-7");
+  BOOST_TEST(e->get_server_info().weight_version == "step-7");
+}
+
+BOOST_AUTO_TEST_CASE(session_rules_and_bad_tensors_are_refused_without_half_applying) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  auto original = engine_checksums(*e);
+  auto update = perturbed(dir, 6);
+  UpdateWeightsFromTensorReqInput good;
+  good.named_tensors = {update[0]};
+
+  BOOST_TEST(contains(e->update_weights_from_tensor(good).message, "no weight-update session is open"));
+  BOOST_TEST(contains(e->end_weight_update({}).message, "no weight-update session is open"));
+  BOOST_REQUIRE(e->begin_weight_update({}).success);
+  BOOST_TEST(contains(e->begin_weight_update({}).message, "already open"));
+  BOOST_TEST(contains(e->begin_weight_update({runner_selector::draft}).message, "already open"));
+
+  auto refused = [&](std::vector<NamedTensor> ts, const std::string& needle) {
+    UpdateWeightsFromTensorReqInput req;
+    req.named_tensors = std::move(ts);
+    auto out = e->update_weights_from_tensor(req);
+    BOOST_TEST(!out.success);
+    BOOST_TEST(contains(out.message, needle));
+  };
+  NamedTensor t;
+  for (auto& x : update)
+    if (x.tensor.shape.size() == 2 && x.tensor.shape[0] != x.tensor.shape[1] && x.name != update[0].name)
+      t = x;
+  BOOST_REQUIRE(!t.name.empty());
+  refused({update[0], {"model.layers.0.mlp.gate_projj.weight", t.tensor}},
+          "unknown tensor name 'model.layers.0.mlp.gate_projj.weight'");
+  auto wrong_shape = t;
+  wrong_shape.tensor.shape = {t.tensor.shape[1], t.tensor.shape[0]};
+  refused({update[0], wrong_shape}, "expects bfloat16");
+  auto huge = t;
+  huge.tensor.shape = {int64_t{1} << 40, int64_t{1} << 40};
+  refused({update[0], huge}, "overflows");
+  auto negative = t;
+  negative.tensor.shape = {-1, t.tensor.numel() * -1};
+  refused({update[0], negative}, "negative dimension");
+  auto wrong_dtype = t;
+  wrong_dtype.tensor.type = dtype::f16;
+  refused({update[0], wrong_dtype}, "the update sent float16");
+  auto short_bytes = t;
+  short_bytes.tensor.nbytes -= 2;
+  refused({update[0], short_bytes}, "bytes of data");
+  refused({update[0], update[0]}, "appears twice");
+  UpdateWeightsFromTensorReqInput draft_only = good;
+  draft_only.selector = runner_selector::draft;
+  BOOST_TEST(contains(e->update_weights_from_tensor(draft_only).message, "no draft model"));
+
+  // The session is still open and consistent: a good bucket lands, and only it.
+  auto ok = e->update_weights_from_tensor(good);
+  BOOST_REQUIRE_MESSAGE(ok.success, ok.message);
+  auto end = e->end_weight_update({});
+  BOOST_REQUIRE_MESSAGE(end.success, end.message);
+  auto now = engine_checksums(*e);
+  for (auto& [name, digest] : now) {
+    if (name == update[0].name)
+      BOOST_TEST(digest == checksums_of({update[0]})[name]);
+    else
+      BOOST_TEST(digest == original[name]);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(aborted_session_leaves_weights_and_version) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  auto original = engine_checksums(*e);
+  BOOST_REQUIRE(e->begin_weight_update({}).success);
+  UpdateWeightsFromTensorReqInput all;
+  all.named_tensors = perturbed(dir, 8);
+  BOOST_REQUIRE(e->update_weights_from_tensor(all).success);
+  EndWeightUpdateReqInput abort;
+  abort.abort = true;
+  auto out = e->end_weight_update(abort);
+  BOOST_TEST(out.success);
+  BOOST_TEST(contains(out.message, "aborted"));
+  BOOST_TEST(engine_checksums(*e) == original);
+  BOOST_TEST(e->get_server_info().weight_version == "0");
+  BOOST_TEST(e->begin_weight_update({}).success); // the next session opens normally
+  BOOST_TEST(e->end_weight_update({}).success);
+  BOOST_TEST(e->get_server_info().weight_version == "0"); // nothing staged, no label: unchanged
+}
+
+BOOST_AUTO_TEST_CASE(checker_self_test_snapshot_reset_update_compare) {
+  // miles' --check-weight-update-equal: snapshot, poison, resend the same weights, compare.
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  CheckWeightsReqInput snap;
+  snap.action = check_weights_action::snapshot;
+  BOOST_REQUIRE(e->check_weights(snap).success);
+  CheckWeightsReqInput reset;
+  reset.action = check_weights_action::reset_tensors;
+  reset.skip_tensor_list = {"norm"};
+  BOOST_REQUIRE(e->check_weights(reset).success);
+  CheckWeightsReqInput compare;
+  compare.action = check_weights_action::compare;
+  auto poisoned = e->check_weights(compare);
+  BOOST_REQUIRE(poisoned.success);
+  for (auto& name : poisoned.changed)
+    BOOST_TEST(name.find("norm") == std::string::npos);
+  for (auto& name : poisoned.unchanged)
+    BOOST_TEST(name.find("norm") != std::string::npos);
+  BOOST_TEST(!poisoned.changed.empty());
+
+  auto ckpt = model::checkpoint::open(dir);
+  UpdateWeightsFromTensorReqInput same;
+  for (auto& name : ckpt->names())
+    same.named_tensors.push_back({name, *ckpt->tensor(name)});
+  BOOST_REQUIRE(e->begin_weight_update({}).success);
+  BOOST_REQUIRE(e->update_weights_from_tensor(same).success);
+  BOOST_REQUIRE(e->end_weight_update({}).success);
+  auto restored = e->check_weights(compare);
+  BOOST_TEST(restored.changed.empty());
+  BOOST_TEST(restored.unchanged.size() == ckpt->names().size());
+}
+
+BOOST_AUTO_TEST_CASE(compare_without_snapshot_says_what_to_do) {
+  auto e = start(tiny_model("target", 11));
+  CheckWeightsReqInput compare;
+  compare.action = check_weights_action::compare;
+  auto out = e->check_weights(compare);
+  BOOST_TEST(!out.success);
+  BOOST_TEST(contains(out.message, "snapshot"));
+}
+
+BOOST_AUTO_TEST_CASE(tied_lm_head_is_an_alias_of_the_embedding) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  auto update = perturbed(dir, 9);
+  NamedTensor embed;
+  for (auto& t : update)
+    if (t.name == "model.embed_tokens.weight")
+      embed = t;
+  BOOST_REQUIRE(!embed.name.empty());
+  BOOST_REQUIRE(e->begin_weight_update({}).success);
+  UpdateWeightsFromTensorReqInput via_lm_head;
+  via_lm_head.named_tensors = {{"lm_head.weight", embed.tensor}};
+  BOOST_REQUIRE(e->update_weights_from_tensor(via_lm_head).success);
+  auto other = update.front().name == embed.name ? update.back() : update.front();
+  UpdateWeightsFromTensorReqInput conflicting;
+  auto bad_lm_head = perturbed(dir, 10);
+  for (auto& t : bad_lm_head)
+    if (t.name == "model.embed_tokens.weight")
+      conflicting.named_tensors = {embed, {"lm_head.weight", t.tensor}};
+  auto refused = e->update_weights_from_tensor(conflicting);
+  BOOST_TEST(!refused.success);
+  BOOST_TEST(contains(refused.message, "tied"));
+  BOOST_REQUIRE(e->end_weight_update({}).success);
+  BOOST_TEST(engine_checksums(*e)["model.embed_tokens.weight"] == checksums_of({embed})[embed.name]);
+}
+
+BOOST_AUTO_TEST_CASE(disk_updates_load_whole_checkpoints_or_nothing) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  auto original = engine_checksums(*e);
+  auto update = perturbed(dir, 12);
+  auto good = scratch_dir("disk-good");
+  fs::remove_all(good);
+  BOOST_REQUIRE(model::write_checkpoint(good, update, 40000).has_value()); // sharded
+  BOOST_REQUIRE(fs::exists(good / "model.safetensors.index.json"));
+  UpdateWeightFromDiskReqInput req;
+  req.model_path = good.string();
+  auto out = e->update_weights_from_disk(req);
+  BOOST_REQUIRE_MESSAGE(out.success, out.message);
+  BOOST_TEST(engine_checksums(*e) == checksums_of(update));
+  BOOST_TEST(e->get_server_info().weight_version == "1");
+
+  auto missing = scratch_dir("disk-missing");
+  fs::remove_all(missing);
+  std::vector<NamedTensor> partial(update.begin() + 1, update.end());
+  BOOST_REQUIRE(model::write_checkpoint(missing, partial).has_value());
+  req.model_path = missing.string();
+  out = e->update_weights_from_disk(req);
+  BOOST_TEST(!out.success);
+  BOOST_TEST(contains(out.message, "lacks tensor '" + update[0].name + "'"));
+  req.model_path = (scratch_dir("no-such-dir")).string();
+  BOOST_TEST(!e->update_weights_from_disk(req).success);
+  BOOST_TEST(engine_checksums(*e) == checksums_of(update));
+  BOOST_TEST(e->get_server_info().weight_version == "1");
+
+  BOOST_REQUIRE(e->begin_weight_update({}).success);
+  req.model_path = dir.string();
+  BOOST_TEST(contains(e->update_weights_from_disk(req).message, "a session is open"));
+  BOOST_REQUIRE(e->end_weight_update({}).success);
+  BOOST_TEST(e->update_weights_from_disk(req).success);
+  BOOST_TEST(engine_checksums(*e) == original);
+}
+
+BOOST_AUTO_TEST_CASE(pause_abort_ends_running_requests_and_holds_new_ones) {
+  auto e = start(tiny_model("target", 11));
+  std::vector<std::future<GenerateReqOutput>> running;
+  for (int i = 0; i < 8; ++i)
+    running.push_back(e->generate_async(greedy({1, 2, 3 + i}, 1500)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  auto paused = e->pause_generation({pause_mode::abort});
+  BOOST_REQUIRE_MESSAGE(paused.success, paused.message);
+  for (auto& f : running) {
+    // Every request has ended when pause returns; its future is set a moment later by the
+    // engine's reply actor.
+    BOOST_REQUIRE(f.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+    auto out = f.get();
+    BOOST_TEST(out.finish_reason->type == "abort");
+    BOOST_TEST(out.completion_tokens < 1500);
+    BOOST_TEST(out.output_ids.size() == static_cast<std::size_t>(out.completion_tokens));
+  }
+  auto waiting = e->generate_async(greedy({1, 2}, 4));
+  BOOST_TEST((waiting.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout));
+  BOOST_TEST(e->get_server_info().waiting_requests == 1);
+  BOOST_REQUIRE(e->continue_generation({}).success);
+  BOOST_TEST(waiting.get().success);
+}
+
+BOOST_AUTO_TEST_CASE(retract_resumes_greedy_requests_exactly) {
+  auto e = start(tiny_model("target", 11));
+  std::vector<GenerateReqInput> reqs;
+  for (int i = 0; i < 6; ++i)
+    reqs.push_back(greedy({3, 1, 4, 1, 5 + i}, 200));
+  std::vector<std::vector<int32_t>> uninterrupted;
+  for (auto& r : reqs)
+    uninterrupted.push_back(e->generate(r).output_ids);
+  std::vector<std::future<GenerateReqOutput>> fs;
+  for (auto& r : reqs)
+    fs.push_back(e->generate_async(r));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  BOOST_REQUIRE(e->pause_generation({pause_mode::retract}).success);
+  auto info = e->get_server_info();
+  BOOST_TEST(info.running_requests == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  BOOST_REQUIRE(e->continue_generation({}).success);
+  for (std::size_t i = 0; i < fs.size(); ++i) {
+    auto out = fs[i].get();
+    BOOST_REQUIRE(out.success);
+    BOOST_TEST(out.output_ids == uninterrupted[i]);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(in_place_pause_update_continue_spans_two_versions) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  auto request = e->generate_async(greedy({2, 7, 1, 8}, 300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  BOOST_REQUIRE(e->pause_generation({pause_mode::in_place}).success);
+  BOOST_TEST(e->get_server_info().running_requests == 1);
+  // The session runs under the pause: it does not wait for the frozen request.
+  BOOST_REQUIRE(e->begin_weight_update({}).success);
+  UpdateWeightsFromTensorReqInput all;
+  all.named_tensors = perturbed(dir, 13);
+  all.flush_cache = false;
+  BOOST_REQUIRE(e->update_weights_from_tensor(all).success);
+  BOOST_REQUIRE(e->end_weight_update({}).success);
+  // flush refuses while a request holds KV.
+  auto flush = e->flush_cache({});
+  BOOST_TEST(!flush.success);
+  BOOST_TEST(contains(flush.message, "1 requests are running"));
+  BOOST_REQUIRE(e->continue_generation({}).success);
+  auto out = request.get();
+  BOOST_REQUIRE(out.success);
+  BOOST_TEST(out.weight_version_start == "0");
+  BOOST_TEST(out.weight_version == "1");
+  BOOST_TEST(e->flush_cache({}).success);
+}
+
+BOOST_AUTO_TEST_CASE(continue_waits_for_an_open_session_to_end) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  BOOST_REQUIRE(e->pause_generation({pause_mode::retract}).success);
+  BOOST_REQUIRE(e->begin_weight_update({}).success);
+  auto resumed = std::async(std::launch::async, [&] { return e->continue_generation({}); });
+  BOOST_TEST((resumed.wait_for(std::chrono::milliseconds(150)) == std::future_status::timeout));
+  BOOST_TEST(e->get_server_info().paused);
+  BOOST_REQUIRE(e->end_weight_update({}).success);
+  BOOST_TEST(resumed.get().success);
+  BOOST_TEST(!e->get_server_info().paused);
+}
+
+BOOST_AUTO_TEST_CASE(unpaused_session_waits_for_running_requests_then_holds_new_ones) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  auto running = e->generate_async(greedy({9, 9, 9}, 300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  auto begun = e->begin_weight_update({}); // waits for the running request (writer lock)
+  BOOST_REQUIRE(begun.success);
+  BOOST_TEST((running.wait_for(std::chrono::seconds(0)) == std::future_status::ready));
+  BOOST_TEST(running.get().completion_tokens == 300);
+  auto held = e->generate_async(greedy({1}, 2));
+  BOOST_TEST((held.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout));
+  BOOST_REQUIRE(e->end_weight_update({}).success);
+  BOOST_TEST(held.get().success);
+}
+
+BOOST_AUTO_TEST_CASE(abort_by_rid_running_or_queued) {
+  auto e = start(tiny_model("target", 11));
+  auto r = greedy({1, 2}, 2000);
+  r.rid = "long-one";
+  auto running = e->generate_async(r);
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  AbortReq abort;
+  abort.rid = "long-one";
+  BOOST_TEST(e->abort(abort).num_aborted == 1);
+  auto out = running.get();
+  BOOST_TEST(out.finish_reason->type == "abort");
+  BOOST_TEST(out.completion_tokens < 2000);
+
+  BOOST_REQUIRE(e->pause_generation({pause_mode::abort}).success);
+  auto q = greedy({1}, 3);
+  q.rid = "queued-one";
+  auto queued = e->generate_async(q);
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  abort.rid = "queued-one";
+  BOOST_TEST(e->abort(abort).num_aborted == 1);
+  BOOST_TEST(queued.get().finish_reason->type == "abort");
+  BOOST_TEST(e->abort(abort).num_aborted == 0);
+}
+
+BOOST_AUTO_TEST_CASE(draft_runner_follows_the_selector) {
+  auto target = tiny_model("target", 11);
+  auto draft = tiny_model("draft", 21);
+  auto e = start(target, draft);
+  auto sums = e->check_weights({});
+  BOOST_REQUIRE(sums.success);
+  BOOST_TEST(sums.payload[0].role_checksums.count("target") == 1u);
+  BOOST_TEST(sums.payload[0].role_checksums.count("draft") == 1u);
+  BOOST_TEST(sums.payload[0].checksums.count("draft.model.norm.weight") == 1u);
+  BOOST_TEST(sums.payload[0].parallelism_info.size() == 2u);
+  auto draft_before = engine_checksums(*e, runner_selector::draft);
+
+  // target only: the frozen draft is untouched (miles #1926)
+  BOOST_REQUIRE(e->begin_weight_update({runner_selector::target}).success);
+  UpdateWeightsFromTensorReqInput t_update;
+  t_update.named_tensors = perturbed(target, 14);
+  t_update.selector = runner_selector::target;
+  BOOST_REQUIRE(e->update_weights_from_tensor(t_update).success);
+  UpdateWeightsFromTensorReqInput wider = t_update;
+  wider.selector = runner_selector::all;
+  BOOST_TEST(contains(e->update_weights_from_tensor(wider).message, "did not open"));
+  BOOST_REQUIRE(e->end_weight_update({}).success);
+  BOOST_TEST(engine_checksums(*e, runner_selector::draft) == draft_before);
+  BOOST_TEST(engine_checksums(*e, runner_selector::target) == checksums_of(t_update.named_tensors));
+
+  // draft only
+  BOOST_REQUIRE(e->begin_weight_update({runner_selector::draft}).success);
+  UpdateWeightsFromTensorReqInput d_update;
+  d_update.named_tensors = perturbed(draft, 15);
+  d_update.selector = runner_selector::draft;
+  BOOST_REQUIRE(e->update_weights_from_tensor(d_update).success);
+  BOOST_REQUIRE(e->end_weight_update({}).success);
+  auto after = engine_checksums(*e, runner_selector::draft);
+  for (auto& [name, digest] : checksums_of(d_update.named_tensors))
+    BOOST_TEST(after["draft." + name] == digest);
+  BOOST_TEST(engine_checksums(*e, runner_selector::target) == checksums_of(t_update.named_tensors));
+}
+
+BOOST_AUTO_TEST_CASE(get_weights_by_name_and_other_routes) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  GetWeightsByNameReqInput req;
+  req.name = "model.norm.weight";
+  req.truncate_size = 5;
+  auto out = e->get_weights_by_name(req);
+  BOOST_REQUIRE_MESSAGE(out.success, out.message);
+  auto ckpt = model::checkpoint::open(dir);
+  auto t = ckpt->tensor("model.norm.weight");
+  BOOST_REQUIRE_EQUAL(out.parameter.size(), 5u);
+  for (std::size_t i = 0; i < 5; ++i)
+    BOOST_TEST(out.parameter[i] == kernels::bf16_to_float(t->as<uint16_t>()[i]));
+  req.name = "model.nope";
+  BOOST_TEST(!e->get_weights_by_name(req).success);
+  BOOST_TEST(!e->init_weights_update_group({}).success);
+  BOOST_TEST(!e->update_weights_from_distributed({}).success);
+  BOOST_TEST(e->post_process_weights({true, true, runner_selector::all}).success);
+  BOOST_TEST(e->health().success);
+  UpdateWeightVersionReqInput v;
+  v.new_version = "rl-step-3";
+  BOOST_TEST(e->update_weight_version(v).success);
+  BOOST_TEST(e->generate(greedy({1}, 1)).weight_version == "rl-step-3");
+  v.new_version = "";
+  BOOST_TEST(!e->update_weight_version(v).success);
+}
+
+BOOST_AUTO_TEST_CASE(next_version_increments_the_trailing_number) {
+  BOOST_TEST(next_weight_version("0") == "1");
+  BOOST_TEST(next_weight_version("step-9") == "step-10");
+  BOOST_TEST(next_weight_version("v1.2") == "v1.3");
+  BOOST_TEST(next_weight_version("main") == "main-1");
+}
+
+BOOST_AUTO_TEST_SUITE_END()

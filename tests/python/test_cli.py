@@ -1,0 +1,47 @@
+"""The command line a person uses: `rlserve demo` (what `make run` runs) and `rlserve generate`.
+
+Checks the demo's whole cycle passes (its own verification exits non-zero on a mismatch) and
+that `generate --json` emits SGLang's response shape, one object per request, with bad input
+refused by a clear message.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import rlserve_testlib as t  # noqa: E402
+
+
+def main():
+    with t.temp_dir() as tmp:
+        env = dict(os.environ, RLSERVE_CACHE_DIR=os.path.join(tmp, "cache"))
+        demo = t.run("demo", "--rollouts", "3", "--max-new-tokens", "12", env=env)
+        out = demo.stdout
+        for needle in ("[7/7]", "tensors match", "role checksum", "-> match", "a bad update is refused",
+                       "checksums unchanged", "completions changed", "ok: the update landed"):
+            t.check(needle in out, f"demo output lacks {needle!r}:\n{out}")
+        model = os.path.join(tmp, "cache", "tiny-qwen3")
+        t.check(os.path.exists(os.path.join(model, "model.safetensors")), "built-in model not cached")
+
+        lines = t.run_json_lines("generate", "--model", model, "--prompt", "Hello", "--input-ids", "1,2,3",
+                                 "--max-new-tokens", "5", "--temperature", "0", "--ignore-eos", "--json")
+        t.check(len(lines) == 2, f"two requests, two lines: {lines}")
+        for obj in lines:
+            meta = obj["meta_info"]
+            t.check(len(obj["output_ids"]) == 5 and meta["completion_tokens"] == 5, obj)
+            t.check(meta["weight_version"] == "0", obj)
+            t.check(meta["finish_reason"]["type"] == "length", obj)
+            t.check(len(meta["output_token_logprobs"]) == 5, obj)
+            t.check(isinstance(obj["text"], str), obj)
+        t.check(lines[1]["meta_info"]["prompt_tokens"] == 3, "token ids pass through untouched")
+
+        bad = t.run("generate", "--model", model, "--input-ids", "1,99999", check=False)
+        t.check(bad.returncode != 0, "an out-of-vocabulary id must fail")
+        t.check("outside the vocabulary" in bad.stdout + bad.stderr, bad.stdout + bad.stderr)
+        bad = t.run("generate", "--model", os.path.join(tmp, "nowhere"), "--prompt", "x", check=False)
+        t.check(bad.returncode != 0 and "nowhere" in bad.stderr, bad.stderr)
+        print("ok: demo and generate work from the command line")
+
+
+if __name__ == "__main__":
+    main()

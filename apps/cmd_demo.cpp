@@ -140,7 +140,17 @@ void check(bool ok, const std::string& what) {
 }
 
 void run(const demo_options& o) {
-  std::map<std::string, double> timings;
+  // Phase -> seconds, in the order the phases ran.
+  struct phase_timings {
+    std::vector<std::pair<std::string, double>> rows;
+    double& operator[](const std::string& name) {
+      for (auto& [n, secs] : rows)
+        if (n == name)
+          return secs;
+      rows.emplace_back(name, 0.0);
+      return rows.back().second;
+    }
+  } timings;
   std::printf("rlserve demo: serve rollouts, take new weights from a trainer, verify them, serve "
               "again (CPU)\n\n");
 
@@ -309,7 +319,7 @@ void run(const demo_options& o) {
   check(version != info.weight_version, "the weight version did not advance");
 
   std::printf("\ntimings\n");
-  for (const auto& [what, secs] : timings)
+  for (const auto& [what, secs] : timings.rows)
     std::printf("  %-42s %9.3f ms\n", what.c_str(), secs * 1e3);
   std::printf("\nok: the update landed, verified, and generation goes on with version %s\n",
               version.c_str());

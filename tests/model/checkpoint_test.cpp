@@ -1,6 +1,8 @@
 // model/checkpoint: single-file and sharded HF checkpoint directories, and their error cases.
 #include <boost/test/unit_test.hpp>
 
+#include "tests/support/test_support.hpp"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -26,25 +28,10 @@ using json = nlohmann::json;
 
 namespace {
 
-template <class E>
-std::string why(const E& e) {
-  return e ? std::string() : e.error();
-}
+using rlserve::test::temp_dir;
+using rlserve::test::why;
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / ("rlserve-checkpoint-test-" + std::to_string(::getpid()) +
-                                        "-" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+
 
 // `count` f32 tensors "layer.{i}.w" of `floats` elements each, filled with i + j / 1000.
 std::vector<NamedTensor> tensors(int count, int floats) {

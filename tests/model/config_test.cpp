@@ -1,6 +1,8 @@
 // model/config: HF config.json parsing, defaults, and the errors users see for bad files.
 #include <boost/test/unit_test.hpp>
 
+#include "tests/support/test_support.hpp"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -18,27 +20,11 @@ using json = nlohmann::json;
 
 namespace {
 
-// The failure text for a test message; Boost evaluates messages even when the check passes.
-template <class E>
-std::string why(const E& e) {
-  return e ? std::string() : e.error();
-}
+using rlserve::test::temp_dir;
+using rlserve::test::why;
+
 
 // A directory under /tmp removed at the end of the test.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("rlserve-config-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 void write_text(const fs::path& p, const std::string& text) {
   std::ofstream(p, std::ios::binary) << text;

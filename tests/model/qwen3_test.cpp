@@ -3,6 +3,8 @@
 // Qwen3 is tests/python/test_qwen3_parity.py.
 #include <boost/test/unit_test.hpp>
 
+#include "tests/support/test_support.hpp"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -28,31 +30,16 @@ namespace kernels = rlserve::kernels;
 
 namespace {
 
+using rlserve::test::temp_dir;
+using rlserve::test::why;
+
 // Decoding with the cache runs the same float operations per row as the full forward (see
 // kernels/cpu_ops.hpp), so the logits agree to the bit; the tolerance only guards against a
 // compiler contracting differently in the two paths.
 constexpr float k_decode_vs_full_max_abs = 1e-5f;
 constexpr float k_matmul_vs_double_max_rel = 1e-5f;
 
-template <class E>
-std::string why(const E& e) {
-  return e ? std::string() : e.error();
-}
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("rlserve-qwen3-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 model_config tiny_config() {
   auto c = preset_config("qwen3", "tiny");

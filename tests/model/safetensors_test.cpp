@@ -2,6 +2,8 @@
 // hand byte for byte.
 #include <boost/test/unit_test.hpp>
 
+#include "tests/support/test_support.hpp"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -23,26 +25,10 @@ using rlserve::model::write_safetensors;
 
 namespace {
 
-// The failure text for a test message; Boost evaluates messages even when the check passes.
-template <class E>
-std::string why(const E& e) {
-  return e ? std::string() : e.error();
-}
+using rlserve::test::temp_dir;
+using rlserve::test::why;
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / ("rlserve-safetensors-test-" + std::to_string(::getpid()) +
-                                        "-" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+
 
 std::string le64(uint64_t v) {
   std::string s(8, '\0');

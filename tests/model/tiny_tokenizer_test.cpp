@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <boost/test/unit_test.hpp>
+
+#include "tests/support/test_support.hpp"
 #include <nlohmann/json.hpp>
 
 #include "model/bpe_tokenizer.hpp"
@@ -19,6 +21,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using rlserve::test::temp_dir;
+using rlserve::test::why;
+
 std::string read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::stringstream s;
@@ -26,11 +31,6 @@ std::string read_file(const fs::path& p) {
   return s.str();
 }
 
-struct temp_dir {
-  fs::path path = fs::temp_directory_path() / ("rlserve_tiny_tokenizer_test_" + std::to_string(::getpid()));
-  temp_dir() { fs::create_directories(path); }
-  ~temp_dir() { fs::remove_all(path); }
-};
 
 } // namespace
 

@@ -1,0 +1,405 @@
+// CUDA fused MoE (kernels/fused_moe.hpp): router top-k, alignment, and the combine are small
+// kernels here; both expert GEMMs run the W4A16 core of gemm_w4a16.cu (grouped over experts:
+// each m block of the expert-sorted token list reads its expert's weights), the w13 one with the
+// SiLU-mul epilogue, the w2 one with FP32 output rows. Five launches, no host synchronization.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/gemm_w4a16_problem.cuh"
+#include "kernels/fused_moe.hpp"
+
+namespace rlserve::kernels {
+
+namespace {
+
+constexpr int k_topk_warps = 4;             // tokens per top-k CTA (one warp each)
+constexpr int k_topk_per_lane = 8;          // logits per lane: experts <= 256
+constexpr int k_align_threads = 1024;       // the single alignment CTA
+constexpr int k_combine_threads = 256;      // one 8-column chunk per thread (H = 2048: one pass)
+constexpr int k_max_block = 64;             // largest m block (4 x m16)
+
+// ---- 1. router top-k --------------------------------------------------------------------------------
+
+// Warp per token. Selection runs on the logits (softmax is monotonic, and the comparison is
+// exact, so CPU and GPU pick the same experts); ties go to the lower expert id. Weights are
+// expf(l - max) over the sum of the picked ones (norm_topk_prob) or of all experts.
+__global__ void __launch_bounds__(32 * k_topk_warps)
+moe_topk_kernel(const float* __restrict__ logits, // [T, E]
+                int32_t tokens, int32_t experts, int32_t top_k, bool norm,
+                int32_t* __restrict__ ids,        // [T, k]
+                float* __restrict__ weights) {    // [T, k]
+  const int lane = threadIdx.x & 31;
+  const int32_t t = blockIdx.x * k_topk_warps + (threadIdx.x >> 5);
+  if (t >= tokens)
+    return;
+  const float* l = logits + static_cast<int64_t>(t) * experts;
+  float v[k_topk_per_lane];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < k_topk_per_lane; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < experts ? l[e] : -INFINITY;
+    mx = fmaxf(mx, v[i]);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1)
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float all = 0.0f;
+  if (!norm) {
+#pragma unroll
+    for (int i = 0; i < k_topk_per_lane; ++i)
+      if (lane + 32 * i < experts)
+        all += expf(v[i] - mx);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+      all += __shfl_xor_sync(0xffffffffu, all, off);
+  }
+  float picked_sum = 0.0f, my_p = 0.0f;
+  int32_t my_id = 0;
+  for (int r = 0; r < top_k; ++r) {
+    float bv = -INFINITY;
+    int32_t bi = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < k_topk_per_lane; ++i)
+      if (lane + 32 * i < experts && v[i] > bv) { // ascending ids per lane: first max wins ties
+        bv = v[i];
+        bi = lane + 32 * i;
+      }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+      const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, off);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    const float p = expf(bv - mx);
+    picked_sum += p; // rank order, as the CPU twin sums
+    if (lane == r) {
+      my_p = p;
+      my_id = bi;
+    }
+#pragma unroll
+    for (int i = 0; i < k_topk_per_lane; ++i)
+      if (lane + 32 * i == bi)
+        v[i] = -INFINITY;
+  }
+  if (lane < top_k) {
+    ids[static_cast<int64_t>(t) * top_k + lane] = my_id;
+    weights[static_cast<int64_t>(t) * top_k + lane] = my_p / (norm ? picked_sum : all);
+  }
+}
+
+// ---- 2. alignment -------------------------------------------------------------------------------------
+
+// One CTA: per-expert counts (shared-memory atomics), a warp scan of the padded counts, the
+// block -> expert table, padding entries, then the scatter (positions inside an expert's run come
+// from atomics: any order, every output row is computed independently of its position).
+__global__ void __launch_bounds__(k_align_threads)
+moe_align_kernel(const int32_t* __restrict__ topk_ids, // [num_ids]
+                 int32_t num_ids, int32_t experts, int32_t block,
+                 int32_t* __restrict__ sorted_ids,     // [capacity]
+                 int32_t* __restrict__ block_expert,   // [capacity / block]
+                 int32_t* __restrict__ num_padded) {   // [1]
+  extern __shared__ int32_t sh[];
+  int32_t* count = sh;              // [E]
+  int32_t* offset = sh + experts;   // [E + 1]
+  int32_t* fill = sh + 2 * experts + 1; // [E]
+  const int tid = threadIdx.x;
+  for (int e = tid; e < experts; e += blockDim.x)
+    count[e] = 0, fill[e] = 0;
+  __syncthreads();
+  for (int32_t i = tid; i < num_ids; i += blockDim.x) {
+    const int32_t e = topk_ids[i];
+    if (e >= 0 && e < experts)
+      atomicAdd(count + e, 1);
+  }
+  __syncthreads();
+  if (tid < 32) {
+    // Lane l scans experts [l*per, (l+1)*per) of the padded counts; a warp scan joins them.
+    const int per = (experts + 31) / 32;
+    int32_t local = 0;
+    for (int e = tid * per; e < min(experts, (tid + 1) * per); ++e)
+      local += (count[e] + block - 1) / block * block;
+    int32_t incl = local;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int32_t o = __shfl_up_sync(0xffffffffu, incl, off);
+      if (tid >= off)
+        incl += o;
+    }
+    int32_t run = incl - local;
+    for (int e = tid * per; e < min(experts, (tid + 1) * per); ++e) {
+      offset[e] = run;
+      run += (count[e] + block - 1) / block * block;
+    }
+    if (tid == 31) {
+      offset[experts] = incl;
+      *num_padded = incl;
+    }
+  }
+  __syncthreads();
+  const int32_t total = offset[experts];
+  for (int32_t i = tid; i < total; i += blockDim.x)
+    sorted_ids[i] = num_ids; // padding unless overwritten below
+  for (int e = tid; e < experts; e += blockDim.x)
+    for (int32_t b = offset[e] / block; b < offset[e + 1] / block; ++b)
+      block_expert[b] = e;
+  __syncthreads(); // the padding stores are ordered before the scatter (same CTA)
+  for (int32_t i = tid; i < num_ids; i += blockDim.x) {
+    const int32_t e = topk_ids[i];
+    if (e >= 0 && e < experts)
+      sorted_ids[offset[e] + atomicAdd(fill + e, 1)] = i;
+  }
+}
+
+// ---- 5. combine -----------------------------------------------------------------------------------------
+
+// out[t, :] = bf16(sum over slots s in order of w[t, s] * y[t*k + s, :]); explicit _rn operations
+// so no FMA contraction makes it differ from the CPU twin's multiply-then-add.
+__global__ void __launch_bounds__(k_combine_threads)
+moe_combine_kernel(const float* __restrict__ y,       // [T*k, H]
+                   const float* __restrict__ weights, // [T, k]
+                   int32_t hidden, int32_t top_k,
+                   uint16_t* __restrict__ out) {      // bf16 [T, H]
+  const int64_t t = blockIdx.x;
+  constexpr int k_batch = 8; // slots whose rows are loaded together (independent loads)
+  for (int c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int s0 = 0; s0 < top_k; s0 += k_batch) {
+      float4 a[k_batch], b[k_batch];
+      float w[k_batch];
+#pragma unroll
+      for (int j = 0; j < k_batch; ++j)
+        if (s0 + j < top_k) {
+          const float* row = y + (t * top_k + s0 + j) * hidden + c * 8;
+          a[j] = *reinterpret_cast<const float4*>(row);
+          b[j] = *reinterpret_cast<const float4*>(row + 4);
+          w[j] = weights[t * top_k + s0 + j];
+        }
+#pragma unroll
+      for (int j = 0; j < k_batch; ++j)
+        if (s0 + j < top_k) {
+          const float v[8] = {a[j].x, a[j].y, a[j].z, a[j].w, b[j].x, b[j].y, b[j].z, b[j].w};
+#pragma unroll
+          for (int e = 0; e < 8; ++e)
+            acc[e] = __fadd_rn(acc[e], __fmul_rn(w[j], v[e]));
+        }
+    }
+    uint32_t packed[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      packed[e] = static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * e]))) |
+                  (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * e + 1]))) << 16);
+    *reinterpret_cast<uint4*>(out + t * hidden + c * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+}
+
+// ---- workspace layout ---------------------------------------------------------------------------------
+
+// Regions, each 256-byte aligned, sized for the token capacity and for the largest m block, so
+// no offset depends on the tokens or the variant of one launch:
+//   topk ids, topk weights [cap*k] | sorted ids [align capacity at block 64] | block experts
+//   [align capacity at block 16 / 16] | num_padded | h [cap*k, I] bf16 | y [cap*k, H] FP32 |
+//   GEMM partials (any variant) | GEMM tile counters (16-row blocks, the larger GEMM)
+struct moe_layout {
+  std::size_t ids = 0, weights = 0, sorted = 0, block_expert = 0, num_padded = 0, h = 0, y = 0;
+  std::size_t partials = 0, counters = 0, total = 0;
+  int64_t max_tiles = 0;
+};
+
+std::size_t round256(std::size_t x) { return (x + 255) / 256 * 256; }
+
+moe_layout layout_of(const fused_moe_args& a) {
+  moe_layout l;
+  const int64_t cap = a.max_tokens > 0 ? a.max_tokens : a.tokens;
+  const int64_t ids = cap * a.top_k;
+  std::size_t off = 0;
+  auto take = [&off](std::size_t bytes) {
+    const std::size_t at = off;
+    off += round256(bytes);
+    return at;
+  };
+  l.ids = take(ids * sizeof(int32_t));
+  l.weights = take(ids * sizeof(float));
+  l.sorted = take(moe_align_capacity(ids, a.experts, k_max_block) * sizeof(int32_t));
+  const int64_t max_blocks = moe_align_capacity(ids, a.experts, 16) / 16;
+  l.block_expert = take(max_blocks * sizeof(int32_t));
+  l.num_padded = take(sizeof(int32_t));
+  l.h = take(ids * a.intermediate * sizeof(uint16_t));
+  l.y = take(ids * a.hidden * sizeof(float));
+  l.partials = take(w4a16::partial_bytes());
+  // CTA tiles along n: w13 pairs 128 gate with 128 up columns, w2 covers 256 columns.
+  const int64_t n_tiles = std::max<int64_t>((a.intermediate + w4a16::k_tile_n / 2 - 1) / (w4a16::k_tile_n / 2),
+                                            (a.hidden + w4a16::k_tile_n - 1) / w4a16::k_tile_n);
+  l.max_tiles = n_tiles * max_blocks;
+  l.counters = take(w4a16::counter_bytes(l.max_tiles));
+  l.total = off;
+  return l;
+}
+
+// m16 blocks per m block: the smallest whose rows the average expert fills to < 90% (vLLM's
+// rule), so decode pads little and prefill gets large blocks.
+int moe_m_blocks(const fused_moe_args& a) {
+  if (a.m_blocks >= 1 && a.m_blocks <= 4)
+    return a.m_blocks;
+  const double per_expert = static_cast<double>(a.tokens) * a.top_k / static_cast<double>(a.experts);
+  for (int mb = 1; mb < 4; ++mb)
+    if (per_expert / (16.0 * mb) < 0.9)
+      return mb;
+  return 4;
+}
+
+} // namespace
+
+kernel_status moe_topk_launch(const moe_topk_args& a, cudaStream_t stream) {
+  if (auto st = moe_topk_can_implement(a); st != kernel_status::ok)
+    return st;
+  if (a.tokens == 0)
+    return kernel_status::ok;
+  const auto grid = static_cast<unsigned>((a.tokens + k_topk_warps - 1) / k_topk_warps);
+  moe_topk_kernel<<<grid, 32 * k_topk_warps, 0, stream>>>(a.router_logits, static_cast<int32_t>(a.tokens),
+                                                          static_cast<int32_t>(a.experts), a.top_k, a.norm_topk_prob,
+                                                          a.topk_ids, a.topk_weights);
+  RLSERVE_CUDA_CHECK_LAUNCH();
+  return kernel_status::ok;
+}
+
+kernel_status moe_align_launch(const moe_align_args& a, cudaStream_t stream) {
+  if (auto st = moe_align_can_implement(a); st != kernel_status::ok)
+    return st;
+  const std::size_t smem = (3 * a.experts + 1) * sizeof(int32_t);
+  moe_align_kernel<<<1, k_align_threads, smem, stream>>>(a.topk_ids, static_cast<int32_t>(a.num_ids),
+                                                         static_cast<int32_t>(a.experts), a.block, a.sorted_ids,
+                                                         a.block_expert, a.num_padded);
+  RLSERVE_CUDA_CHECK_LAUNCH();
+  return kernel_status::ok;
+}
+
+std::size_t fused_moe_workspace_bytes(const fused_moe_args& a) {
+  if (fused_moe_can_implement(a) != kernel_status::ok)
+    return 0;
+  return layout_of(a).total;
+}
+
+kernel_status fused_moe_workspace_init(const fused_moe_args& a, void* workspace, cudaStream_t stream) {
+  if (auto st = fused_moe_can_implement(a); st != kernel_status::ok)
+    return st;
+  if (workspace == nullptr)
+    return kernel_status::workspace_null;
+  const moe_layout l = layout_of(a);
+  RLSERVE_CUDA_TRY(cudaMemsetAsync(static_cast<unsigned char*>(workspace) + l.counters, 0,
+                                   w4a16::counter_bytes(l.max_tiles), stream));
+  return kernel_status::ok;
+}
+
+fused_moe_workspace_view fused_moe_workspace_parts(const fused_moe_args& a, void* workspace) {
+  fused_moe_workspace_view v;
+  if (fused_moe_can_implement(a) != kernel_status::ok || workspace == nullptr)
+    return v;
+  const moe_layout l = layout_of(a);
+  auto* base = static_cast<unsigned char*>(workspace);
+  v.topk_ids = reinterpret_cast<int32_t*>(base + l.ids);
+  v.topk_weights = reinterpret_cast<float*>(base + l.weights);
+  v.sorted_ids = reinterpret_cast<int32_t*>(base + l.sorted);
+  v.block_expert = reinterpret_cast<int32_t*>(base + l.block_expert);
+  v.num_padded = reinterpret_cast<int32_t*>(base + l.num_padded);
+  v.h = reinterpret_cast<uint16_t*>(base + l.h);
+  v.y = reinterpret_cast<float*>(base + l.y);
+  v.block = 16 * moe_m_blocks(a);
+  return v;
+}
+
+kernel_status fused_moe_launch(const fused_moe_args& a, void* workspace, cudaStream_t stream) {
+  if (auto st = fused_moe_can_implement(a); st != kernel_status::ok)
+    return st;
+  if (a.tokens == 0)
+    return kernel_status::ok;
+  if (workspace == nullptr)
+    return kernel_status::workspace_null;
+  const moe_layout l = layout_of(a);
+  const fused_moe_workspace_view v = fused_moe_workspace_parts(a, workspace);
+  auto* base = static_cast<unsigned char*>(workspace);
+  auto* counters = reinterpret_cast<int*>(base + l.counters);
+  auto* partials = reinterpret_cast<float*>(base + l.partials);
+  const int mb = moe_m_blocks(a);
+  const int32_t block = 16 * mb;
+  const int64_t T = a.tokens, H = a.hidden, I = a.intermediate, K = a.top_k;
+  const int64_t num_ids = T * K;
+  const int64_t groups13 = a.group_size == k_int4_channel ? 1 : H / a.group_size;
+  const int64_t groups2 = a.group_size == k_int4_channel ? 1 : I / a.group_size;
+
+  moe_topk_args topk{T, a.experts, a.top_k, a.norm_topk_prob, a.router_logits, v.topk_ids, v.topk_weights};
+  if (auto st = moe_topk_launch(topk, stream); st != kernel_status::ok)
+    return st;
+  moe_align_args align{num_ids, a.experts, block, v.topk_ids, v.sorted_ids, v.block_expert, v.num_padded};
+  if (auto st = moe_align_launch(align, stream); st != kernel_status::ok)
+    return st;
+
+  const int grid = w4a16::grid_for(mb, a.max_ctas);
+  if (grid < 1)
+    return kernel_status::cuda_error;
+  w4a16::problem p;
+  p.moe = true;
+  p.sorted_ids = v.sorted_ids;
+  p.block_expert = v.block_expert;
+  p.num_padded = v.num_padded;
+  p.max_m_blocks = static_cast<int32_t>(moe_align_capacity(num_ids, a.experts, block) / block);
+  p.num_ids = static_cast<int32_t>(num_ids);
+  p.has_zero_point = a.has_zero_point;
+
+  // w13: rows of x gathered by token (= id / k), gate | up columns paired per CTA tile.
+  p.a_row_div = a.top_k;
+  p.a = a.x;
+  p.lda = H;
+  p.b = a.w13;
+  p.b_batch_stride = H * 2 * I / 8;
+  p.scale = a.w13_scale;
+  p.scale_batch_stride = groups13 * 2 * I;
+  p.zero_point = a.w13_zero_point;
+  p.zp_batch_stride = groups13 * (2 * I / 8);
+  p.n = static_cast<int32_t>(2 * I);
+  p.k = static_cast<int32_t>(H);
+  p.groups = static_cast<int32_t>(groups13);
+  p.glen = static_cast<int32_t>(H / groups13);
+  p.ep = w4a16::epilogue::silu_mul_bf16;
+  p.c = v.h;
+  p.ldc = I;
+  p.up_tile_offset = static_cast<int32_t>(I / 64);
+  if (auto st = w4a16::run(p, mb, grid, counters, partials, stream); st != kernel_status::ok)
+    return st;
+
+  // w2: rows of h by flat id, FP32 rows of y.
+  p.a_row_div = 1;
+  p.a = v.h;
+  p.lda = I;
+  p.b = a.w2;
+  p.b_batch_stride = I * H / 8;
+  p.scale = a.w2_scale;
+  p.scale_batch_stride = groups2 * H;
+  p.zero_point = a.w2_zero_point;
+  p.zp_batch_stride = groups2 * (H / 8);
+  p.n = static_cast<int32_t>(H);
+  p.k = static_cast<int32_t>(I);
+  p.groups = static_cast<int32_t>(groups2);
+  p.glen = static_cast<int32_t>(I / groups2);
+  p.ep = w4a16::epilogue::store_f32;
+  p.c = v.y;
+  p.ldc = H;
+  p.up_tile_offset = 0;
+  if (auto st = w4a16::run(p, mb, grid, counters, partials, stream); st != kernel_status::ok)
+    return st;
+
+  moe_combine_kernel<<<static_cast<unsigned>(T), k_combine_threads, 0, stream>>>(
+    v.y, v.topk_weights, static_cast<int32_t>(H), a.top_k, a.out);
+  RLSERVE_CUDA_CHECK_LAUNCH();
+  return kernel_status::ok;
+}
+
+} // namespace rlserve::kernels

@@ -1,0 +1,883 @@
+// CUDA W4A16 GEMM core (dense GEMM here, fused MoE in fused_moe.cu through gemm_w4a16_problem.cuh).
+//
+// Shape of the computation. Tokens are on the mma M dimension (16-row m blocks, 1..4 per CTA:
+// template parameter MB), weights on N. A CTA of 8 warps owns an output tile of 16*MB rows x 256
+// columns (four 64-column serving tiles, "sub-tiles") and walks its k range in stages of 128 k.
+// One stage in shared memory holds
+//   B  8 k16-rows x 4 sub-tiles of serving tiles (32 x 512 B = 16 KB, tile-contiguous in global
+//      memory, so every lane copies whole 16-byte words),
+//   A  16*MB rows x 128 k of bf16 activations, 16-byte chunks XOR-swizzled by row (ldmatrix and
+//      cp.async both bank-conflict-free),
+//   the scale rows (and zero-point words) of the groups the stage touches, for the 256 columns.
+// Warp w takes sub-tile w % 4 and the 4 consecutive k16 rows 4 (w / 4) .. +3 of every stage (64 k:
+// one scale group for G >= 64). Its 16-byte shared-memory read of one serving tile is exactly its
+// B fragments for 8 mma (4 n16 blocks x 2 n8 halves, docs/formats.md §4), dequantized in registers:
+//   lop3((w >> 4i) & 0x000f000f | 0x43004300)  -> bf16x2 (128 + q, 128 + q')   (exact)
+//   fma(x, 1, -(128 + z))                      -> q - z                       (exact)
+//   fma(x, scale, -0)                          -> bf16_rn((q - z) * scale)    (the one rounding)
+// which is bit-identical to serving_dequant_ref (docs/formats.md §1), so the only difference
+// from the CPU reference is the FP32 summation order. 17 instructions per 8 weights (4 LOP3,
+// 3 SHF, 4 HADD2, 4 HMUL2, 2 HMMA at M <= 16): the same budget as vLLM's BF16 Marlin path.
+//
+// Partitioning: "units" are (tile, k stage) pairs, numbered tile-major with tile = n-tile *
+// m_blocks + m_block (the m blocks sharing weights are neighbours). The persistent grid (SMs x
+// CTAs/SM) gives CTA c the contiguous run [c*U/G, (c+1)*U/G): equal work for every SM at any m
+// (Marlin's striped partition). A run covers the tail of one tile, whole tiles, and the head of
+// another. Whole tiles are written directly; a tile whose k range is split writes an FP32
+// partial per CTA, and the last CTA to arrive (atomic counter per tile, CUTLASS-style release /
+// acquire by one thread) adds the partials in CTA order and writes the output. No CTA waits for
+// another; the order is fixed, so the result is deterministic; the counter is reset by the last
+// CTA, so the workspace is reusable.
+//
+// Pipeline: cp.async.cg 16-byte copies (L2 only; no L2 cache-policy hint: ptxas 13.0-13.3 can
+// drop the createpolicy and trap, w4a16-kernels.md §5.1), `stages` buffers, stages-1 units in
+// flight, one __syncthreads per 16 KB stage. Each thread copies the same chunk positions in every
+// stage, so its source pointers are set once per tile (set_tile) and a stage only adds its k
+// offset. The prefetch runs across tile boundaries, so a CTA's stream of weights does not stall
+// at its split points.
+//
+// Measured on one H200 (docs/performance.md, 2026-12-02): 4096 x 14336 asym g128 at m = 1 in
+// 24.7 us (1.24 TB/s, 1.32x cuBLAS BF16). Nsight Compute: instruction-issue bound (~5.3k warp
+// instructions per 16 KB stage: 58% dequant + mma, 20% per-CTA prologue, 10% loads, 9% split-K
+// ends; IPC ~1.8). What would move it next is in docs/performance.md.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/gemm_w4a16_problem.cuh"
+#include "kernels/gemm_w4a16.hpp"
+#include "kernels/int4_format.hpp"
+
+namespace rlserve::kernels::w4a16 {
+
+namespace {
+
+constexpr int k_threads = 256;                      // 8 warps
+constexpr int k_warps = k_threads / 32;
+constexpr int k_sub = k_tile_n / 64;                // 4 serving sub-tiles per CTA tile
+constexpr int k_kb = k_stage_k / 16;                // 8 k16 rows of serving tiles per stage
+constexpr int k_kw = k_warps / k_sub;               // 2 warps along k share a sub-tile
+constexpr int k_per_warp = k_kb / k_kw;             // 4 consecutive k16 rows (64 k) per warp
+constexpr int k_a_chunks = k_stage_k / 8;           // 16-byte chunks per A row per stage
+constexpr int k_max_stage_groups = k_stage_k / 32;  // scale rows per stage at G = 32
+constexpr int k_b_per_thread = k_kb * k_sub * 32 / k_threads; // 16-byte weight copies per stage
+static_assert(k_sub == 4 && k_kw == 2 && k_a_chunks == 16 && k_b_per_thread == 4, "index math below");
+
+template <int MB> // m16 blocks per CTA (1..4)
+struct cfg {
+  static constexpr int rows = 16 * MB;
+  // 16 KB of weights per stage. MB = 1 runs 2 CTAs/SM (128 registers, no spills) with 4 stages:
+  // 2 x 3 x 16 KB = 96 KB of weights in flight per SM (Little's law at ~4 TB/s and ~1 us of
+  // loaded latency asks for >= 32 KB, w4a16-kernels.md §1). MB >= 2 need 150-250 registers, so
+  // they run 1 CTA/SM with the deepest pipeline that fits: 3 / 2 / 2 stages in flight.
+  static constexpr int stages = MB <= 2 ? 4 : 3;
+  static constexpr int min_blocks = MB == 1 ? 2 : 1;
+  static constexpr int b_words = k_kb * k_sub * k_serving_tile_words; // 4096 words = 16 KB
+  static constexpr int a_halves = rows * k_stage_k;
+  static constexpr int s_halves = k_max_stage_groups * k_tile_n;
+  static constexpr int z_words = k_max_stage_groups * k_tile_n / 8;
+  static constexpr int b_off = 0; // byte offsets inside one stage
+  static constexpr int a_off = b_off + b_words * 4;
+  static constexpr int s_off = a_off + a_halves * 2;
+  static constexpr int z_off = s_off + s_halves * 2;
+  static constexpr int stage_bytes = z_off + z_words * 4;
+  static constexpr int red_stride = k_tile_n + 4; // floats per row: +4 spreads rows over banks
+  static constexpr int red_off = stages * stage_bytes;
+  static constexpr int red_bytes = rows * red_stride * 4;
+  static constexpr int flag_off = red_off + red_bytes;
+  static constexpr int smem_bytes = flag_off + 16;
+  // MB <= 3 fit sm_80's 163 KB of opt-in shared memory; MB = 4 (168.5 KB) needs sm_90's 227 KB,
+  // and devices with less run m > 48 with MB = 3 (variant_for below).
+  static_assert(MB == 4 || smem_bytes <= 163 * 1024, "fits the opt-in shared memory of sm_80");
+  static_assert(smem_bytes <= 227 * 1024, "fits the opt-in shared memory of sm_90");
+  static_assert(stage_bytes % 16 == 0 && red_off % 16 == 0, "16-byte aligned smem regions");
+};
+
+// ---- PTX helpers ---------------------------------------------------------------------------------
+
+// 16-byte global->shared copy that bypasses L1 (.cg: weights and activations are read once per
+// stage); src_size 0 writes 16 zero bytes without reading, which pads missing rows and k.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int src_size = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
+}
+// Closes the group of copies issued for one stage.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N stage groups are still in flight (the oldest stage has landed).
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Four 8x8 b16 matrices from shared memory in mma fragment order: with lane l pointing at row
+// (l % 16), k chunk (l / 16) of an m16 x k16 block, registers 0..3 are exactly the A fragment
+// a0..a3 of mma.m16n8k16 (rows g / g+8, k 2q.. / 2q+8..).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+// D = A * B + D on the tensor cores: A 16x16 bf16 (row), B 16x8 bf16 (col), FP32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+               "{%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (a & b) | c in one instruction (lookup table 0xEA = (0xF0 & 0xCC) | 0xAA): masks two nibbles
+// and ORs the bf16 exponent in.
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// a * b + c on two bf16 lanes with one rounding (sm_80+; subtract and multiply below are both
+// this instruction, so sm_80 and sm_90 give the same bits).
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Nibble slots (s, s+4) of a serving word land in the low and high halves of a bf16x2.
+constexpr uint32_t k_nibble_pair_mask = 0x000f000fu;
+// bf16 128.0 in both halves: 128 has exponent 2^7 and 7 mantissa bits, so mantissa value q
+// (0..15) ORed into it reads as exactly 128 + q.
+constexpr uint32_t k_bf16x2_128 = 0x43004300u;
+constexpr uint32_t k_bf16x2_one = 0x3f803f80u;       // (1.0, 1.0)
+constexpr uint32_t k_bf16x2_neg_zero = 0x80008000u;  // (-0.0, -0.0): x * s + -0 == x * s exactly
+constexpr uint32_t k_bf16x2_neg_128 = 0xc300c300u;   // -(128 + z) = 0xc300 | z for z in 0..15
+constexpr uint32_t k_bf16x2_neg_136 = 0xc308c308u;   // symmetric: -(128 + 8)
+
+// The dequantized B fragments of one serving word for the two n8 tiles of its n16 block:
+// b[0], b[1] = k rows (r, r+1), (r+8, r+9) of tile 2j; b[2], b[3] the same of tile 2j+1.
+__device__ __forceinline__ void dequant_word(uint32_t w, uint32_t nz0, uint32_t s0, uint32_t nz1,
+                                             uint32_t s1, uint32_t (&b)[4]) {
+  const uint32_t q0 = lop3_and_or(w, k_nibble_pair_mask, k_bf16x2_128);       // slots 0, 4
+  const uint32_t q1 = lop3_and_or(w >> 4, k_nibble_pair_mask, k_bf16x2_128);  // slots 1, 5
+  const uint32_t q2 = lop3_and_or(w >> 8, k_nibble_pair_mask, k_bf16x2_128);  // slots 2, 6
+  const uint32_t q3 = lop3_and_or(w >> 12, k_nibble_pair_mask, k_bf16x2_128); // slots 3, 7
+  b[0] = fma_bf16x2(fma_bf16x2(q0, k_bf16x2_one, nz0), s0, k_bf16x2_neg_zero);
+  b[1] = fma_bf16x2(fma_bf16x2(q1, k_bf16x2_one, nz0), s0, k_bf16x2_neg_zero);
+  b[2] = fma_bf16x2(fma_bf16x2(q2, k_bf16x2_one, nz1), s1, k_bf16x2_neg_zero);
+  b[3] = fma_bf16x2(fma_bf16x2(q3, k_bf16x2_one, nz1), s1, k_bf16x2_neg_zero);
+}
+
+// Release/acquire fence at GPU scope, issued by one thread around the split-K counter (CUTLASS's
+// barrier pattern: __syncthreads orders the CTA's partial stores before it, so one fence
+// publishes them all; cheaper than a sequentially consistent membar in every thread).
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+
+__device__ __forceinline__ float bf16_round(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const uint32_t l = __bfloat16_as_ushort(__float2bfloat16_rn(lo));
+  const uint32_t h = __bfloat16_as_ushort(__float2bfloat16_rn(hi));
+  return l | (h << 16);
+}
+
+// ---- the kernel ------------------------------------------------------------------------------------
+
+// Everything a CTA derives once from the problem.
+struct shape_info {
+  int32_t mblk_per_batch; // dense: m blocks per problem
+  int32_t num_mblk;       // m blocks in the grid-wide problem
+  int32_t n64;            // serving tiles along n
+  int32_t n_tiles;        // CTA tiles along n
+  int32_t ki;             // k stages per tile
+  int32_t units;          // tiles * ki (can_implement keeps it below 2^31)
+  int32_t grid;           // CTAs with work
+  int32_t stage_groups;   // scale rows per stage: 128 / G when grouped and G < 128, else 1
+  int32_t glen_log2;      // log2 of the group length when grouped (G = 32, 64, 128)
+  int32_t k16;            // k / 16: serving-tile rows
+  int64_t row_words;      // words per serving-tile row (n / 64 tiles of 128 words)
+  bool mul32;             // units * grid fits in 31 bits: stream-K arithmetic in 32 bits
+};
+
+// Position of a unit, advanced incrementally (no division in the loop).
+struct cursor {
+  int32_t kk; // k stage inside the tile
+  int32_t mb; // m block
+  int32_t nt; // n tile
+  int32_t t;  // tile = nt * num_mblk + mb
+};
+
+__device__ __forceinline__ cursor cursor_at(int32_t u, const shape_info& s) {
+  cursor c;
+  c.t = u / s.ki;
+  c.kk = u - c.t * s.ki;
+  c.nt = c.t / s.num_mblk;
+  c.mb = c.t - c.nt * s.num_mblk;
+  return c;
+}
+
+__device__ __forceinline__ void advance(cursor& c, const shape_info& s) {
+  if (++c.kk < s.ki)
+    return;
+  c.kk = 0;
+  ++c.t;
+  if (++c.mb == s.num_mblk) {
+    c.mb = 0;
+    ++c.nt;
+  }
+}
+
+__device__ __forceinline__ int32_t run_start(int32_t c, const shape_info& s) {
+  if (s.mul32)
+    return c * s.units / s.grid;
+  return static_cast<int32_t>(static_cast<int64_t>(c) * s.units / s.grid);
+}
+// The CTA whose run holds unit u: the largest c with c * U / G <= u.
+__device__ __forceinline__ int32_t cta_of_unit(int32_t u, const shape_info& s) {
+  if (s.mul32)
+    return ((u + 1) * s.grid - 1) / s.units;
+  return static_cast<int32_t>((static_cast<int64_t>(u + 1) * s.grid - 1) / s.units);
+}
+
+// 64-column serving tile of sub-tile i (0..3) of CTA tile nt, or -1 past the end. With the SiLU
+// epilogue sub-tiles 0, 1 are gate tiles 2nt, 2nt+1 and 2, 3 the matching up tiles.
+__device__ __forceinline__ int32_t sub_tile(const problem& p, const shape_info& s, int32_t nt, int i) {
+  if (p.ep == epilogue::silu_mul_bf16) {
+    const int32_t t = 2 * nt + (i & 1);
+    return t < p.up_tile_offset ? t + (i >> 1) * p.up_tile_offset : -1;
+  }
+  const int32_t t = nt * k_sub + i;
+  return t < s.n64 ? t : -1;
+}
+
+// Which problem (dense) or expert (moe) an m block reads its weights from.
+__device__ __forceinline__ int32_t block_weights(const problem& p, const shape_info& s, int32_t mb) {
+  return p.moe ? p.block_expert[mb] : mb / s.mblk_per_batch;
+}
+
+// Per-thread sources of the tile being loaded, set once per tile (set_tile): every thread copies
+// the same chunk positions in every stage, so a stage only adds its k offset.
+//   B      4 chunks of sub-tile (tid / 32) % 4, word (tid % 32) * 4, k16 rows tid / 128 + 2 it
+//   A      chunk tid % 16 of rows tid / 16 + 16 it (it < MB)
+//   scale  chunk tid % 8 of sub-tile (tid / 8) % 4, group row tid / 32       (tid < 32 * groups)
+//   zp     chunk tid % 2 of sub-tile (tid / 2) % 4, group row tid / 8         (tid < 8 * groups)
+template <int MB>
+struct load_ctx {
+  const int32_t* b;    // null: sub-tile past n
+  const uint16_t* s;
+  const int32_t* z;
+  const uint16_t* a[MB]; // null: padding row (zero-filled)
+};
+
+template <int MB>
+__device__ __forceinline__ void set_tile(const problem& p, const shape_info& s, const cursor& cu,
+                                         load_ctx<MB>& ctx) {
+  using C = cfg<MB>;
+  const int tid = threadIdx.x;
+  const int64_t e = block_weights(p, s, cu.mb);
+  int32_t col = sub_tile(p, s, cu.nt, (tid >> 5) & 3);
+  ctx.b = col >= 0 ? p.b + e * p.b_batch_stride + col * k_serving_tile_words + (tid & 31) * 4 : nullptr;
+  col = sub_tile(p, s, cu.nt, (tid >> 3) & 3);
+  ctx.s = col >= 0 ? p.scale + e * p.scale_batch_stride + col * 64 + (tid & 7) * 8 : nullptr;
+  col = sub_tile(p, s, cu.nt, (tid >> 1) & 3);
+  ctx.z = col >= 0 && p.has_zero_point ? p.zero_point + e * p.zp_batch_stride + col * 8 + (tid & 1) * 4 : nullptr;
+#pragma unroll
+  for (int it = 0; it < MB; ++it) {
+    const int r = (tid >> 4) + 16 * it;
+    const uint16_t* src = nullptr;
+    if (p.moe) {
+      const int32_t id = p.sorted_ids[cu.mb * C::rows + r];
+      if (id < p.num_ids)
+        src = p.a + static_cast<int64_t>(id / p.a_row_div) * p.lda;
+    } else {
+      const int32_t row = (cu.mb % s.mblk_per_batch) * C::rows + r;
+      if (row < p.m)
+        src = p.a + e * p.a_batch_stride + static_cast<int64_t>(row) * p.lda;
+    }
+    ctx.a[it] = src ? src + (tid & 15) * 8 : nullptr;
+  }
+}
+
+template <int MB>
+__device__ __forceinline__ void load_stage(const problem& p, const shape_info& s, unsigned char* st,
+                                           const load_ctx<MB>& ctx, int32_t kk, int a_rows_loaded) {
+  using C = cfg<MB>;
+  const int tid = threadIdx.x;
+  // B: serving-tile row kt = 8 kk + tid / 128 + 2 it; rows past k / 16 (last stage) zero-fill.
+#pragma unroll
+  for (int it = 0; it < k_b_per_thread; ++it) {
+    const int32_t kt = kk * k_kb + (tid >> 7) + 2 * it;
+    const bool ok = ctx.b != nullptr && kt < s.k16;
+    cp_async16(st + C::b_off + it * (k_threads * 16) + tid * 16, ok ? ctx.b + kt * s.row_words : p.b, ok);
+  }
+  // A: chunk tid % 16 of its rows lands at chunk (tid % 16) ^ (row % 8).
+  const int32_t k0 = kk * k_stage_k;
+  const bool k_ok = k0 + (tid & 15) * 8 < p.k;
+#pragma unroll
+  for (int it = 0; it < MB; ++it) {
+    const int r = (tid >> 4) + 16 * it;
+    if (r < a_rows_loaded) {
+      const bool ok = ctx.a[it] != nullptr && k_ok;
+      cp_async16(st + C::a_off + (r * k_stage_k + (((tid & 15) ^ (r & 7)) * 8)) * 2, ok ? ctx.a[it] + k0 : p.a, ok);
+    }
+  }
+  // Scale rows and zero-point words of the groups the stage touches: per-channel row 0, G = 128
+  // row kk, G = 32 / 64 rows kk*ng .. +ng (rows past k/G zero-fill, as do the B rows and A
+  // columns they would scale).
+  const int32_t ng = s.stage_groups;
+  const int32_t g0 = p.groups == 1 ? 0 : (ng == 1 ? k0 >> s.glen_log2 : kk * ng);
+  if (tid < 32 * ng) {
+    const int32_t g = g0 + (tid >> 5);
+    const bool ok = ctx.s != nullptr && g < p.groups;
+    cp_async16(st + C::s_off + tid * 16, ok ? ctx.s + static_cast<int64_t>(g) * p.n : p.scale, ok);
+  }
+  if (p.has_zero_point && tid < 8 * ng) {
+    const int32_t g = g0 + (tid >> 3);
+    const bool ok = ctx.z != nullptr && g < p.groups;
+    cp_async16(st + C::z_off + tid * 16, ok ? ctx.z + static_cast<int64_t>(g) * (p.n / 8) : p.zero_point, ok);
+  }
+}
+
+// Scale and negated zero-point pairs of the lane's 8 columns (c + 8t, t = 0..7) for one group.
+__device__ __forceinline__ void load_group(const problem& p, const uint16_t* srow, const uint32_t* zrow,
+                                           int lane, uint32_t (&sc)[8], uint32_t (&nz)[8]) {
+  const int c = lane >> 2;
+  if (p.groups > 1) {
+    // Grouped permutation: position 8c + t holds column c + 8t, one 16-byte read.
+    const uint4 v = *reinterpret_cast<const uint4*>(srow + 8 * c);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sc[2 * i] = __byte_perm(w[i], 0, 0x1010);     // low half in both halves
+      sc[2 * i + 1] = __byte_perm(w[i], 0, 0x3232); // high half in both halves
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const uint32_t h = srow[serving_scale_position(8 * t + c, true)];
+      sc[t] = h | (h << 16);
+    }
+  }
+  if (p.has_zero_point) {
+    // The zero-point word is interleaved like a weight word: slots (i, i+4) hold the zero points
+    // of tiles 2i, 2i+1, so the weights' lop3 with a negative magic gives -(128 + z) pairs, and a
+    // byte permute broadcasts each half.
+    const uint32_t zw = zrow[c];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t pz = lop3_and_or(zw >> (4 * i), k_nibble_pair_mask, k_bf16x2_neg_128);
+      nz[2 * i] = __byte_perm(pz, 0, 0x1010);
+      nz[2 * i + 1] = __byte_perm(pz, 0, 0x3232);
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+      nz[t] = k_bf16x2_neg_136;
+  }
+}
+
+// One stage of one warp: sub-tile wn, k16 rows 4 kw .. 4 kw + 3 (64 consecutive k: one group for
+// G >= 64, two for G = 32).
+template <int MB>
+__device__ __forceinline__ void compute_stage(const problem& p, const shape_info& s, const unsigned char* st,
+                                              int lane, int wn, int kw, float (&acc)[MB][8][4]) {
+  using C = cfg<MB>;
+  const uint32_t* bs = reinterpret_cast<const uint32_t*>(st + C::b_off);
+  const uint16_t* as = reinterpret_cast<const uint16_t*>(st + C::a_off);
+  const uint16_t* ss = reinterpret_cast<const uint16_t*>(st + C::s_off);
+  const uint32_t* zs = reinterpret_cast<const uint32_t*>(st + C::z_off);
+  uint32_t sc[8], nz[8];
+#pragma unroll
+  for (int jj = 0; jj < k_per_warp; ++jj) {
+    const int kb = kw * k_per_warp + jj;
+    if (jj == 0 || (jj == 2 && p.glen == 32)) {
+      const int gl = s.stage_groups > 1 ? (kb * 16) >> s.glen_log2 : 0;
+      load_group(p, ss + gl * k_tile_n + wn * 64, zs + gl * (k_tile_n / 8) + wn * 8, lane, sc, nz);
+    }
+    const uint4 bw = *reinterpret_cast<const uint4*>(bs + (kb * k_sub + wn) * k_serving_tile_words + lane * 4);
+    uint32_t af[MB][4];
+#pragma unroll
+    for (int m = 0; m < MB; ++m)
+      ldmatrix_x4(af[m], as + (m * 16 + (lane & 15)) * k_stage_k + (((2 * kb + (lane >> 4)) ^ (lane & 7)) * 8));
+    const uint32_t words[4] = {bw.x, bw.y, bw.z, bw.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t b[4];
+      dequant_word(words[j], nz[2 * j], sc[2 * j], nz[2 * j + 1], sc[2 * j + 1], b);
+#pragma unroll
+      for (int m = 0; m < MB; ++m) {
+        mma_bf16(acc[m][2 * j], af[m], b[0], b[1]);
+        mma_bf16(acc[m][2 * j + 1], af[m], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// Output row of tile row r: dense the element offset of the row in C, moe the flat id (its row),
+// or -1 if none.
+__device__ __forceinline__ int64_t out_row(const problem& p, const shape_info& s, int32_t mb, int r, int rows) {
+  if (p.moe) {
+    const int32_t id = p.sorted_ids[mb * rows + r];
+    return id < p.num_ids ? id : -1;
+  }
+  const int32_t row = (mb % s.mblk_per_batch) * rows + r;
+  return row < p.m ? static_cast<int64_t>(mb / s.mblk_per_batch) * p.c_batch_stride + static_cast<int64_t>(row) * p.ldc : -1;
+}
+
+// Writes the finished FP32 tile (shared memory, `nrows` valid rows) through the epilogue.
+template <int MB>
+__device__ void epilogue_store(const problem& p, const shape_info& s, const float* red, int32_t nt, int32_t mb,
+                               int nrows) {
+  using C = cfg<MB>;
+  const int tid = threadIdx.x;
+  if (p.ep == epilogue::store_bf16) {
+    for (int idx = tid; idx < nrows * (k_tile_n / 8); idx += k_threads) {
+      const int r = idx / (k_tile_n / 8), cc = idx % (k_tile_n / 8);
+      const int32_t col = sub_tile(p, s, nt, cc / 8);
+      const int64_t base = out_row(p, s, mb, r, C::rows);
+      if (col < 0 || base < 0)
+        continue;
+      const int64_t row_off = p.moe ? base * p.ldc : base;
+      const float4 v0 = *reinterpret_cast<const float4*>(red + r * C::red_stride + cc * 8);
+      const float4 v1 = *reinterpret_cast<const float4*>(red + r * C::red_stride + cc * 8 + 4);
+      uint4 o;
+      o.x = pack_bf16x2(v0.x, v0.y), o.y = pack_bf16x2(v0.z, v0.w);
+      o.z = pack_bf16x2(v1.x, v1.y), o.w = pack_bf16x2(v1.z, v1.w);
+      *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.c) + row_off + col * 64 + (cc % 8) * 8) = o;
+    }
+  } else if (p.ep == epilogue::silu_mul_bf16) {
+    // Columns [0, 128) hold gate tiles 2nt, 2nt+1; [128, 256) the up columns of the same outputs.
+    constexpr int half = k_tile_n / 2;
+    for (int idx = tid; idx < nrows * (half / 8); idx += k_threads) {
+      const int r = idx / (half / 8), cc = idx % (half / 8);
+      const int32_t col = sub_tile(p, s, nt, cc / 8);
+      const int64_t base = out_row(p, s, mb, r, C::rows);
+      if (col < 0 || base < 0)
+        continue;
+      const int64_t row_off = p.moe ? base * p.ldc : base;
+      float h[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float g = bf16_round(red[r * C::red_stride + cc * 8 + e]);
+        const float up = bf16_round(red[r * C::red_stride + half + cc * 8 + e]);
+        h[e] = g / (1.0f + expf(-g)) * up;
+      }
+      uint4 o;
+      o.x = pack_bf16x2(h[0], h[1]), o.y = pack_bf16x2(h[2], h[3]);
+      o.z = pack_bf16x2(h[4], h[5]), o.w = pack_bf16x2(h[6], h[7]);
+      *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.c) + row_off + col * 64 + (cc % 8) * 8) = o;
+    }
+  } else {
+    for (int idx = tid; idx < nrows * (k_tile_n / 4); idx += k_threads) {
+      const int r = idx / (k_tile_n / 4), c4 = idx % (k_tile_n / 4);
+      const int32_t col = sub_tile(p, s, nt, c4 / 16);
+      const int64_t base = out_row(p, s, mb, r, C::rows);
+      if (col < 0 || base < 0)
+        continue;
+      const int64_t row_off = p.moe ? base * p.ldc : base;
+      const float4 v = *reinterpret_cast<const float4*>(red + r * C::red_stride + c4 * 4);
+      *reinterpret_cast<float4*>(static_cast<float*>(p.c) + row_off + col * 64 + (c4 % 16) * 4) = v;
+    }
+  }
+}
+
+template <int MB>
+__global__ void __launch_bounds__(k_threads, cfg<MB>::min_blocks)
+w4a16_kernel(const problem p,
+             int* __restrict__ counters,   // [tiles] zero between launches
+             float* __restrict__ partials) // [grid, 2, 16*MB, 256] FP32 split-K partial tiles
+{
+  using C = cfg<MB>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* red = reinterpret_cast<float*>(smem + C::red_off);
+  int* flag = reinterpret_cast<int*>(smem + C::flag_off);
+
+  shape_info s;
+  s.mblk_per_batch = p.moe ? 1 : (p.m + C::rows - 1) / C::rows;
+  s.num_mblk = p.moe ? min(*p.num_padded / C::rows, p.max_m_blocks) : p.batch * s.mblk_per_batch;
+  s.n64 = p.n / 64;
+  s.n_tiles = p.ep == epilogue::silu_mul_bf16 ? (p.up_tile_offset + 1) / 2 : (s.n64 + k_sub - 1) / k_sub;
+  s.ki = (p.k + k_stage_k - 1) / k_stage_k;
+  s.units = s.n_tiles * s.num_mblk * s.ki;
+  s.grid = min(static_cast<int32_t>(gridDim.x), s.units);
+  s.glen_log2 = 31 - __clz(max(p.glen, 1));
+  s.stage_groups = (p.groups > 1 && p.glen < k_stage_k) ? k_stage_k / p.glen : 1;
+  s.k16 = p.k / 16;
+  s.row_words = static_cast<int64_t>(s.n64) * k_serving_tile_words;
+  s.mul32 = static_cast<int64_t>(s.units) * s.grid < (int64_t{1} << 31);
+  const int32_t cta = blockIdx.x;
+  if (cta >= s.grid)
+    return;
+  const int32_t u0 = run_start(cta, s), u1 = run_start(cta + 1, s);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wn = warp % k_sub, kw = warp / k_sub;
+
+  // Rows never valid in any tile (dense with one m block: rows >= m) stay zero from here on and
+  // are never copied; everything else is copied or zero-filled per stage.
+  const int a_rows_loaded = (!p.moe && s.mblk_per_batch == 1) ? p.m : C::rows;
+  if (a_rows_loaded < C::rows) {
+    for (int st = 0; st < C::stages; ++st)
+      for (int idx = tid; idx < C::a_halves / 8; idx += k_threads)
+        reinterpret_cast<uint4*>(smem + st * C::stage_bytes + C::a_off)[idx] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+  }
+
+  cursor load_at = cursor_at(u0, s), comp_at = load_at;
+  load_ctx<MB> ctx;
+  set_tile<MB>(p, s, load_at, ctx);
+#pragma unroll 1
+  for (int st = 0; st < C::stages - 1; ++st) {
+    if (u0 + st < u1) {
+      if (load_at.kk == 0 && st > 0)
+        set_tile<MB>(p, s, load_at, ctx);
+      load_stage<MB>(p, s, smem + st * C::stage_bytes, ctx, load_at.kk, a_rows_loaded);
+      advance(load_at, s);
+    }
+    cp_async_commit();
+  }
+
+  float acc[MB][8][4];
+#pragma unroll
+  for (int m = 0; m < MB; ++m)
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        acc[m][t][e] = 0.0f;
+
+  int read_stage = 0, write_stage = C::stages - 1;
+  int32_t seg_start = u0;
+  for (int32_t u = u0; u < u1; ++u) {
+    cp_async_wait<C::stages - 2>();
+    __syncthreads();
+    if (u + C::stages - 1 < u1) {
+      if (load_at.kk == 0)
+        set_tile<MB>(p, s, load_at, ctx);
+      load_stage<MB>(p, s, smem + write_stage * C::stage_bytes, ctx, load_at.kk, a_rows_loaded);
+      advance(load_at, s);
+    }
+    cp_async_commit();
+    write_stage = write_stage + 1 == C::stages ? 0 : write_stage + 1;
+
+    compute_stage<MB>(p, s, smem + read_stage * C::stage_bytes, lane, wn, kw, acc);
+    read_stage = read_stage + 1 == C::stages ? 0 : read_stage + 1;
+
+    const cursor here = comp_at;
+    advance(comp_at, s);
+    if (u + 1 != u1 && here.kk + 1 != s.ki)
+      continue;
+
+    // ---- end of this CTA's segment of tile t ----
+    const int32_t t = here.t;
+    const int32_t nt = here.nt, mb = here.mb;
+
+    // 1. The two warps of each sub-tile add their partial sums into `red` (kw 0 then kw 1).
+    const int g = lane >> 2, q = lane & 3;
+#pragma unroll 1
+    for (int r = 0; r < k_kw; ++r) {
+      if (kw == r) {
+#pragma unroll
+        for (int m = 0; m < MB; ++m)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            float2* lo = reinterpret_cast<float2*>(red + (m * 16 + g) * C::red_stride + wn * 64 + j * 8 + 2 * q);
+            float2* hi = lo + 4 * C::red_stride; // 8 rows further
+            if (r == 0) {
+              *lo = make_float2(acc[m][j][0], acc[m][j][1]);
+              *hi = make_float2(acc[m][j][2], acc[m][j][3]);
+            } else {
+              const float2 a = *lo, b = *hi;
+              *lo = make_float2(a.x + acc[m][j][0], a.y + acc[m][j][1]);
+              *hi = make_float2(b.x + acc[m][j][2], b.y + acc[m][j][3]);
+            }
+          }
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int m = 0; m < MB; ++m)
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          acc[m][j][e] = 0.0f;
+
+    // Rows with an output: dense a prefix of the block; moe ids are a prefix too (padding is
+    // at the end of each expert's run).
+    int nrows;
+    if (p.moe)
+      nrows = __syncthreads_count(tid < C::rows && p.sorted_ids[mb * C::rows + tid] < p.num_ids);
+    else
+      nrows = min(C::rows, p.m - (mb % s.mblk_per_batch) * C::rows);
+
+    // 2. Split tile: publish the partial; the last CTA to arrive adds all of them in CTA order.
+    const int32_t tile_u0 = t * s.ki;
+    const bool whole = seg_start == tile_u0 && u + 1 == tile_u0 + s.ki;
+    const int32_t this_start = seg_start;
+    seg_start = u + 1;
+    if (!whole) {
+      const int slot = this_start == u0 ? 0 : 1;
+      float* mine = partials + static_cast<int64_t>(cta * 2 + slot) * (C::rows * k_tile_n);
+      for (int idx = tid; idx < nrows * (k_tile_n / 4); idx += k_threads) {
+        const int r = idx / (k_tile_n / 4), c4 = idx % (k_tile_n / 4);
+        __stcg(reinterpret_cast<float4*>(mine + r * k_tile_n + c4 * 4),
+               *reinterpret_cast<const float4*>(red + r * C::red_stride + c4 * 4));
+      }
+      __syncthreads(); // all partial stores of the CTA precede thread 0's release below
+      const int32_t c_first = cta_of_unit(tile_u0, s), c_last = cta_of_unit(tile_u0 + s.ki - 1, s);
+      if (tid == 0) {
+        fence_acq_rel_gpu(); // release this CTA's partial
+        const int arrived = atomicAdd(counters + t, 1);
+        const int last = arrived == c_last - c_first;
+        if (last) {
+          counters[t] = 0;     // every contributor has arrived: ready for the next launch
+          fence_acq_rel_gpu(); // acquire the others' partials for the whole CTA (bar.sync below)
+        }
+        *flag = last;
+      }
+      __syncthreads();
+      if (!*flag)
+        continue;
+      // Sum the partials in CTA order; loads go out k_batch at a time (one L2 round trip per
+      // batch instead of one per contributor), the adds stay in order. (4 at a time pushed the
+      // 1-block variant over its 128-register cap and spilled in the main loop.)
+      constexpr int k_batch = MB == 1 ? 2 : 4;
+      for (int idx = tid; idx < nrows * (k_tile_n / 4); idx += k_threads) {
+        const int r = idx / (k_tile_n / 4), c4 = idx % (k_tile_n / 4);
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int32_t c0 = c_first; c0 <= c_last; c0 += k_batch) {
+          float4 v[k_batch];
+#pragma unroll
+          for (int j = 0; j < k_batch; ++j) {
+            const int32_t cc = c0 + j;
+            if (cc <= c_last) {
+              const int sl = run_start(cc, s) >= tile_u0 ? 0 : 1; // run began inside this tile: head slot
+              v[j] = __ldcg(reinterpret_cast<const float4*>(
+                partials + static_cast<int64_t>(cc * 2 + sl) * (C::rows * k_tile_n) + r * k_tile_n + c4 * 4));
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < k_batch; ++j)
+            if (c0 + j <= c_last)
+              sum.x += v[j].x, sum.y += v[j].y, sum.z += v[j].z, sum.w += v[j].w;
+        }
+        *reinterpret_cast<float4*>(red + r * C::red_stride + c4 * 4) = sum;
+      }
+      __syncthreads();
+    }
+
+    // 3. Epilogue.
+    epilogue_store<MB>(p, s, red, nt, mb, nrows);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+}
+
+// ---- host side -------------------------------------------------------------------------------------
+
+constexpr int k_max_devices = 64;
+
+struct variant_cache {
+  bool ready = false;
+  int grid = 0; // SMs x CTAs per SM
+};
+
+std::mutex g_cache_mutex;
+variant_cache g_cache[k_max_devices][4];
+
+template <int MB>
+kernel_status prepare_variant(int device, int* grid) {
+  using C = cfg<MB>;
+  RLSERVE_CUDA_TRY(cudaFuncSetAttribute(w4a16_kernel<MB>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem_bytes));
+  int per_sm = 0, sms = 0;
+  RLSERVE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, w4a16_kernel<MB>, k_threads, C::smem_bytes));
+  RLSERVE_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  if (per_sm < 1)
+    return kernel_status::not_supported;
+  *grid = per_sm * sms;
+  return kernel_status::ok;
+}
+
+kernel_status variant_grid(int m_blocks, int* grid) {
+  int device = 0;
+  RLSERVE_CUDA_TRY(cudaGetDevice(&device));
+  if (device < 0 || device >= k_max_devices || m_blocks < 1 || m_blocks > 4)
+    return kernel_status::not_supported;
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  variant_cache& vc = g_cache[device][m_blocks - 1];
+  if (!vc.ready) {
+    kernel_status st = kernel_status::ok;
+    switch (m_blocks) {
+      case 1: st = prepare_variant<1>(device, &vc.grid); break;
+      case 2: st = prepare_variant<2>(device, &vc.grid); break;
+      case 3: st = prepare_variant<3>(device, &vc.grid); break;
+      default: st = prepare_variant<4>(device, &vc.grid); break;
+    }
+    if (st != kernel_status::ok)
+      return st;
+    vc.ready = true;
+  }
+  *grid = vc.grid;
+  return kernel_status::ok;
+}
+
+int smem_of(int m_blocks) {
+  switch (m_blocks) {
+    case 1: return cfg<1>::smem_bytes;
+    case 2: return cfg<2>::smem_bytes;
+    case 3: return cfg<3>::smem_bytes;
+    default: return cfg<4>::smem_bytes;
+  }
+}
+
+} // namespace
+
+int m_blocks_for(int64_t rows) {
+  if (rows <= 16)
+    return 1;
+  if (rows <= 32)
+    return 2;
+  if (rows <= 48)
+    return 3;
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    return 3;
+  return optin >= cfg<4>::smem_bytes ? 4 : 3;
+}
+
+int grid_for(int m_blocks, int max_ctas) {
+  int grid = 0;
+  if (variant_grid(m_blocks, &grid) != kernel_status::ok)
+    return 0;
+  return max_ctas > 0 ? std::min(grid, max_ctas) : grid;
+}
+
+std::size_t counter_bytes(int64_t max_tiles) {
+  return static_cast<std::size_t>((max_tiles * 4 + 255) / 256 * 256);
+}
+
+// Sized for the full grid of every variant, whatever max_ctas caps a launch to, so the counters
+// behind this region sit at the same offset for every launch on this device.
+std::size_t partial_bytes() {
+  std::size_t bytes = 0;
+  for (int mb = 1; mb <= 4; ++mb)
+    bytes = std::max(bytes, static_cast<std::size_t>(grid_for(mb, 0)) * 2 * 16 * mb * k_tile_n * sizeof(float));
+  return (bytes + 255) / 256 * 256;
+}
+
+int64_t n_tiles_of(const problem& p) {
+  return p.ep == epilogue::silu_mul_bf16 ? (p.up_tile_offset + 1) / 2 : (p.n / 64 + k_sub - 1) / k_sub;
+}
+
+int64_t tiles_of(const problem& p, int m_blocks) {
+  const int64_t rows = 16 * m_blocks;
+  const int64_t mblk = p.moe ? p.max_m_blocks : p.batch * ((p.m + rows - 1) / rows);
+  return n_tiles_of(p) * mblk;
+}
+
+kernel_status run(const problem& p, int m_blocks, int grid, int* counters, float* partials, cudaStream_t stream) {
+  if (grid < 1)
+    return kernel_status::invalid_problem;
+  if (counters == nullptr || partials == nullptr)
+    return kernel_status::workspace_null;
+  const int smem = smem_of(m_blocks);
+  switch (m_blocks) {
+    case 1: w4a16_kernel<1><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
+    case 2: w4a16_kernel<2><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
+    case 3: w4a16_kernel<3><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
+    case 4: w4a16_kernel<4><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
+    default: return kernel_status::invalid_problem;
+  }
+  RLSERVE_CUDA_CHECK_LAUNCH();
+  return kernel_status::ok;
+}
+
+} // namespace rlserve::kernels::w4a16
+
+// ---- public dense API ---------------------------------------------------------------------------------
+
+namespace rlserve::kernels {
+
+namespace {
+
+w4a16::problem dense_problem(const gemm_w4a16_args& a) {
+  w4a16::problem p;
+  const int64_t lda = a.lda ? a.lda : a.k, ldc = a.ldc ? a.ldc : a.n;
+  const int64_t groups = a.group_size == k_int4_channel ? 1 : a.k / a.group_size;
+  p.moe = false;
+  p.m = static_cast<int32_t>(a.m);
+  p.batch = static_cast<int32_t>(a.batch);
+  p.a = a.a;
+  p.lda = lda;
+  p.a_batch_stride = a.m * lda;
+  p.b = a.b;
+  p.b_batch_stride = a.k * a.n / 8;
+  p.scale = a.scale;
+  p.scale_batch_stride = groups * a.n;
+  p.zero_point = a.has_zero_point ? a.zero_point : nullptr;
+  p.zp_batch_stride = groups * (a.n / 8);
+  p.n = static_cast<int32_t>(a.n);
+  p.k = static_cast<int32_t>(a.k);
+  p.glen = static_cast<int32_t>(a.k / groups);
+  p.groups = static_cast<int32_t>(groups);
+  p.has_zero_point = a.has_zero_point;
+  p.ep = w4a16::epilogue::store_bf16;
+  p.c = a.c;
+  p.ldc = ldc;
+  p.c_batch_stride = a.m * ldc;
+  return p;
+}
+
+int dense_m_blocks(const gemm_w4a16_args& a) {
+  return a.m_blocks >= 1 && a.m_blocks <= 4 ? a.m_blocks : w4a16::m_blocks_for(a.m);
+}
+
+} // namespace
+
+// Workspace: [FP32 partials for any variant][one counter per 16-row tile of args.m]; the layout
+// does not depend on m, so one workspace serves every m up to the one it was sized for.
+std::size_t gemm_w4a16_workspace_bytes(const gemm_w4a16_args& a) {
+  if (gemm_w4a16_can_implement(a) != kernel_status::ok || a.m == 0)
+    return 0;
+  return w4a16::partial_bytes() + w4a16::counter_bytes(w4a16::tiles_of(dense_problem(a), 1));
+}
+
+kernel_status gemm_w4a16_workspace_init(const gemm_w4a16_args& a, void* workspace, cudaStream_t stream) {
+  if (auto st = gemm_w4a16_can_implement(a); st != kernel_status::ok)
+    return st;
+  if (a.m == 0)
+    return kernel_status::ok;
+  if (workspace == nullptr)
+    return kernel_status::workspace_null;
+  const std::size_t off = w4a16::partial_bytes();
+  RLSERVE_CUDA_TRY(cudaMemsetAsync(static_cast<unsigned char*>(workspace) + off, 0,
+                                   w4a16::counter_bytes(w4a16::tiles_of(dense_problem(a), 1)), stream));
+  return kernel_status::ok;
+}
+
+kernel_status gemm_w4a16_launch(const gemm_w4a16_args& a, void* workspace, cudaStream_t stream) {
+  if (auto st = gemm_w4a16_can_implement(a); st != kernel_status::ok)
+    return st;
+  if (a.m == 0)
+    return kernel_status::ok;
+  if (workspace == nullptr)
+    return kernel_status::workspace_null;
+  const w4a16::problem p = dense_problem(a);
+  const int mb = dense_m_blocks(a);
+  const int grid = w4a16::grid_for(mb, a.max_ctas);
+  if (grid < 1)
+    return kernel_status::cuda_error;
+  const int64_t units = w4a16::tiles_of(p, mb) * ((a.k + w4a16::k_stage_k - 1) / w4a16::k_stage_k);
+  auto* partials = static_cast<float*>(workspace);
+  auto* counters = reinterpret_cast<int*>(static_cast<unsigned char*>(workspace) + w4a16::partial_bytes());
+  return w4a16::run(p, mb, static_cast<int>(std::min<int64_t>(grid, units)), counters, partials, stream);
+}
+
+} // namespace rlserve::kernels

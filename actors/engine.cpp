@@ -186,11 +186,19 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   p->sys = std::make_unique<caf::actor_system>(p->cfg);
   auto& sys = *p->sys;
 
-  runner_options target_options{"target", 0, 1, path};
-  p->runners.push_back(spawn_cpu_runner(sys, target_options, target->model));
+  if (config.kv_block_size < 1 || config.kv_cache_tokens < config.kv_block_size)
+    return fail("kv_cache_tokens (" + std::to_string(config.kv_cache_tokens) +
+                ") must hold at least one block of kv_block_size (" +
+                std::to_string(config.kv_block_size) + ") tokens");
+  if (config.max_running_requests < 1 || config.max_batch_tokens < 1)
+    return fail("max_running_requests and max_batch_tokens must be at least 1");
+  auto kv_blocks = config.kv_cache_tokens / config.kv_block_size;
+  p->runners.push_back(spawn_cpu_runner(
+    sys, runner_options{"target", 0, 1, path, config.kv_block_size, kv_blocks}, target->model));
   if (draft)
-    p->runners.push_back(
-      spawn_cpu_runner(sys, runner_options{"draft", 0, 1, draft->path}, draft->model));
+    p->runners.push_back(spawn_cpu_runner(
+      sys, runner_options{"draft", 0, 1, draft->path, config.kv_block_size, kv_blocks},
+      draft->model));
 
   std::vector<runner_handle> handles;
   caf::scoped_actor self{sys};
@@ -206,7 +214,9 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   if (draft)
     p->draft_manifest = handles.back().manifest;
   p->updater = spawn_weight_updater(sys, handles, config.initial_weight_version);
-  p->scheduler = spawn_scheduler(sys, scheduler_options{config.max_running_requests},
+  p->scheduler = spawn_scheduler(sys,
+                                 scheduler_options{config.max_running_requests,
+                                                   config.max_batch_tokens},
                                  p->runners.front(), p->target_manifest, p->updater,
                                  config.initial_weight_version, target->tokenizer);
   front_door_info info;

@@ -38,6 +38,11 @@ struct engine_config {
   // Optional speculative draft model (same vocabulary as the target).
   std::filesystem::path draft_model_path;
   int32_t max_running_requests = 64;
+  // Tokens one forward batch may run; longer prompts are prefilled in chunks of at most this.
+  int64_t max_batch_tokens = 2048;
+  // KV pool of each runner: tokens it can hold in all, in blocks of kv_block_size tokens.
+  int64_t kv_cache_tokens = 32768;
+  int64_t kv_block_size = 16;
   std::string initial_weight_version = "0";
   // CAF worker threads for the cooperative actors; 0: CAF's default (one per core).
   std::size_t worker_threads = 0;

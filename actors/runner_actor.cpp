@@ -25,7 +25,7 @@ static_assert(interface_registered<runner_actor>::value, "a message type of runn
 namespace {
 
 struct sequence_state {
-  model::kv_cache cache;
+  model::kv_sequence kv;
   model::sampler sampler;
   model::sampling_config sampling;
 };
@@ -37,6 +37,7 @@ struct runner_state {
 
   runner_options options;
   std::shared_ptr<model::qwen3_model> model;
+  std::unique_ptr<model::kv_pool> pool; // shared by all sequences; blocks chosen by the scheduler
   std::unordered_map<uint64_t, sequence_state> sequences;
   std::map<std::string, NamedTensor> staged; // by canonical name; a later bucket overwrites
   std::optional<std::map<std::string, HostTensor>> snapshot;
@@ -97,6 +98,8 @@ RunnerManifest make_manifest(const runner_options& options, const model::qwen3_m
   out.vocab_size = m.config().vocab_size;
   out.max_context_length = m.config().max_position_embeddings;
   out.eos_token_ids = m.config().eos_token_ids;
+  out.kv_block_size = options.kv_block_size;
+  out.kv_num_blocks = options.kv_num_blocks;
   for (auto& p : m.parameters())
     out.parameters.push_back({p.name, p.type, p.shape});
   if (m.config().tie_word_embeddings)
@@ -107,38 +110,84 @@ RunnerManifest make_manifest(const runner_options& options, const model::qwen3_m
 ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
   ForwardBatchOutput out;
   out.step = batch.step;
-  out.results.reserve(batch.work.size());
-  std::vector<float> logits;
-  for (auto& work : batch.work) {
-    SequenceResult r;
+  out.results.resize(batch.work.size());
+  std::vector<model::forward_item> items;
+  std::vector<std::size_t> item_work; // items[j] runs batch.work[item_work[j]]
+  for (std::size_t i = 0; i < batch.work.size(); ++i) {
+    auto& work = batch.work[i];
+    auto& r = out.results[i];
     r.seq_id = work.seq_id;
     if (work.new_sequence) {
       st.sequences.erase(work.seq_id);
-      sequence_state s{st.model->make_cache(), model::sampler{work.sampling_seed},
-                       to_sampling_config(work.sampling_params)};
-      st.sequences.emplace(work.seq_id, std::move(s));
+      st.sequences.emplace(work.seq_id,
+                           sequence_state{{}, model::sampler{work.sampling_seed},
+                                          to_sampling_config(work.sampling_params)});
     }
     auto it = st.sequences.find(work.seq_id);
     if (it == st.sequences.end()) {
       r.error = "sequence " + std::to_string(work.seq_id) + " is unknown to the " +
                 st.options.role + " runner (released, or never started)";
-      out.results.push_back(std::move(r));
       continue;
     }
-    auto& seq = it->second;
-    if (auto ok = st.model->forward(seq.cache, work.tokens, logits); !ok) {
-      r.error = ok.error();
-      out.results.push_back(std::move(r));
+    auto& kv = it->second.kv;
+    kv.blocks.insert(kv.blocks.end(), work.new_blocks.begin(), work.new_blocks.end());
+    if (work.tokens.empty()) {
+      r.error = "sequence " + std::to_string(work.seq_id) + ": no tokens to run";
       continue;
     }
-    if (work.sample) {
-      auto sampled = seq.sampler.sample(logits, seq.sampling);
-      r.token = sampled.token;
-      r.logprob = sampled.logprob;
-      if (work.top_logprobs_num > 0)
-        r.top_logprobs = top_logprobs(logits, seq.sampling.temperature, work.top_logprobs_num);
+    items.push_back({&kv, work.tokens, work.sample ? 1 : 0});
+    item_work.push_back(i);
+  }
+  std::vector<float> logits;
+  std::vector<std::size_t> logit_row(items.size(), 0); // first logits row of each item
+  auto run_all = [&]() -> status {
+    if (items.empty())
+      return {};
+    std::size_t row = 0;
+    for (std::size_t j = 0; j < items.size(); ++j) {
+      logit_row[j] = row;
+      row += static_cast<std::size_t>(items[j].logit_rows);
     }
-    out.results.push_back(std::move(r));
+    return st.model->forward(*st.pool, items, logits);
+  };
+  if (auto ok = run_all(); !ok) {
+    // A batch fails as a whole only before anything ran; find the sequences at fault and run
+    // the others without them.
+    std::vector<model::forward_item> good;
+    std::vector<std::size_t> good_work;
+    std::vector<float> scratch;
+    for (std::size_t j = 0; j < items.size(); ++j) {
+      auto probe = *items[j].kv; // a copy: checking must not advance the sequence
+      model::forward_item single{&probe, items[j].tokens, items[j].logit_rows};
+      if (auto s = st.model->forward(*st.pool, std::span(&single, 1), scratch); !s) {
+        out.results[item_work[j]].error = s.error();
+      } else {
+        good.push_back(items[j]);
+        good_work.push_back(item_work[j]);
+      }
+    }
+    items = std::move(good);
+    item_work = std::move(good_work);
+    logit_row.assign(items.size(), 0);
+    if (auto again = run_all(); !again) {
+      out.success = false;
+      out.message = again.error();
+      return out;
+    }
+  }
+  const auto vocab = static_cast<std::size_t>(st.model->config().vocab_size);
+  for (std::size_t j = 0; j < items.size(); ++j) {
+    auto& work = batch.work[item_work[j]];
+    if (!work.sample)
+      continue;
+    auto& seq = st.sequences.at(work.seq_id);
+    std::span<const float> row(logits.data() + logit_row[j] * vocab, vocab);
+    auto& r = out.results[item_work[j]];
+    auto sampled = seq.sampler.sample(row, seq.sampling);
+    r.token = sampled.token;
+    r.logprob = sampled.logprob;
+    if (work.top_logprobs_num > 0)
+      r.top_logprobs = top_logprobs(row, seq.sampling.temperature, work.top_logprobs_num);
   }
   return out;
 }
@@ -318,6 +367,9 @@ runner_actor::behavior_type runner(runner_pointer self, runner_options options,
                                    std::shared_ptr<model::qwen3_model> m) {
   self->state.options = std::move(options);
   self->state.model = std::move(m);
+  self->state.pool = std::make_unique<model::kv_pool>(self->state.model->config(),
+                                                      self->state.options.kv_block_size,
+                                                      self->state.options.kv_num_blocks);
   return {
     [self](manifest_atom) { return make_manifest(self->state.options, *self->state.model); },
     [self](ForwardBatch& batch) { return run_batch(self->state, batch); },

@@ -47,6 +47,8 @@ struct runner_options {
   int32_t tp_rank = 0;
   int32_t tp_size = 1;
   std::filesystem::path model_path;
+  int64_t kv_block_size = 16;    // tokens per KV block
+  int64_t kv_num_blocks = 2048;  // blocks in the runner's KV pool
 };
 
 namespace model {

@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <unordered_map>
 
+#include "actors/policy/batch_planner.hpp"
+#include "actors/policy/block_manager.hpp"
 #include "caf/all.hpp"
 #include "messages/registration_check.hpp"
 #include "model/bpe_tokenizer.hpp"
@@ -24,9 +27,14 @@ struct request_state {
   std::vector<int32_t> output_ids;
   std::vector<float> logprobs;
   std::vector<std::vector<TopLogprob>> top_logprobs;
+  std::vector<WeightVersionSpan> spans; // which output tokens came from which weight version
   std::size_t streamed = 0;   // output tokens already sent in chunks
-  bool has_kv = false;        // the runner holds this request's KV (prompt + outputs so far)
-  bool in_batch = false;      // part of the batch in flight
+  std::vector<int32_t> blocks; // KV blocks it holds (the runner holds its KV iff non-empty or kv_tokens > 0)
+  int64_t kv_tokens = 0;       // positions of prompt + outputs whose KV the runner holds
+  int64_t prefill_left = 0;    // tokens to run before the next sample (0: decoding)
+  bool on_runner = false;      // the runner has a sequence for it
+  int64_t in_batch_tokens = 0; // > 0: part of the batch in flight, with that many tokens
+  bool in_batch_samples = false;
   bool abort_requested = false;
   std::string abort_message;
   std::string version_start;  // the version its first token was computed with
@@ -44,10 +52,11 @@ struct scheduler_state {
   std::shared_ptr<const model::bpe_tokenizer> tokenizer;
   std::string version;
   uint64_t committed_updates = 0;
+  std::optional<policy::block_manager> blocks;
 
   std::unordered_map<std::string, request_state> requests; // by rid
   std::unordered_map<uint64_t, std::string> rid_of_seq;
-  std::deque<std::string> waiting; // FCFS
+  std::deque<std::string> waiting;  // FCFS; preempted and retracted requests rejoin at the front
   std::vector<std::string> running; // admission order
   uint64_t next_seq = 1;
   uint64_t next_step = 1;
@@ -64,6 +73,8 @@ struct scheduler_state {
     caf::timestamp deadline;
   };
   std::vector<pending_flush> pending_flushes;
+  // Chunks produced while handling one batch, sent as one TokenChunks message per sink.
+  std::vector<std::pair<caf::actor, TokenChunk>> outbox;
   static inline const char* name = "scheduler";
 };
 
@@ -104,8 +115,26 @@ void enqueue_control(scheduler_pointer self, std::function<void()> op) {
   run_controls(self);
 }
 
-// Sends the caller what is new since the last chunk (streaming) or everything (final chunk of
-// a non-streaming request). `finish` set: this is the last chunk.
+// Sends every chunk collected since the last flush, one TokenChunks message per sink.
+void flush_outbox(scheduler_pointer self) {
+  auto& out = self->state.outbox;
+  while (!out.empty()) {
+    auto sink = out.front().first;
+    TokenChunks batch;
+    for (auto it = out.begin(); it != out.end();) {
+      if (it->first == sink) {
+        batch.chunks.push_back(std::move(it->second));
+        it = out.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    caf::anon_send(sink, std::move(batch));
+  }
+}
+
+// Queues what is new since the last chunk (streaming) or everything (final chunk of a
+// non-streaming request). `finish` set: this is the last chunk.
 void emit(scheduler_pointer self, request_state& r, std::optional<FinishReason> finish,
           bool success = true, std::string message = {}) {
   auto& st = self->state;
@@ -128,11 +157,25 @@ void emit(scheduler_pointer self, request_state& r, std::optional<FinishReason> 
   c.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
   c.completion_tokens = static_cast<int32_t>(r.output_ids.size());
   c.weight_version_start = r.version_start.empty() ? st.version : r.version_start;
-  c.weight_version = st.version;
+  c.weight_version = r.spans.empty() ? st.version : r.spans.back().weight_version;
+  c.weight_version_spans = r.spans;
   c.success = success;
   c.message = std::move(message);
-  caf::anon_send(r.sink, std::move(c));
+  st.outbox.emplace_back(r.sink, std::move(c));
 }
+
+// Gives a request's KV back: its blocks to the block manager, its sequence on the runner.
+void release_kv(scheduler_pointer self, request_state& r) {
+  auto& st = self->state;
+  if (r.on_runner)
+    self->send(st.target, ReleaseSequences{{r.seq_id}});
+  st.blocks->release(r.blocks);
+  r.blocks.clear();
+  r.kv_tokens = 0;
+  r.on_runner = false;
+}
+
+void check_flushes(scheduler_pointer self);
 
 // Ends a request: last chunk to its sink, KV released, bookkeeping dropped.
 void finish(scheduler_pointer self, const std::string& rid, std::optional<FinishReason> reason,
@@ -143,8 +186,7 @@ void finish(scheduler_pointer self, const std::string& rid, std::optional<Finish
     return;
   auto& r = it->second;
   emit(self, r, std::move(reason), success, std::move(message));
-  if (r.has_kv)
-    self->send(st.target, ReleaseSequences{{r.seq_id}});
+  release_kv(self, r);
   st.rid_of_seq.erase(r.seq_id);
   st.running.erase(std::remove(st.running.begin(), st.running.end(), rid), st.running.end());
   st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), rid), st.waiting.end());
@@ -189,6 +231,16 @@ std::optional<FinishReason> stop_check(const scheduler_state& st, const request_
   return std::nullopt;
 }
 
+// Takes a running request off the runner: its KV is freed and it goes back to the queue, keeping
+// the tokens it has; when admitted again it prefills prompt + outputs (retract semantics).
+void requeue(scheduler_pointer self, const std::string& rid) {
+  auto& st = self->state;
+  auto& r = st.requests.at(rid);
+  release_kv(self, r);
+  r.prefill_left = 0;
+  st.running.erase(std::remove(st.running.begin(), st.running.end(), rid), st.running.end());
+}
+
 void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
   auto& st = self->state;
   st.forward_in_flight = false;
@@ -198,19 +250,27 @@ void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
       continue; // finished meanwhile
     auto rid = seq->second;
     auto& r = st.requests.at(rid);
-    r.in_batch = false;
+    auto ran = r.in_batch_tokens;
+    auto sampled = r.in_batch_samples;
+    r.in_batch_tokens = 0;
+    r.in_batch_samples = false;
+    if (ran == 0)
+      continue;
     if (!res.error.empty()) {
-      r.has_kv = false; // a failed forward leaves the runner's cache as it was; drop it anyway
-      self->send(st.target, ReleaseSequences{{r.seq_id}});
       finish(self, rid, FinishReason{"abort", std::nullopt, std::nullopt, res.error}, false,
              res.error);
       continue;
     }
-    r.has_kv = true;
+    r.kv_tokens += ran;
+    r.prefill_left = std::max<int64_t>(r.prefill_left - ran, 0);
     if (r.abort_requested) {
       finish(self, rid, abort_reason(r));
       continue;
     }
+    if (!sampled)
+      continue; // a prefill chunk: nothing to report yet
+    if (r.spans.empty() || r.spans.back().weight_version != st.version)
+      r.spans.push_back({st.version, static_cast<int32_t>(r.output_ids.size())});
     r.output_ids.push_back(res.token);
     r.logprobs.push_back(res.logprob);
     r.top_logprobs.push_back(std::move(res.top_logprobs));
@@ -223,16 +283,15 @@ void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
     // The whole batch failed (the runner could not run it): every request in it ends.
     std::vector<std::string> in_batch;
     for (auto& [rid, r] : st.requests)
-      if (r.in_batch)
+      if (r.in_batch_tokens > 0)
         in_batch.push_back(rid);
     for (auto& rid : in_batch)
       finish(self, rid, FinishReason{"abort", std::nullopt, std::nullopt, out.message}, false,
              out.message);
   }
+  flush_outbox(self);
   run_controls(self);
 }
-
-void check_flushes(scheduler_pointer self);
 
 void step(scheduler_pointer self) {
   auto& st = self->state;
@@ -240,35 +299,81 @@ void step(scheduler_pointer self) {
   check_flushes(self);
   if (st.paused || st.forward_in_flight || st.control_busy || !st.control_queue.empty())
     return;
-  while (static_cast<int32_t>(st.running.size()) < st.options.max_running_requests &&
-         !st.waiting.empty()) {
-    st.running.push_back(st.waiting.front());
-    st.waiting.pop_front();
-  }
-  if (st.running.empty())
+  if (st.running.empty() && st.waiting.empty())
     return;
+  std::vector<policy::running_view> running;
+  running.reserve(st.running.size());
+  for (const auto& rid : st.running) {
+    const auto& r = st.requests.at(rid);
+    running.push_back({r.seq_id, r.kv_tokens, static_cast<int64_t>(r.blocks.size()), r.prefill_left});
+  }
+  std::vector<policy::waiting_view> waiting;
+  for (const auto& rid : st.waiting) {
+    if (static_cast<int64_t>(waiting.size()) >= st.options.max_running_requests)
+      break; // no more can be admitted in one step anyway
+    const auto& r = st.requests.at(rid);
+    waiting.push_back({r.seq_id, static_cast<int64_t>(r.req.input_ids.size() + r.output_ids.size())});
+  }
+  policy::batch_limits limits{st.options.max_running_requests, st.options.max_batch_tokens,
+                              st.blocks->block_size()};
+  auto plan = policy::plan_batch(running, waiting, st.blocks->free_blocks(), limits);
+
+  // Preempted requests rejoin the queue's front, oldest first.
+  for (auto it = plan.preempted.rbegin(); it != plan.preempted.rend(); ++it) {
+    auto rid = st.rid_of_seq.at(*it);
+    requeue(self, rid);
+    st.waiting.push_front(rid);
+  }
+  if (plan.work.empty()) {
+    flush_outbox(self);
+    return;
+  }
   ForwardBatch batch;
   batch.step = st.next_step++;
-  for (const auto& rid : st.running) {
+  for (const auto& w : plan.work) {
+    auto rid = st.rid_of_seq.at(w.id);
     auto& r = st.requests.at(rid);
-    SequenceWork w;
-    w.seq_id = r.seq_id;
-    w.new_sequence = !r.has_kv;
-    if (w.new_sequence) {
-      // First batch, or back from retract: the prompt and every token generated so far.
-      w.tokens = r.req.input_ids;
-      w.tokens.insert(w.tokens.end(), r.output_ids.begin(), r.output_ids.end());
-      w.sampling_params = r.req.sampling_params;
-      w.sampling_seed = r.req.sampling_seed + r.output_ids.size();
-    } else {
-      w.tokens = {r.output_ids.back()};
+    SequenceWork work;
+    work.seq_id = r.seq_id;
+    if (w.admitted) {
+      st.waiting.erase(std::find(st.waiting.begin(), st.waiting.end(), rid));
+      st.running.push_back(rid);
+      r.prefill_left = static_cast<int64_t>(r.req.input_ids.size() + r.output_ids.size());
+      r.kv_tokens = 0;
+      work.new_sequence = true;
+      work.sampling_params = r.req.sampling_params;
+      // Back from a retract, the sampler is reseeded by position so a rerun is reproducible.
+      work.sampling_seed = r.req.sampling_seed + r.output_ids.size();
+      r.on_runner = true;
     }
-    if (r.version_start.empty())
+    auto blocks = st.blocks->allocate(w.new_blocks);
+    if (!blocks) { // the planner counted free blocks; this cannot happen
+      finish(self, rid, FinishReason{"abort", std::nullopt, std::nullopt, "KV pool exhausted"},
+             false, "internal error: the KV pool ran out of blocks the planner counted");
+      continue;
+    }
+    r.blocks.insert(r.blocks.end(), blocks->begin(), blocks->end());
+    work.new_blocks = std::move(*blocks);
+    if (r.prefill_left > 0) {
+      // The next chunk of prompt + outputs, from the first position without KV.
+      auto pos = r.kv_tokens;
+      auto prompt = static_cast<int64_t>(r.req.input_ids.size());
+      for (int64_t i = pos; i < pos + w.tokens; ++i)
+        work.tokens.push_back(i < prompt ? r.req.input_ids[i] : r.output_ids[i - prompt]);
+    } else {
+      work.tokens = {r.output_ids.back()};
+    }
+    work.sample = w.samples;
+    work.top_logprobs_num = r.req.return_logprob ? r.req.top_logprobs_num : 0;
+    if (w.samples && r.version_start.empty())
       r.version_start = st.version;
-    w.top_logprobs_num = r.req.return_logprob ? r.req.top_logprobs_num : 0;
-    r.in_batch = true;
-    batch.work.push_back(std::move(w));
+    r.in_batch_tokens = w.tokens;
+    r.in_batch_samples = w.samples;
+    batch.work.push_back(std::move(work));
   }
+  flush_outbox(self);
+  if (batch.work.empty())
+    return;
   st.forward_in_flight = true;
   self->request(st.target, caf::infinite, std::move(batch))
     .then([self](ForwardBatchOutput& out) { on_batch_done(self, out); },
@@ -284,17 +389,11 @@ void step(scheduler_pointer self) {
 // its admission order, keeping the tokens it has.
 void retract_running(scheduler_pointer self) {
   auto& st = self->state;
-  std::vector<uint64_t> released;
-  for (auto it = st.running.rbegin(); it != st.running.rend(); ++it) {
-    auto& r = st.requests.at(*it);
-    if (r.has_kv)
-      released.push_back(r.seq_id);
-    r.has_kv = false;
+  auto running = st.running;
+  for (auto it = running.rbegin(); it != running.rend(); ++it) {
+    requeue(self, *it);
     st.waiting.push_front(*it);
   }
-  st.running.clear();
-  if (!released.empty())
-    self->send(st.target, ReleaseSequences{std::move(released)});
 }
 
 // Refreshes the version the scheduler stamps on results, then calls `then`.
@@ -367,6 +466,7 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
   st.updater = std::move(updater);
   st.version = std::move(version);
   st.tokenizer = std::move(tokenizer);
+  st.blocks.emplace(st.manifest.kv_num_blocks, st.manifest.kv_block_size);
   return {
     [self](TokenizedGenerateReqInput& req, caf::actor& sink) {
       auto& st = self->state;
@@ -375,19 +475,33 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
       r.sink = std::move(sink);
       r.req = std::move(req);
       auto rid = r.req.rid;
-      if (st.requests.count(rid)) {
+      auto refuse = [&](std::string why) {
         TokenChunk c;
         c.rid = rid;
         c.finished = true;
         c.success = false;
-        c.message = "a request with rid \"" + rid + "\" is already running";
-        caf::anon_send(r.sink, std::move(c));
-        return;
-      }
+        c.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
+        c.message = std::move(why);
+        c.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt, c.message};
+        caf::anon_send(r.sink, TokenChunks{{std::move(c)}});
+      };
+      if (st.requests.count(rid))
+        return refuse("a request with rid \"" + rid + "\" is already running");
+      // A request the pool could never hold, even alone, is refused now, not queued forever.
+      auto prompt = static_cast<int64_t>(r.req.input_ids.size());
+      auto most = std::min<int64_t>(prompt + r.req.sampling_params.max_new_tokens,
+                                    st.manifest.max_context_length);
+      if (most > st.blocks->capacity_tokens())
+        return refuse("the request needs up to " + std::to_string(most) + " KV slots (prompt " +
+                      std::to_string(prompt) + " + max_new_tokens " +
+                      std::to_string(r.req.sampling_params.max_new_tokens) +
+                      ") but the KV pool holds " + std::to_string(st.blocks->capacity_tokens()) +
+                      "; lower max_new_tokens or give the engine a larger KV pool");
       st.rid_of_seq[r.seq_id] = rid;
       auto& stored = st.requests.emplace(rid, std::move(r)).first->second;
       if (stored.req.sampling_params.max_new_tokens == 0) {
         finish(self, rid, FinishReason{"length", std::nullopt, std::nullopt, {}});
+        flush_outbox(self);
         return;
       }
       st.waiting.push_back(rid);
@@ -406,9 +520,10 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
         auto& r = st.requests.at(rid);
         r.abort_requested = true;
         r.abort_message = req.abort_message.empty() ? "aborted by request" : req.abort_message;
-        if (!r.in_batch)
+        if (r.in_batch_tokens == 0)
           finish(self, rid, abort_reason(r));
       }
+      flush_outbox(self);
       return AbortReqOutput{true, std::to_string(targets.size()) + " requests aborted",
                             static_cast<int32_t>(targets.size())};
     },

@@ -2,9 +2,10 @@
 // through which weight operations reach the weight_updater — only between batches, so a weight
 // operation never overlaps a forward (DESIGN §2).
 //
-// This is the walking skeleton's scheduler: every running request advances one token per batch
-// (the prompt in its first batch), up to max_running_requests at once, first come first served.
-// Paged KV, chunked prefill and speculative decoding come with the scheduler issue.
+// Continuous batching over the target runner's paged KV pool: the scheduler owns the block
+// manager, plans each batch with actors/policy/batch_planner.hpp (decodes first, then FCFS
+// admissions with chunked prefill, within a token budget; newest requests preempted when blocks
+// run out), and sends every request's new blocks with its work.
 #pragma once
 
 #include <memory>
@@ -23,8 +24,9 @@ class bpe_tokenizer;
 }
 
 using scheduler_actor = caf::typed_actor<
-  // Queues a request. Progress goes to `sink` as TokenChunk messages (every token when
-  // streaming, else one final chunk); the last chunk has finished = true. No reply.
+  // Queues a request. Progress goes to `sink` as TokenChunks messages, one per step (a chunk per
+  // token when streaming, else one final chunk); the last chunk of a request has finished = true.
+  // A request that could never fit the KV pool ends at once with a message. No reply.
   caf::reacts_to<TokenizedGenerateReqInput, caf::actor>,
   // Aborts one request (by rid) or all; each ends with finish reason "abort" and its partial
   // output. Replies with how many it found.
@@ -54,6 +56,7 @@ using scheduler_actor = caf::typed_actor<
 
 struct scheduler_options {
   int32_t max_running_requests = 64;
+  int64_t max_batch_tokens = 2048; // tokens per forward batch; longer prompts are prefilled in chunks
 };
 
 // `target`: the runner that generates; `target_manifest`: its limits and EOS ids; `tokenizer`:

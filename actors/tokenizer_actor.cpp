@@ -183,6 +183,7 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
   delta.cached_tokens = c.cached_tokens;
   delta.weight_version_start = c.weight_version_start;
   delta.weight_version = c.weight_version;
+  delta.weight_version_spans = c.weight_version_spans;
   delta.sampling_seed = a.result.sampling_seed;
   delta.success = c.success;
   delta.message = c.message;
@@ -200,6 +201,7 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
   r.cached_tokens = c.cached_tokens;
   r.weight_version_start = c.weight_version_start;
   r.weight_version = c.weight_version;
+  r.weight_version_spans = c.weight_version_spans;
   r.success = c.success;
   r.message = c.message;
   if (a.stream && a.sink)
@@ -292,7 +294,10 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       pump(self);
       return rp;
     },
-    [self](TokenChunk& c) { on_chunk(self, c); },
+    [self](TokenChunks& batch) {
+      for (auto& c : batch.chunks)
+        on_chunk(self, c);
+    },
     [self](AbortReq& req) -> caf::result<AbortReqOutput> {
       auto& st = self->state;
       // Requests still waiting at the gate end here; running ones in the scheduler.

@@ -25,8 +25,8 @@ using tokenizer_actor = caf::typed_actor<
   // (a GenerateReqOutput message per chunk; `sink` may be invalid otherwise). The reply is the
   // whole result. Bad input ends it at once with success = false and a message.
   caf::replies_to<GenerateReqInput, caf::actor>::with<GenerateReqOutput>,
-  // From the scheduler: progress of a request.
-  caf::reacts_to<TokenChunk>,
+  // From the scheduler: progress of requests, one message per step.
+  caf::reacts_to<TokenChunks>,
   // Aborts a request (queued here or running) or all of them.
   caf::replies_to<AbortReq>::with<AbortReqOutput>,
   // abort: end every running request (partial output, finish reason "abort") and reply once

@@ -73,6 +73,14 @@ struct TopLogprob {
   float logprob = 0.0f;
 };
 
+// Output tokens first_token, first_token + 1, ... (up to the next span) were computed with
+// weight_version. One span unless an update committed while the request was paused in place or
+// retracted (miles' per-token version provenance).
+struct WeightVersionSpan {
+  std::string weight_version;
+  int32_t first_token = 0;
+};
+
 // A generation result. Non-streaming: one message with everything. Streaming: chunks whose
 // text / output_ids / logprobs hold only what is new since the previous chunk, the last one
 // with finished = true and the finish reason. Versions: the weight version the request's
@@ -93,6 +101,7 @@ struct GenerateReqOutput {
   int32_t cached_tokens = 0;
   std::string weight_version_start;
   std::string weight_version; // at the end (SGLang's meta_info.weight_version)
+  std::vector<WeightVersionSpan> weight_version_spans; // (rlserve) which tokens came from which
   uint64_t sampling_seed = 0;
 };
 
@@ -110,8 +119,14 @@ struct TokenChunk {
   int32_t cached_tokens = 0;
   std::string weight_version_start;
   std::string weight_version;
+  std::vector<WeightVersionSpan> weight_version_spans; // every span so far
   bool success = true;   // false: the request failed (message says why), finished is true
   std::string message;
+};
+
+// The chunks of one scheduler step for one sink: one message per step, not one per request.
+struct TokenChunks {
+  std::vector<TokenChunk> chunks;
 };
 
 // SGLang AbortReq: one request by rid, or every request.
@@ -162,11 +177,16 @@ typename Inspector::result_type inspect(Inspector& f, TopLogprob& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WeightVersionSpan& x) {
+  return f(caf::meta::type_name("WeightVersionSpan"), x.weight_version, x.first_token);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, GenerateReqOutput& x) {
   return f(caf::meta::type_name("GenerateReqOutput"), x.success, x.message, x.rid, x.text,
            x.output_ids, x.output_token_logprobs, x.output_top_logprobs, x.finished,
            x.finish_reason, x.prompt_tokens, x.completion_tokens, x.cached_tokens,
-           x.weight_version_start, x.weight_version, x.sampling_seed);
+           x.weight_version_start, x.weight_version, x.weight_version_spans, x.sampling_seed);
 }
 
 template <class Inspector>
@@ -174,7 +194,12 @@ typename Inspector::result_type inspect(Inspector& f, TokenChunk& x) {
   return f(caf::meta::type_name("TokenChunk"), x.rid, x.output_ids, x.output_token_logprobs,
            x.output_top_logprobs, x.finished, x.finish_reason, x.prompt_tokens,
            x.completion_tokens, x.cached_tokens, x.weight_version_start, x.weight_version,
-           x.success, x.message);
+           x.weight_version_spans, x.success, x.message);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TokenChunks& x) {
+  return f(caf::meta::type_name("TokenChunks"), x.chunks);
 }
 
 template <class Inspector>

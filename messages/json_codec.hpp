@@ -87,6 +87,7 @@ nlohmann::json to_json(const TopLogprob& x);
 //   rid -> "meta_info.id"           finish_reason -> "meta_info.finish_reason" (object or null)
 //   prompt_tokens, completion_tokens, cached_tokens, weight_version, weight_version_start,
 //   sampling_seed -> "meta_info.<same name>"
+//   weight_version_spans -> "meta_info.weight_version_spans" = [{"weight_version", "first_token"}]
 //   output_token_logprobs[i] -> "meta_info.output_token_logprobs"[i] = [logprob, output_ids[i]]
 //   output_top_logprobs[i]   -> "meta_info.output_top_logprobs"[i] = [[logprob, token_id], ...]
 // The two logprob keys are written only when non-empty. Reading checks that

@@ -154,6 +154,11 @@ void read_fields(object_reader& r, GenerateReqOutput& x) {
     m.field("cached_tokens", x.cached_tokens, k_count);
     m.field("weight_version", x.weight_version);
     m.field("weight_version_start", x.weight_version_start);
+    m.object_list("weight_version_spans", x.weight_version_spans,
+                  [](object_reader& s, WeightVersionSpan& span) {
+                    s.field("weight_version", span.weight_version);
+                    s.field("first_token", span.first_token, k_count);
+                  });
     m.field("sampling_seed", x.sampling_seed);
     if (auto v = m.get("output_token_logprobs")) {
       const path p = m.at("output_token_logprobs");
@@ -313,6 +318,10 @@ json to_json(const GenerateReqOutput& x) {
     {"weight_version_start", x.weight_version_start},
     {"sampling_seed", x.sampling_seed},
   };
+  auto spans = json::array();
+  for (const auto& span : x.weight_version_spans)
+    spans.push_back({{"weight_version", span.weight_version}, {"first_token", span.first_token}});
+  meta["weight_version_spans"] = std::move(spans);
   if (!x.output_token_logprobs.empty()) {
     auto pairs = json::array();
     for (std::size_t i = 0; i < x.output_token_logprobs.size(); ++i)

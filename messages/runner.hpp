@@ -21,6 +21,7 @@ namespace rlserve {
 struct SequenceWork {
   uint64_t seq_id = 0;
   bool new_sequence = false;       // drop any KV under seq_id and start fresh
+  std::vector<int32_t> new_blocks; // KV pool blocks appended to the sequence's block table
   std::vector<int32_t> tokens;
   bool sample = true;
   SamplingParams sampling_params;  // read when new_sequence is set
@@ -80,6 +81,8 @@ struct RunnerManifest {
   int64_t vocab_size = 0;
   int64_t max_context_length = 0;
   std::vector<int32_t> eos_token_ids;
+  int64_t kv_block_size = 0;  // tokens per KV block of the runner's pool
+  int64_t kv_num_blocks = 0;  // blocks in the pool (the scheduler's block manager hands them out)
   std::vector<TensorSpec> parameters; // sorted by name
   std::vector<TensorAlias> aliases;
 };
@@ -119,7 +122,7 @@ struct WeightUpdaterStatus {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SequenceWork& x) {
-  return f(caf::meta::type_name("SequenceWork"), x.seq_id, x.new_sequence, x.tokens, x.sample,
+  return f(caf::meta::type_name("SequenceWork"), x.seq_id, x.new_sequence, x.new_blocks, x.tokens, x.sample,
            x.sampling_params, x.sampling_seed, x.top_logprobs_num);
 }
 
@@ -158,7 +161,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RunnerManifest& x) {
   return f(caf::meta::type_name("RunnerManifest"), x.role, x.tp_rank, x.tp_size, x.model_path,
            x.architecture, x.device, x.vocab_size, x.max_context_length, x.eos_token_ids,
-           x.parameters, x.aliases);
+           x.kv_block_size, x.kv_num_blocks, x.parameters, x.aliases);
 }
 
 template <class Inspector>

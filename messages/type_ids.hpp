@@ -14,6 +14,7 @@ struct GenerateReqInput;
 struct TokenizedGenerateReqInput;
 struct GenerateReqOutput;
 struct TokenChunk;
+struct TokenChunks;
 struct AbortReq;
 struct AbortReqOutput;
 struct HostTensor;
@@ -69,6 +70,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlserve, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlserve, (rlserve::TokenizedGenerateReqInput))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::GenerateReqOutput))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::TokenChunk))
+  CAF_ADD_TYPE_ID(rlserve, (rlserve::TokenChunks))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::AbortReq))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::AbortReqOutput))
 

@@ -4,50 +4,27 @@
 
 namespace rlserve::model {
 
-kv_cache::kv_cache(const model_config& config)
-    : layers_(config.num_hidden_layers), kv_heads_(config.num_key_value_heads),
-      head_dim_(config.head_dim), k_(static_cast<std::size_t>(std::max<int64_t>(layers_, 0))),
-      v_(static_cast<std::size_t>(std::max<int64_t>(layers_, 0))) {}
-
-void kv_cache::clear() { truncate(0); }
+kv_cache::kv_cache(const model_config& config, int64_t block_size) : pool_(config, block_size, 0) {}
 
 void kv_cache::truncate(int64_t tokens) {
   tokens = std::clamp<int64_t>(tokens, 0, size());
+  seq_.length = tokens;
   tokens_.resize(static_cast<std::size_t>(tokens));
-  const auto floats = static_cast<std::size_t>(tokens * kv_heads_ * head_dim_);
-  for (auto& k : k_)
-    k.resize(floats);
-  for (auto& v : v_)
-    v.resize(floats);
 }
 
 void kv_cache::reserve(int64_t tokens) {
-  if (tokens <= 0)
-    return;
-  tokens_.reserve(static_cast<std::size_t>(tokens));
-  const auto floats = static_cast<std::size_t>(tokens * kv_heads_ * head_dim_);
-  for (auto& k : k_)
-    k.reserve(floats);
-  for (auto& v : v_)
-    v.reserve(floats);
+  auto bs = pool_.block_size();
+  auto needed = (tokens + bs - 1) / bs;
+  while (static_cast<int64_t>(seq_.blocks.size()) < needed) {
+    if (pool_.num_blocks() <= static_cast<int64_t>(seq_.blocks.size()))
+      pool_.add_blocks(std::max<int64_t>(needed - pool_.num_blocks(), 1));
+    seq_.blocks.push_back(static_cast<int32_t>(seq_.blocks.size()));
+  }
 }
 
-std::size_t kv_cache::bytes() const {
-  std::size_t n = 0;
-  for (const auto& k : k_)
-    n += k.capacity() * sizeof(float);
-  for (const auto& v : v_)
-    n += v.capacity() * sizeof(float);
-  return n;
-}
-
-void kv_cache::append(std::span<const int32_t> ids) {
-  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
-  const auto floats = tokens_.size() * static_cast<std::size_t>(kv_heads_ * head_dim_);
-  for (auto& k : k_)
-    k.resize(floats);
-  for (auto& v : v_)
-    v.resize(floats);
+kv_sequence& kv_cache::sequence(int64_t extra) {
+  reserve(seq_.length + extra);
+  return seq_;
 }
 
 } // namespace rlserve::model

@@ -1,8 +1,6 @@
-// kv_cache: the keys and values one request has computed so far, per layer, contiguous, growing
-// as tokens are appended (amortized doubling). The scheduler issue replaces it with a paged pool
-// shared by all requests; until then each request owns one of these.
-//
-// Keys are stored after q/k-norm and RoPE (what attention reads), values as projected.
+// kv_cache: one sequence with a private, growing kv_pool — for single-sequence callers (tests,
+// forward_all, `rlserve forward`). Runners share one fixed pool among all their sequences and
+// use kv_pool + kv_sequence directly; this is the same storage, not a second implementation.
 #pragma once
 
 #include <cstddef>
@@ -11,43 +9,42 @@
 #include <vector>
 
 #include "model/config.hpp"
+#include "model/kv_pool.hpp"
 
 namespace rlserve::model {
 
 class kv_cache {
 public:
-  explicit kv_cache(const model_config& config);
+  // Blocks of 16 tokens, allocated as the sequence grows.
+  explicit kv_cache(const model_config& config, int64_t block_size = 16);
 
   // Tokens whose keys and values are held; the next token the model runs sits at this position.
-  int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
-  // The token ids held, in order (what a prefix match compares against).
+  int64_t size() const { return seq_.length; }
+  // The token ids held, in order.
   std::span<const int32_t> tokens() const { return tokens_; }
   // Forgets everything; keeps the memory for the next request.
-  void clear();
+  void clear() { truncate(0); }
   // Keeps the first `tokens` positions (clamped to [0, size()]): rolls back a rejected draft or a
   // prompt suffix to recompute.
   void truncate(int64_t tokens);
-  // Allocates room for `tokens` positions up front (a request knows prompt + max_new_tokens).
+  // Makes room for `tokens` positions up front.
   void reserve(int64_t tokens);
   // Bytes of K/V storage allocated (capacity, not size).
-  std::size_t bytes() const;
+  std::size_t bytes() const { return pool_.bytes(); }
+  int64_t layers() const { return pool_.layers(); }
+  int64_t kv_heads() const { return pool_.kv_heads(); }
+  int64_t head_dim() const { return pool_.head_dim(); }
 
-  int64_t layers() const { return layers_; }
-  int64_t kv_heads() const { return kv_heads_; }
-  int64_t head_dim() const { return head_dim_; }
-
-  // For the model's forward: appends `ids` and makes room for their keys/values (left for the
-  // caller to fill), then hands out each layer's storage.
-  void append(std::span<const int32_t> ids);
-  float* keys(int64_t layer) { return k_[layer].data(); }   // [size(), kv_heads, head_dim]
-  float* values(int64_t layer) { return v_[layer].data(); } // [size(), kv_heads, head_dim]
-  const float* keys(int64_t layer) const { return k_[layer].data(); }
-  const float* values(int64_t layer) const { return v_[layer].data(); }
+  // For qwen3_model::forward: the pool and the sequence, with room for `extra` more tokens.
+  kv_pool& pool() { return pool_; }
+  kv_sequence& sequence(int64_t extra);
+  // Records ids that forward() appended.
+  void append_tokens(std::span<const int32_t> ids) { tokens_.insert(tokens_.end(), ids.begin(), ids.end()); }
 
 private:
-  int64_t layers_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  kv_pool pool_;
+  kv_sequence seq_;
   std::vector<int32_t> tokens_;
-  std::vector<std::vector<float>> k_, v_; // [layers][size * kv_heads * head_dim]
 };
 
 } // namespace rlserve::model

@@ -298,67 +298,94 @@ status qwen3_model::assign(std::span<const NamedTensor> tensors) {
 
 expected<std::vector<float>> qwen3_model::forward_all(std::span<const int32_t> tokens) const {
   kv_cache cache(config_);
+  auto& seq = cache.sequence(static_cast<int64_t>(tokens.size()));
+  forward_item item{&seq, tokens, static_cast<int64_t>(tokens.size())};
   std::vector<float> logits;
-  if (auto s = run(cache, tokens, /*all_rows=*/true, logits); !s)
+  if (auto s = forward(cache.pool(), std::span(&item, 1), logits); !s)
     return std::move(s).take_failure();
   return logits;
 }
 
 status qwen3_model::forward(kv_cache& cache, std::span<const int32_t> tokens,
                             std::vector<float>& logits) const {
-  return run(cache, tokens, /*all_rows=*/false, logits);
+  auto& seq = cache.sequence(static_cast<int64_t>(tokens.size()));
+  forward_item item{&seq, tokens, 1};
+  if (auto s = forward(cache.pool(), std::span(&item, 1), logits); !s)
+    return s;
+  cache.append_tokens(tokens);
+  return {};
 }
 
-status qwen3_model::run(kv_cache& cache, std::span<const int32_t> tokens, bool all_rows,
-                        std::vector<float>& logits) const {
+status qwen3_model::forward(kv_pool& pool, std::span<forward_item> items,
+                            std::vector<float>& logits) const {
   const model_config& c = config_;
-  const int64_t T = static_cast<int64_t>(tokens.size());
   const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_size;
   const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads;
   const int64_t qkv_cols = (nq + 2 * nkv) * D;
+  const int64_t bs = pool.block_size();
   const auto eps = static_cast<float>(c.rms_norm_eps);
 
-  // Everything that can be wrong is checked before the cache changes.
-  if (T == 0)
-    return fail("forward: no tokens to run");
-  for (int64_t t = 0; t < T; ++t)
-    if (tokens[t] < 0 || tokens[t] >= V)
-      return fail(fmt::format("forward: token id {} at index {} is outside the vocabulary [0, {})",
-                              tokens[t], t, V));
-  if (cache.layers() != c.num_hidden_layers || cache.kv_heads() != nkv || cache.head_dim() != D)
+  // Everything that can be wrong is checked before any sequence changes.
+  if (pool.layers() != c.num_hidden_layers || pool.kv_heads() != nkv || pool.head_dim() != D)
     return fail(fmt::format("forward: the KV cache is shaped for {} layers x {} kv heads x {} "
-                            "head_dim; this model has {} x {} x {}", cache.layers(),
-                            cache.kv_heads(), cache.head_dim(), c.num_hidden_layers, nkv, D));
-  const int64_t past = cache.size();
-  if (past + T > c.max_position_embeddings)
-    return fail(fmt::format("forward: {} cached + {} new tokens exceed max_position_embeddings {}",
-                            past, T, c.max_position_embeddings));
+                            "head_dim; this model has {} x {} x {}", pool.layers(),
+                            pool.kv_heads(), pool.head_dim(), c.num_hidden_layers, nkv, D));
+  if (items.empty())
+    return fail("forward: no sequences to run");
+  std::vector<int64_t> first_row(items.size()); // item i's tokens are rows first_row[i] ..
+  int64_t T = 0, logit_rows = 0;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const auto& it = items[i];
+    const auto n = static_cast<int64_t>(it.tokens.size());
+    if (n == 0)
+      return fail("forward: no tokens to run");
+    for (int64_t t = 0; t < n; ++t)
+      if (it.tokens[t] < 0 || it.tokens[t] >= V)
+        return fail(fmt::format("forward: token id {} at index {} is outside the vocabulary [0, {})",
+                                it.tokens[t], t, V));
+    const int64_t past = it.kv->length;
+    if (past + n > c.max_position_embeddings)
+      return fail(fmt::format("forward: {} cached + {} new tokens exceed max_position_embeddings {}",
+                              past, n, c.max_position_embeddings));
+    if (static_cast<int64_t>(it.kv->blocks.size()) * bs < past + n)
+      return fail(fmt::format("forward: {} KV blocks of {} tokens cannot hold {} positions",
+                              it.kv->blocks.size(), bs, past + n));
+    for (auto b : it.kv->blocks)
+      if (b < 0 || b >= pool.num_blocks())
+        return fail(fmt::format("forward: KV block {} is outside the pool (0 .. {})", b,
+                                pool.num_blocks() - 1));
+    if (it.logit_rows < 0 || it.logit_rows > n)
+      return fail(fmt::format("forward: {} logit rows asked of {} tokens", it.logit_rows, n));
+    first_row[i] = T;
+    T += n;
+    logit_rows += it.logit_rows;
+  }
 
-  // Scratch, one allocation set per call (a decode step's are a few KB).
-  std::vector<float> x(T * H);          // [T, hidden] residual stream
-  std::vector<float> h(T * H);          // [T, hidden] normed input of a block
-  std::vector<float> qkv(T * qkv_cols); // [T, (nq + 2 nkv) * head_dim]
-  std::vector<float> q(T * nq * D);     // [T, nq, head_dim]
-  std::vector<float> attn(T * nq * D);  // [T, nq, head_dim]
-  std::vector<float> proj(T * H);       // [T, hidden] o_proj / down_proj output
+  // Scratch, one allocation set per call (a decode step's are a few KB per sequence).
+  std::vector<float> x(T * H);           // [T, hidden] residual stream, all sequences' rows
+  std::vector<float> h(T * H);           // [T, hidden] normed input of a block
+  std::vector<float> qkv(T * qkv_cols);  // [T, (nq + 2 nkv) * head_dim]
+  std::vector<float> q(T * nq * D);      // [T, nq, head_dim]
+  std::vector<float> k_new(T * nkv * D); // [T, nkv, head_dim] this step's keys
+  std::vector<float> attn(T * nq * D);   // [T, nq, head_dim]
+  std::vector<float> proj(T * H);        // [T, hidden] o_proj / down_proj output
   std::vector<float> gate_up(T * 2 * I); // [T, 2 * intermediate]
-  std::vector<float> act(T * I);        // [T, intermediate]
+  std::vector<float> act(T * I);         // [T, intermediate]
+  std::vector<float> k_seq, v_seq;       // [past + n, nkv, head_dim] one sequence's keys/values
 
-  for (int64_t t = 0; t < T; ++t)
-    std::memcpy(&x[t * H], w(embed_) + int64_t{tokens[t]} * H, H * sizeof(float));
+  for (std::size_t i = 0; i < items.size(); ++i)
+    for (std::size_t t = 0; t < items[i].tokens.size(); ++t)
+      std::memcpy(&x[(first_row[i] + t) * H], w(embed_) + int64_t{items[i].tokens[t]} * H,
+                  H * sizeof(float));
 
-  cache.append(tokens);
   auto kernel_failed = [&](const char* op, kernels::kernel_status s) {
-    cache.truncate(past);
     return fail(fmt::format("forward: {} failed: {}", op, kernels::to_string(s)));
   };
   using kernels::kernel_status;
+  const float scale = static_cast<float>(1.0 / std::sqrt(double(D)));
 
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const layer_weights& L = layers_[l];
-    float* k_cache = cache.keys(l) + past * nkv * D;   // [T, nkv, head_dim] this step's rows
-    float* v_cache = cache.values(l) + past * nkv * D; // [T, nkv, head_dim]
-
     if (auto s = kernels::rms_norm_ref({x.data(), w(L.input_norm), h.data(), T, H, eps});
         s != kernel_status::ok)
       return kernel_failed("input_layernorm", s);
@@ -368,25 +395,49 @@ status qwen3_model::run(kv_cache& cache, std::span<const int32_t> tokens, bool a
     for (int64_t t = 0; t < T; ++t) {
       const float* row = &qkv[t * qkv_cols];
       std::memcpy(&q[t * nq * D], row, nq * D * sizeof(float));
-      std::memcpy(k_cache + t * nkv * D, row + nq * D, nkv * D * sizeof(float));
-      std::memcpy(v_cache + t * nkv * D, row + (nq + nkv) * D, nkv * D * sizeof(float));
+      std::memcpy(&k_new[t * nkv * D], row + nq * D, nkv * D * sizeof(float));
     }
     // q_norm / k_norm: RMSNorm of each head's head_dim vector.
     if (auto s = kernels::rms_norm_ref({q.data(), w(L.q_norm), q.data(), T * nq, D, eps});
         s != kernel_status::ok)
       return kernel_failed("q_norm", s);
-    if (auto s = kernels::rms_norm_ref({k_cache, w(L.k_norm), k_cache, T * nkv, D, eps});
+    if (auto s = kernels::rms_norm_ref({k_new.data(), w(L.k_norm), k_new.data(), T * nkv, D, eps});
         s != kernel_status::ok)
       return kernel_failed("k_norm", s);
-    if (auto s = kernels::rope_cpu({q.data(), T, nq, D, past, c.rope_theta}); s != kernel_status::ok)
-      return kernel_failed("rope(q)", s);
-    if (auto s = kernels::rope_cpu({k_cache, T, nkv, D, past, c.rope_theta}); s != kernel_status::ok)
-      return kernel_failed("rope(k)", s);
-    kernels::attention_args aa{q.data(), cache.keys(l), cache.values(l), attn.data(),
-                               T, past + T, nq, nkv, D,
-                               static_cast<float>(1.0 / std::sqrt(double(D)))};
-    if (auto s = kernels::attention_cpu(aa); s != kernel_status::ok)
-      return kernel_failed("attention", s);
+
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const auto& it = items[i];
+      const int64_t n = static_cast<int64_t>(it.tokens.size()), past = it.kv->length;
+      const int64_t r0 = first_row[i];
+      if (auto s = kernels::rope_cpu({&q[r0 * nq * D], n, nq, D, past, c.rope_theta});
+          s != kernel_status::ok)
+        return kernel_failed("rope(q)", s);
+      if (auto s = kernels::rope_cpu({&k_new[r0 * nkv * D], n, nkv, D, past, c.rope_theta});
+          s != kernel_status::ok)
+        return kernel_failed("rope(k)", s);
+      // This step's keys and values into the sequence's slots (past .. past + n - 1), then the
+      // whole history gathered contiguously for the attention op.
+      for (int64_t t = 0; t < n; ++t) {
+        auto pos = past + t;
+        auto block = it.kv->blocks[pos / bs];
+        std::memcpy(pool.key_slot(l, block, pos % bs), &k_new[(r0 + t) * nkv * D],
+                    nkv * D * sizeof(float));
+        std::memcpy(pool.value_slot(l, block, pos % bs), &qkv[(r0 + t) * qkv_cols + (nq + nkv) * D],
+                    nkv * D * sizeof(float));
+      }
+      const int64_t tk = past + n;
+      k_seq.resize(tk * nkv * D);
+      v_seq.resize(tk * nkv * D);
+      for (int64_t pos = 0; pos < tk; ++pos) {
+        auto block = it.kv->blocks[pos / bs];
+        std::memcpy(&k_seq[pos * nkv * D], pool.key_slot(l, block, pos % bs), nkv * D * sizeof(float));
+        std::memcpy(&v_seq[pos * nkv * D], pool.value_slot(l, block, pos % bs), nkv * D * sizeof(float));
+      }
+      kernels::attention_args aa{&q[r0 * nq * D], k_seq.data(), v_seq.data(), &attn[r0 * nq * D],
+                                 n, tk, nq, nkv, D, scale};
+      if (auto s = kernels::attention_cpu(aa); s != kernel_status::ok)
+        return kernel_failed("attention", s);
+    }
     if (auto s = kernels::matmul_cpu({attn.data(), w(L.o), proj.data(), T, H, nq * D});
         s != kernel_status::ok)
       return kernel_failed("o_proj", s);
@@ -410,14 +461,25 @@ status qwen3_model::run(kv_cache& cache, std::span<const int32_t> tokens, bool a
 
   // Only the rows whose logits are wanted go through the final norm and lm_head (the lm_head
   // matmul is the largest of a decode step for real vocabularies).
-  const int64_t rows = all_rows ? T : 1;
-  const float* last = x.data() + (T - rows) * H; // [rows, hidden]
-  if (auto s = kernels::rms_norm_ref({last, w(norm_), h.data(), rows, H, eps}); s != kernel_status::ok)
-    return kernel_failed("norm", s);
-  logits.resize(static_cast<std::size_t>(rows * V));
-  if (auto s = kernels::matmul_cpu({h.data(), w(lm_head_), logits.data(), rows, V, H});
-      s != kernel_status::ok)
-    return kernel_failed("lm_head", s);
+  std::vector<float> wanted(logit_rows * H); // [logit_rows, hidden]
+  int64_t row = 0;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(items[i].tokens.size());
+    const int64_t r = items[i].logit_rows;
+    std::memcpy(&wanted[row * H], &x[(first_row[i] + n - r) * H], r * H * sizeof(float));
+    row += r;
+  }
+  logits.resize(static_cast<std::size_t>(logit_rows * V));
+  if (logit_rows > 0) {
+    if (auto s = kernels::rms_norm_ref({wanted.data(), w(norm_), wanted.data(), logit_rows, H, eps});
+        s != kernel_status::ok)
+      return kernel_failed("norm", s);
+    if (auto s = kernels::matmul_cpu({wanted.data(), w(lm_head_), logits.data(), logit_rows, V, H});
+        s != kernel_status::ok)
+      return kernel_failed("lm_head", s);
+  }
+  for (auto& it : items)
+    it.kv->length += static_cast<int64_t>(it.tokens.size());
   return {};
 }
 

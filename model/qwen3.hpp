@@ -34,8 +34,17 @@
 #include "model/checkpoint.hpp"
 #include "model/config.hpp"
 #include "model/kv_cache.hpp"
+#include "model/kv_pool.hpp"
 
 namespace rlserve::model {
+
+// One sequence's share of a batched forward.
+struct forward_item {
+  kv_sequence* kv;                 // its blocks must cover kv->length + tokens.size() positions
+  std::span<const int32_t> tokens; // run at positions kv->length, kv->length + 1, ...
+  int64_t logit_rows = 1;          // logits of its last `logit_rows` tokens (0: none, as for a
+                                   // prefill chunk; tokens.size(): all, as for draft verification)
+};
 
 struct parameter_spec {
   std::string name; // Hugging Face name, "model.layers.0.self_attn.q_proj.weight"
@@ -70,10 +79,16 @@ public:
   // replaces each one's canonical bytes and recomputes its fp32 copy.
   status assign(std::span<const NamedTensor> tensors);
 
-  // Runs `tokens` at positions cache.size() .. cache.size() + T - 1, appends their keys/values
-  // (and ids) to `cache`, and writes the logits of the LAST position into `logits` (resized to
-  // vocab_size). Fails, leaving the cache unchanged, on no tokens, an id outside the vocabulary,
-  // a cache made for another config, or a sequence longer than max_position_embeddings.
+  // Runs a batch over a shared paged pool: every linear layer is one matmul over all items'
+  // tokens; attention runs per item over its own blocks. On success each item's kv->length grows
+  // by its token count and `logits` holds, item after item, the rows each asked for
+  // ([sum of logit_rows, vocab_size]). Fails, changing no length, on an empty item, an id outside
+  // the vocabulary, blocks that do not cover the new positions or lie outside the pool, a pool
+  // shaped for another config, or a sequence longer than max_position_embeddings. Results do not
+  // depend on how sequences are batched: every row is computed by the same float operations.
+  status forward(kv_pool& pool, std::span<forward_item> items, std::vector<float>& logits) const;
+  // One sequence in its own growing cache: runs `tokens` after what `cache` holds and writes the
+  // logits of the LAST position into `logits` (vocab_size).
   status forward(kv_cache& cache, std::span<const int32_t> tokens, std::vector<float>& logits) const;
   // Logits of every position, [tokens.size() * vocab_size] row-major, from an empty cache
   // (parity tests and `rlserve forward`). Row t equals what forward() returns after token t.
@@ -104,8 +119,6 @@ private:
   static expected<qwen3_model> load_from(const model_config& config,
                                          const std::vector<std::string>& available, Lookup&& get,
                                          const std::string& where);
-  status run(kv_cache& cache, std::span<const int32_t> tokens, bool all_rows,
-             std::vector<float>& logits) const;
   const float* w(std::size_t offset) const { return weights_.data() + offset; }
 
   model_config config_;

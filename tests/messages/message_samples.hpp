@@ -38,8 +38,10 @@ RLSERVE_FIELD_COUNT(GenerateReqInput, 8)
 RLSERVE_FIELD_COUNT(TokenizedGenerateReqInput, 9)
 RLSERVE_FIELD_COUNT(FinishReason, 4)
 RLSERVE_FIELD_COUNT(TopLogprob, 2)
-RLSERVE_FIELD_COUNT(GenerateReqOutput, 15)
-RLSERVE_FIELD_COUNT(TokenChunk, 13)
+RLSERVE_FIELD_COUNT(GenerateReqOutput, 16)
+RLSERVE_FIELD_COUNT(TokenChunk, 14)
+RLSERVE_FIELD_COUNT(TokenChunks, 1)
+RLSERVE_FIELD_COUNT(WeightVersionSpan, 2)
 RLSERVE_FIELD_COUNT(AbortReq, 3)
 RLSERVE_FIELD_COUNT(AbortReqOutput, 3)
 // tensor.hpp (HostTensor has its own equality below; the count still guards its layout)
@@ -84,14 +86,14 @@ RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 15)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
 RLSERVE_FIELD_COUNT(HealthCheckReqOutput, 2)
 // runner.hpp
-RLSERVE_FIELD_COUNT(SequenceWork, 7)
+RLSERVE_FIELD_COUNT(SequenceWork, 8)
 RLSERVE_FIELD_COUNT(ForwardBatch, 2)
 RLSERVE_FIELD_COUNT(SequenceResult, 5)
 RLSERVE_FIELD_COUNT(ForwardBatchOutput, 4)
 RLSERVE_FIELD_COUNT(ReleaseSequences, 1)
 RLSERVE_FIELD_COUNT(TensorSpec, 3)
 RLSERVE_FIELD_COUNT(TensorAlias, 2)
-RLSERVE_FIELD_COUNT(RunnerManifest, 11)
+RLSERVE_FIELD_COUNT(RunnerManifest, 13)
 RLSERVE_FIELD_COUNT(StageTensors, 1)
 RLSERVE_FIELD_COUNT(RunnerReply, 2)
 RLSERVE_FIELD_COUNT(RunnerCheckOutput, 7)
@@ -408,6 +410,7 @@ struct samples<GenerateReqOutput> : simple_samples<GenerateReqOutput> {
     x.cached_tokens = 2;
     x.weight_version_start = "v1";
     x.weight_version = "v2";
+    x.weight_version_spans = {{"v1", 0}, {"v2", 2}};
     x.sampling_seed = UINT64_MAX - 1;
     return x;
   }
@@ -436,10 +439,21 @@ struct samples<TokenChunk> : simple_samples<TokenChunk> {
     x.cached_tokens = 1;
     x.weight_version_start = "v1";
     x.weight_version = "v1";
+    x.weight_version_spans = {{"v1", 0}};
     x.success = false;
     x.message = "oops";
     return x;
   }
+};
+
+template <>
+struct samples<TokenChunks> : simple_samples<TokenChunks> {
+  static TokenChunks full() { return {{samples<TokenChunk>::full(), TokenChunk{}}}; }
+};
+
+template <>
+struct samples<WeightVersionSpan> : simple_samples<WeightVersionSpan> {
+  static WeightVersionSpan full() { return {"v7", 3}; }
 };
 
 template <>
@@ -786,7 +800,7 @@ struct samples<HealthCheckReqOutput> : status_samples<HealthCheckReqOutput> {};
 template <>
 struct samples<SequenceWork> : simple_samples<SequenceWork> {
   static SequenceWork full() {
-    return {5, true, {1, 2}, false, samples<SamplingParams>::full(), 9, 3};
+    return {5, true, {4, 9}, {1, 2}, false, samples<SamplingParams>::full(), 9, 3};
   }
 };
 
@@ -830,6 +844,8 @@ struct samples<RunnerManifest> : simple_samples<RunnerManifest> {
     x.vocab_size = 151936;
     x.max_context_length = 32768;
     x.eos_token_ids = {151643, 151645};
+    x.kv_block_size = 16;
+    x.kv_num_blocks = 4096;
     x.parameters = {samples<TensorSpec>::full(), TensorSpec{"v", dtype::i32, {7}}};
     x.aliases = {TensorAlias{"lm_head.weight", "model.embed_tokens.weight"}};
     return x;

@@ -1,0 +1,109 @@
+// plan_batch: what the next forward batch runs — a pure function of the scheduler's queues and
+// the free KV blocks, so every scheduling decision can be table-tested without actors
+// (CONVENTIONS §4.11).
+//
+// Rules, in order:
+//  1. Running requests first, oldest first. A decoding request runs 1 token; one still in prefill
+//     runs its next chunk (what is left of its prompt, cut to the token budget). A request that
+//     needs more blocks than are free makes room by preempting the newest running requests (they
+//     give up their KV and go back to the front of the queue, keeping their tokens); if it is the
+//     newest itself, it is preempted.
+//  2. Then waiting requests, strictly first come first served: the head of the queue is admitted
+//     with its first chunk if a running slot, token budget and blocks for that chunk are free;
+//     if it cannot be, nobody behind it is (no overtaking).
+//  3. The tokens of one batch never exceed max_batch_tokens (decodes count one each).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace rlserve::policy {
+
+struct running_view {
+  uint64_t id = 0;
+  int64_t kv_tokens = 0;    // positions its KV holds
+  int64_t held_blocks = 0;
+  int64_t prefill_left = 0; // prompt tokens not yet run (0: decoding)
+};
+
+struct waiting_view {
+  uint64_t id = 0;
+  int64_t prefill_tokens = 0; // tokens to run before its next sample (prompt + outputs so far)
+};
+
+struct batch_limits {
+  int64_t max_running = 64;
+  int64_t max_batch_tokens = 2048;
+  int64_t block_size = 16;
+};
+
+struct planned_work {
+  uint64_t id = 0;
+  int64_t tokens = 0;     // tokens this step
+  int64_t new_blocks = 0; // blocks to allocate before it runs
+  bool admitted = false;  // came from the waiting queue this step
+  bool samples = false;   // its tokens reach the end of its prefill: a token is sampled
+};
+
+struct batch_plan {
+  std::vector<planned_work> work;  // running first (oldest first), then admitted (FCFS)
+  std::vector<uint64_t> preempted; // oldest first; they rejoin the queue's front in this order
+};
+
+[[nodiscard]] inline batch_plan plan_batch(std::span<const running_view> running,
+                                           std::span<const waiting_view> waiting,
+                                           int64_t free_blocks, const batch_limits& limits) {
+  auto blocks_for = [&](int64_t tokens) {
+    return (tokens + limits.block_size - 1) / limits.block_size;
+  };
+  batch_plan plan;
+  int64_t free = free_blocks;
+  int64_t budget = limits.max_batch_tokens;
+  std::vector<bool> out(running.size(), false); // preempted
+  std::size_t newest = running.size();          // running[0, newest) are not preempted
+  for (std::size_t i = 0; i < newest; ++i) {
+    const auto& r = running[i];
+    int64_t want = r.prefill_left > 0 ? std::min(r.prefill_left, budget) : (budget > 0 ? 1 : 0);
+    if (want == 0)
+      continue; // the budget is spent; it runs next step
+    int64_t need = std::max<int64_t>(blocks_for(r.kv_tokens + want) - r.held_blocks, 0);
+    while (need > free && newest > i + 1) {
+      --newest;
+      out[newest] = true;
+      free += running[newest].held_blocks;
+    }
+    if (need > free) { // r is the newest left: it yields
+      --newest;
+      out[i] = true;
+      free += r.held_blocks;
+      break;
+    }
+    free -= need;
+    budget -= want;
+    plan.work.push_back({r.id, want, need, false, r.prefill_left == 0 || want == r.prefill_left});
+  }
+  for (std::size_t i = 0; i < running.size(); ++i)
+    if (out[i])
+      plan.preempted.push_back(running[i].id);
+  int64_t slots = limits.max_running - static_cast<int64_t>(running.size() - plan.preempted.size());
+  // Preempted requests do not come back in the step that preempted them.
+  if (plan.preempted.empty()) {
+    for (const auto& w : waiting) {
+      if (slots <= 0 || budget <= 0)
+        break;
+      int64_t want = std::min(w.prefill_tokens, budget);
+      int64_t need = blocks_for(want);
+      if (want <= 0 || need > free)
+        break; // strict FCFS: nobody overtakes the head of the queue
+      free -= need;
+      budget -= want;
+      --slots;
+      plan.work.push_back({w.id, want, need, true, want == w.prefill_tokens});
+    }
+  }
+  return plan;
+}
+
+} // namespace rlserve::policy

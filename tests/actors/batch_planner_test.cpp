@@ -1,0 +1,120 @@
+// The batch planner and block manager as iteration timelines (CONVENTIONS §4.11): each case
+// sets up queues and free blocks, plans one step, and checks every decision.
+#include <boost/test/unit_test.hpp>
+
+#include "actors/policy/batch_planner.hpp"
+#include "actors/policy/block_manager.hpp"
+
+using namespace rlserve::policy;
+
+namespace {
+
+std::vector<uint64_t> ids(const batch_plan& p) {
+  std::vector<uint64_t> out;
+  for (auto& w : p.work)
+    out.push_back(w.id);
+  return out;
+}
+
+using v = std::vector<uint64_t>;
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(batch_planner_test)
+
+BOOST_AUTO_TEST_CASE(decodes_then_fcfs_admissions_with_chunked_prefill) {
+  batch_limits lim{8, 100, 16};
+  std::vector<running_view> running{{1, 40, 3, 0}, {2, 16, 1, 0}};
+  std::vector<waiting_view> waiting{{3, 70}, {4, 50}};
+  auto plan = plan_batch(running, waiting, 100, lim);
+  BOOST_TEST(ids(plan) == (v{1, 2, 3, 4}));
+  BOOST_TEST(plan.work[0].tokens == 1);
+  BOOST_TEST(plan.work[0].new_blocks == 0); // 41 tokens fit in 3 blocks
+  BOOST_TEST(plan.work[1].new_blocks == 1); // 17 tokens need a second block
+  BOOST_TEST(plan.work[2].tokens == 70);
+  BOOST_TEST(plan.work[2].samples);
+  BOOST_TEST(plan.work[3].tokens == 28); // the rest of the budget: a first chunk
+  BOOST_TEST(!plan.work[3].samples);
+  BOOST_TEST(plan.work[3].admitted);
+  BOOST_TEST(plan.preempted.empty());
+}
+
+BOOST_AUTO_TEST_CASE(a_prefill_continues_in_chunks) {
+  batch_limits lim{8, 32, 16};
+  std::vector<running_view> running{{7, 32, 2, 68}};
+  auto plan = plan_batch(running, {}, 100, lim);
+  BOOST_REQUIRE_EQUAL(plan.work.size(), 1u);
+  BOOST_TEST(plan.work[0].tokens == 32);
+  BOOST_TEST(plan.work[0].new_blocks == 2);
+  BOOST_TEST(!plan.work[0].samples);
+  running[0] = {7, 96, 6, 4};
+  plan = plan_batch(running, {}, 100, lim);
+  BOOST_TEST(plan.work[0].tokens == 4);
+  BOOST_TEST(plan.work[0].samples);
+}
+
+BOOST_AUTO_TEST_CASE(head_of_queue_blocks_later_requests) {
+  batch_limits lim{8, 1000, 16};
+  std::vector<waiting_view> waiting{{1, 200}, {2, 10}};
+  auto plan = plan_batch({}, waiting, 5, lim); // 200 tokens need 13 blocks; only 5 free
+  BOOST_TEST(plan.work.empty());
+}
+
+BOOST_AUTO_TEST_CASE(max_running_limits_admissions) {
+  batch_limits lim{2, 1000, 16};
+  std::vector<running_view> running{{1, 10, 1, 0}};
+  std::vector<waiting_view> waiting{{2, 5}, {3, 5}};
+  auto plan = plan_batch(running, waiting, 100, lim);
+  BOOST_TEST(ids(plan) == (v{1, 2}));
+}
+
+BOOST_AUTO_TEST_CASE(out_of_blocks_preempts_the_newest) {
+  batch_limits lim{8, 1000, 4};
+  // Each running request sits at a block boundary: every one needs a new block to decode.
+  std::vector<running_view> running{{1, 8, 2, 0}, {2, 8, 2, 0}, {3, 8, 2, 0}};
+  std::vector<waiting_view> waiting{{9, 4}};
+  auto plan = plan_batch(running, waiting, 1, lim);
+  // 1 takes the free block; 2 needs one: 3 (newest) is preempted (2 blocks back), 2 takes one.
+  BOOST_TEST(ids(plan) == (v{1, 2}));
+  BOOST_TEST(plan.preempted == (v{3}));
+  // No admission in a step that preempted.
+}
+
+BOOST_AUTO_TEST_CASE(newest_preempts_itself_when_nothing_newer_is_left) {
+  batch_limits lim{8, 1000, 4};
+  std::vector<running_view> running{{1, 8, 2, 0}, {2, 8, 2, 0}};
+  auto plan = plan_batch(running, {}, 0, lim);
+  // 1 needs a block: 2 is preempted, freeing 2; then 2 is gone.
+  BOOST_TEST(ids(plan) == (v{1}));
+  BOOST_TEST(plan.preempted == (v{2}));
+  running = {{1, 8, 2, 0}};
+  plan = plan_batch(running, {}, 0, lim);
+  BOOST_TEST(plan.work.empty());
+  BOOST_TEST(plan.preempted == (v{1}));
+}
+
+BOOST_AUTO_TEST_CASE(token_budget_is_shared_by_decodes_and_prefills) {
+  batch_limits lim{8, 3, 16};
+  std::vector<running_view> running{{1, 5, 1, 0}, {2, 5, 1, 0}, {3, 5, 1, 0}, {4, 5, 1, 0}};
+  std::vector<waiting_view> waiting{{5, 10}};
+  auto plan = plan_batch(running, waiting, 100, lim);
+  BOOST_TEST(ids(plan) == (v{1, 2, 3})); // 4 waits for the next step, 5 gets nothing
+}
+
+BOOST_AUTO_TEST_CASE(block_manager_allocates_lowest_first_and_all_or_nothing) {
+  block_manager m(6, 16);
+  BOOST_TEST(m.capacity_tokens() == 96);
+  BOOST_TEST(m.blocks_for(33) == 3);
+  auto a = m.allocate(2);
+  BOOST_REQUIRE(a);
+  BOOST_TEST((*a == std::vector<int32_t>{0, 1}));
+  auto b = m.allocate(3);
+  BOOST_TEST((*b == std::vector<int32_t>{2, 3, 4}));
+  BOOST_TEST(!m.allocate(2));
+  BOOST_TEST(m.free_blocks() == 1);
+  m.release(*a);
+  auto c = m.allocate(3);
+  BOOST_TEST((*c == std::vector<int32_t>{0, 1, 5}));
+}
+
+BOOST_AUTO_TEST_SUITE_END()

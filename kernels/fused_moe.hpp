@@ -14,7 +14,7 @@
 // on one stream, with no host synchronization (CUDA-graph capturable):
 //   1. moe_topk     warp per token: softmax, top-k, renormalize          -> ids, weights [T, k]
 //   2. moe_align    one CTA: flat ids t*k+s grouped by expert, each expert's run padded to the
-//                   GEMM's m block (16 * m_blocks rows), one expert id per block
+//                   GEMM's m block (block_rows rows), one expert id per block
 //   3. w13 GEMM     the W4A16 core over (m block x 256-column tile x k stage) stream-K units; a
 //                   CTA tile holds 128 gate + the matching 128 up columns, so the epilogue
 //                   computes h directly                                   -> h [T*k, I] bf16
@@ -55,7 +55,7 @@ kernel_status moe_topk_launch(const moe_topk_args& args, cudaStream_t stream);
 struct moe_align_args {
   int64_t num_ids = 0;               // tokens * top_k
   int64_t experts = 0;
-  int32_t block = 16;                // rows per GEMM m block (16 * m_blocks)
+  int32_t block = 16;                // rows per GEMM m block (a multiple of 8)
   const int32_t* topk_ids = nullptr; // [num_ids] expert of flat id i = token * top_k + slot
   int32_t* sorted_ids = nullptr;     // [moe_align_capacity] flat ids grouped by expert (ascending
                                      // expert), each run padded with num_ids to a multiple of block
@@ -97,9 +97,9 @@ struct fused_moe_args {
   // counters among them, then sit at the same offsets).
   int64_t max_tokens = 0;
 
-  // Test and tuning hooks (0 = automatic): m16 blocks per GEMM m block (1..4; automatic picks the
-  // smallest with tokens-per-expert / rows < 0.9), and a cap on the persistent GEMM grid.
-  int32_t m_blocks = 0;
+  // Test and tuning hooks (0 = automatic): rows per GEMM m block (8, 16, 32, 48, 64; automatic
+  // picks the smallest with tokens-per-expert / rows < 0.9), and a cap on the persistent GEMM grid.
+  int32_t block_rows = 0;
   int32_t max_ctas = 0;
 };
 

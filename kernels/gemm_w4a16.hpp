@@ -55,11 +55,12 @@ struct gemm_w4a16_args {
 
   // Test and tuning hooks (0 = automatic). max_ctas caps the persistent grid, which moves the
   // stream-K split points: 1 runs everything serially in one CTA, a large value splits every
-  // tile's k range across several CTAs. m_blocks picks the kernel variant (m16 blocks per CTA,
-  // 1..4; 4 needs sm_90's shared memory) instead of the one chosen from m. The workspace layout
-  // does not depend on either, so one workspace serves every value.
+  // tile's k range across several CTAs. block_rows picks the kernel variant by rows per CTA
+  // tile (8 or 16: swap-AB kernel; 32, 48 or 64: Marlin-orientation kernel, 64 needs sm_90's
+  // shared memory) instead of the one chosen from m. The workspace layout does not depend on
+  // either, so one workspace serves every value.
   int32_t max_ctas = 0;
-  int32_t m_blocks = 0;
+  int32_t block_rows = 0;
 };
 
 // ok, or invalid_problem (shape, group size, null pointer) / misaligned_operand (a pointer not

@@ -8,7 +8,7 @@
 // throughput. Bytes: INT4 weights + bf16 scales + zero points + activations + outputs; for the
 // MoE, the experts each call actually touches (counted from its routing on the host).
 //
-// Usage: kernels_bench [--md FILE] [--iters N] [--quick] [--only gemm|moe|quant] [--ms 1,16]
+// Usage: kernels_bench [--md FILE] [--iters N] [--quick] [--only gemm|moe|quant] [--ms 1,16] [--ts 1,16]
 //                      [--ctas 132,264]   (GEMM grid caps to compare, m = first of --ms)
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -424,7 +424,7 @@ void bench_quantize(const int4_shape& s, int4_recipe recipe, double copy_bw, tab
 int main(int argc, char** argv) {
   std::string md, only;
   bool quick = false;
-  std::vector<int64_t> ms_opt;
+  std::vector<int64_t> ms_opt, ts_opt;
   std::vector<int> ctas;
   auto list = [](const char* s) {
     std::vector<int64_t> v;
@@ -448,6 +448,8 @@ int main(int argc, char** argv) {
       only = argv[++i];
     else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc)
       ms_opt = list(argv[++i]);
+    else if (!std::strcmp(argv[i], "--ts") && i + 1 < argc)
+      ts_opt = list(argv[++i]);
     else if (!std::strcmp(argv[i], "--ctas") && i + 1 < argc)
       for (int64_t c : list(argv[++i]))
         ctas.push_back(static_cast<int>(c));
@@ -482,7 +484,8 @@ int main(int argc, char** argv) {
           {"T", "experts touched", "MB", "eager", "p10 / p90", "graph / call", "TB/s eager", "% copy", "TB/s graph",
            "% copy (graph)"}};
   if (only.empty() || only == "moe")
-    bench_moe(quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 16, 64, 256}, copy_bw, m);
+    bench_moe(!ts_opt.empty() ? ts_opt : quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 16, 64, 256},
+              copy_bw, m);
 
   table q{"Quantize + pack + repack to the serving layout (int4_quantize_serving_launch); times in us",
           {"shape (E x n x k)", "recipe", "time", "TB/s bf16 in", "TB/s traffic", "% copy"}};

@@ -71,7 +71,7 @@ int64_t moe_align_capacity(int64_t num_ids, int64_t experts, int32_t block) {
 }
 
 kernel_status moe_align_can_implement(const moe_align_args& a) {
-  if (a.num_ids < 0 || a.experts < 1 || a.experts > 1024 || a.block < 1 || a.block % 16 != 0 ||
+  if (a.num_ids < 0 || a.experts < 1 || a.experts > 1024 || a.block < 1 || a.block % 8 != 0 ||
       a.num_ids >= (int64_t{1} << 30))
     return kernel_status::invalid_problem;
   if (a.topk_ids == nullptr || a.sorted_ids == nullptr || a.block_expert == nullptr || a.num_padded == nullptr)
@@ -110,7 +110,9 @@ kernel_status moe_align_ref(const moe_align_args& a) {
 kernel_status fused_moe_can_implement(const fused_moe_args& a) {
   if (a.tokens < 0 || a.hidden <= 0 || a.intermediate <= 0 || a.experts < 1 || a.experts > k_max_experts ||
       a.top_k < 1 || a.top_k > k_max_top_k || a.top_k > a.experts || a.max_tokens < 0 ||
-      (a.max_tokens > 0 && a.tokens > a.max_tokens) || a.m_blocks < 0 || a.m_blocks > 4 || a.max_ctas < 0)
+      (a.max_tokens > 0 && a.tokens > a.max_tokens) || (a.block_rows != 0 && a.block_rows != 8 && a.block_rows != 16 && a.block_rows != 32 &&
+       a.block_rows != 48 && a.block_rows != 64) ||
+      a.max_ctas < 0)
     return kernel_status::invalid_problem;
   if (!int4_group_size_supported(a.group_size))
     return kernel_status::invalid_problem;

@@ -82,7 +82,9 @@ kernel_status gemm_w4a16_can_implement(const gemm_w4a16_args& a) {
   if (!aligned16(a.a) || !aligned16(a.b) || !aligned16(a.scale) || !aligned16(a.c) ||
       (a.has_zero_point && !aligned16(a.zero_point)) || lda % 8 != 0 || ldc % 8 != 0)
     return kernel_status::misaligned_operand;
-  if (a.m_blocks < 0 || a.m_blocks > 4 || a.max_ctas < 0)
+  if ((a.block_rows != 0 && a.block_rows != 8 && a.block_rows != 16 && a.block_rows != 32 && a.block_rows != 48 &&
+       a.block_rows != 64) ||
+      a.max_ctas < 0)
     return kernel_status::invalid_problem;
   return kernel_status::ok;
 }

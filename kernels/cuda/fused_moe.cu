@@ -206,8 +206,8 @@ moe_combine_kernel(const float* __restrict__ y,       // [T*k, H]
 // Regions, each 256-byte aligned, sized for the token capacity and for the largest m block, so
 // no offset depends on the tokens or the variant of one launch:
 //   topk ids, topk weights [cap*k] | sorted ids [align capacity at block 64] | block experts
-//   [align capacity at block 16 / 16] | num_padded | h [cap*k, I] bf16 | y [cap*k, H] FP32 |
-//   GEMM partials (any variant) | GEMM tile counters (16-row blocks, the larger GEMM)
+//   [align capacity at block 8 / 8] | num_padded | h [cap*k, I] bf16 | y [cap*k, H] FP32 |
+//   GEMM partials (any variant) | GEMM tile counters (8-row blocks, the larger GEMM)
 struct moe_layout {
   std::size_t ids = 0, weights = 0, sorted = 0, block_expert = 0, num_padded = 0, h = 0, y = 0;
   std::size_t partials = 0, counters = 0, total = 0;
@@ -229,7 +229,7 @@ moe_layout layout_of(const fused_moe_args& a) {
   l.ids = take(ids * sizeof(int32_t));
   l.weights = take(ids * sizeof(float));
   l.sorted = take(moe_align_capacity(ids, a.experts, k_max_block) * sizeof(int32_t));
-  const int64_t max_blocks = moe_align_capacity(ids, a.experts, 16) / 16;
+  const int64_t max_blocks = moe_align_capacity(ids, a.experts, 8) / 8;
   l.block_expert = take(max_blocks * sizeof(int32_t));
   l.num_padded = take(sizeof(int32_t));
   l.h = take(ids * a.intermediate * sizeof(uint16_t));
@@ -244,16 +244,17 @@ moe_layout layout_of(const fused_moe_args& a) {
   return l;
 }
 
-// m16 blocks per m block: the smallest whose rows the average expert fills to < 90% (vLLM's
-// rule), so decode pads little and prefill gets large blocks.
-int moe_m_blocks(const fused_moe_args& a) {
-  if (a.m_blocks >= 1 && a.m_blocks <= 4)
-    return a.m_blocks;
+// Rows per m block: the smallest whose rows the average expert fills to < 90% (vLLM's rule), so
+// decode pads little (8-row swap-AB blocks up to ~115 tokens at E 128, top-8) and prefill gets
+// large blocks.
+int moe_block_rows(const fused_moe_args& a) {
+  if (w4a16::block_rows_valid(a.block_rows))
+    return a.block_rows;
   const double per_expert = static_cast<double>(a.tokens) * a.top_k / static_cast<double>(a.experts);
-  for (int mb = 1; mb < 4; ++mb)
-    if (per_expert / (16.0 * mb) < 0.9)
-      return mb;
-  return 4;
+  for (int rows : {8, 16, 32, 48})
+    if (per_expert / rows < 0.9)
+      return rows;
+  return w4a16::block_rows_for(64);
 }
 
 } // namespace
@@ -312,7 +313,7 @@ fused_moe_workspace_view fused_moe_workspace_parts(const fused_moe_args& a, void
   v.num_padded = reinterpret_cast<int32_t*>(base + l.num_padded);
   v.h = reinterpret_cast<uint16_t*>(base + l.h);
   v.y = reinterpret_cast<float*>(base + l.y);
-  v.block = 16 * moe_m_blocks(a);
+  v.block = moe_block_rows(a);
   return v;
 }
 
@@ -328,8 +329,8 @@ kernel_status fused_moe_launch(const fused_moe_args& a, void* workspace, cudaStr
   auto* base = static_cast<unsigned char*>(workspace);
   auto* counters = reinterpret_cast<int*>(base + l.counters);
   auto* partials = reinterpret_cast<float*>(base + l.partials);
-  const int mb = moe_m_blocks(a);
-  const int32_t block = 16 * mb;
+  const int mb = moe_block_rows(a);
+  const int32_t block = mb;
   const int64_t T = a.tokens, H = a.hidden, I = a.intermediate, K = a.top_k;
   const int64_t num_ids = T * K;
   const int64_t groups13 = a.group_size == k_int4_channel ? 1 : H / a.group_size;

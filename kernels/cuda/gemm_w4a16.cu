@@ -67,15 +67,25 @@ constexpr int k_max_stage_groups = k_stage_k / 32;  // scale rows per stage at G
 constexpr int k_b_per_thread = k_kb * k_sub * 32 / k_threads; // 16-byte weight copies per stage
 static_assert(k_sub == 4 && k_kw == 2 && k_a_chunks == 16 && k_b_per_thread == 4, "index math below");
 
-template <int MB> // m16 blocks per CTA (1..4)
+// Rows per m block: 8 and 16 run the swap-AB path (weights on the mma M dimension, 1 or 2 n8
+// token tiles), 32 / 48 / 64 the Marlin orientation with 2..4 m16 blocks.
+template <int ROWS>
 struct cfg {
-  static constexpr int rows = 16 * MB;
-  // 16 KB of weights per stage. MB = 1 runs 2 CTAs/SM (128 registers, no spills) with 4 stages:
-  // 2 x 3 x 16 KB = 96 KB of weights in flight per SM (Little's law at ~4 TB/s and ~1 us of
-  // loaded latency asks for >= 32 KB, w4a16-kernels.md §1). MB >= 2 need 150-250 registers, so
-  // they run 1 CTA/SM with the deepest pipeline that fits: 3 / 2 / 2 stages in flight.
-  static constexpr int stages = MB <= 2 ? 4 : 3;
-  static constexpr int min_blocks = MB == 1 ? 2 : 1;
+  static constexpr int rows = ROWS;
+  static constexpr bool swap = ROWS <= 16;
+  static constexpr int nt = ROWS / 8;                  // swap: n8 token tiles
+  static constexpr int mb = swap ? 1 : ROWS / 16;      // Marlin: m16 blocks
+  static constexpr int a_iters = (ROWS + 15) / 16;     // A copy rounds (16 rows of 16 chunks each)
+  // Accumulators per thread: swap [4 m16 weight blocks][nt][4], Marlin [mb][8 n8 tiles][4].
+  static constexpr int acc0 = swap ? 4 : mb;
+  static constexpr int acc1 = swap ? nt : 8;
+  // 16 KB of weights per stage. 8 rows run 2 CTAs/SM (128 registers) with 4 stages: 2 x 3 x 16 KB
+  // = 96 KB of weights in flight per SM (Little's law at ~4 TB/s and ~1 us of loaded latency asks
+  // for >= 32 KB, w4a16-kernels.md §1). 16 rows spill under the 128-register cap of 2 CTAs/SM, so
+  // they run 1 CTA/SM with 6 stages (80 KB in flight). The Marlin variants need 150-250
+  // registers: 1 CTA/SM with the deepest pipeline that fits, 3 / 2 / 2 stages in flight.
+  static constexpr int stages = ROWS == 16 ? 6 : (ROWS <= 32 ? 4 : 3);
+  static constexpr int min_blocks = ROWS == 8 ? 2 : 1;
   static constexpr int b_words = k_kb * k_sub * k_serving_tile_words; // 4096 words = 16 KB
   static constexpr int a_halves = rows * k_stage_k;
   static constexpr int s_halves = k_max_stage_groups * k_tile_n;
@@ -90,9 +100,9 @@ struct cfg {
   static constexpr int red_bytes = rows * red_stride * 4;
   static constexpr int flag_off = red_off + red_bytes;
   static constexpr int smem_bytes = flag_off + 16;
-  // MB <= 3 fit sm_80's 163 KB of opt-in shared memory; MB = 4 (168.5 KB) needs sm_90's 227 KB,
-  // and devices with less run m > 48 with MB = 3 (variant_for below).
-  static_assert(MB == 4 || smem_bytes <= 163 * 1024, "fits the opt-in shared memory of sm_80");
+  // <= 48 rows fit sm_80's 163 KB of opt-in shared memory; 64 rows (168.5 KB) needs sm_90's
+  // 227 KB, and devices with less run m > 48 with 48-row blocks (block_rows_for below).
+  static_assert(ROWS == 64 || smem_bytes <= 163 * 1024, "fits the opt-in shared memory of sm_80");
   static_assert(smem_bytes <= 227 * 1024, "fits the opt-in shared memory of sm_90");
   static_assert(stage_bytes % 16 == 0 && red_off % 16 == 0, "16-byte aligned smem regions");
 };
@@ -263,21 +273,21 @@ __device__ __forceinline__ int32_t block_weights(const problem& p, const shape_i
 // Per-thread sources of the tile being loaded, set once per tile (set_tile): every thread copies
 // the same chunk positions in every stage, so a stage only adds its k offset.
 //   B      4 chunks of sub-tile (tid / 32) % 4, word (tid % 32) * 4, k16 rows tid / 128 + 2 it
-//   A      chunk tid % 16 of rows tid / 16 + 16 it (it < MB)
+//   A      chunk tid % 16 of rows tid / 16 + 16 it (rows < ROWS)
 //   scale  chunk tid % 8 of sub-tile (tid / 8) % 4, group row tid / 32       (tid < 32 * groups)
 //   zp     chunk tid % 2 of sub-tile (tid / 2) % 4, group row tid / 8         (tid < 8 * groups)
-template <int MB>
+template <int ROWS>
 struct load_ctx {
   const int32_t* b;    // null: sub-tile past n
   const uint16_t* s;
   const int32_t* z;
-  const uint16_t* a[MB]; // null: padding row (zero-filled)
+  const uint16_t* a[cfg<ROWS>::a_iters]; // null: padding row (zero-filled)
 };
 
-template <int MB>
+template <int ROWS>
 __device__ __forceinline__ void set_tile(const problem& p, const shape_info& s, const cursor& cu,
-                                         load_ctx<MB>& ctx) {
-  using C = cfg<MB>;
+                                         load_ctx<ROWS>& ctx) {
+  using C = cfg<ROWS>;
   const int tid = threadIdx.x;
   const int64_t e = block_weights(p, s, cu.mb);
   int32_t col = sub_tile(p, s, cu.nt, (tid >> 5) & 3);
@@ -287,10 +297,12 @@ __device__ __forceinline__ void set_tile(const problem& p, const shape_info& s, 
   col = sub_tile(p, s, cu.nt, (tid >> 1) & 3);
   ctx.z = col >= 0 && p.has_zero_point ? p.zero_point + e * p.zp_batch_stride + col * 8 + (tid & 1) * 4 : nullptr;
 #pragma unroll
-  for (int it = 0; it < MB; ++it) {
+  for (int it = 0; it < C::a_iters; ++it) {
     const int r = (tid >> 4) + 16 * it;
     const uint16_t* src = nullptr;
-    if (p.moe) {
+    if (r >= C::rows) {
+      // 8-row blocks: threads 128.. copy no A rows
+    } else if (p.moe) {
       const int32_t id = p.sorted_ids[cu.mb * C::rows + r];
       if (id < p.num_ids)
         src = p.a + static_cast<int64_t>(id / p.a_row_div) * p.lda;
@@ -303,10 +315,10 @@ __device__ __forceinline__ void set_tile(const problem& p, const shape_info& s, 
   }
 }
 
-template <int MB>
+template <int ROWS>
 __device__ __forceinline__ void load_stage(const problem& p, const shape_info& s, unsigned char* st,
-                                           const load_ctx<MB>& ctx, int32_t kk, int a_rows_loaded) {
-  using C = cfg<MB>;
+                                           const load_ctx<ROWS>& ctx, int32_t kk, int a_rows_loaded) {
+  using C = cfg<ROWS>;
   const int tid = threadIdx.x;
   // B: serving-tile row kt = 8 kk + tid / 128 + 2 it; rows past k / 16 (last stage) zero-fill.
 #pragma unroll
@@ -319,9 +331,9 @@ __device__ __forceinline__ void load_stage(const problem& p, const shape_info& s
   const int32_t k0 = kk * k_stage_k;
   const bool k_ok = k0 + (tid & 15) * 8 < p.k;
 #pragma unroll
-  for (int it = 0; it < MB; ++it) {
+  for (int it = 0; it < C::a_iters; ++it) {
     const int r = (tid >> 4) + 16 * it;
-    if (r < a_rows_loaded) {
+    if (r < a_rows_loaded) { // a_rows_loaded <= rows
       const bool ok = ctx.a[it] != nullptr && k_ok;
       cp_async16(st + C::a_off + (r * k_stage_k + (((tid & 15) ^ (r & 7)) * 8)) * 2, ok ? ctx.a[it] + k0 : p.a, ok);
     }
@@ -383,10 +395,11 @@ __device__ __forceinline__ void load_group(const problem& p, const uint16_t* sro
 
 // One stage of one warp: sub-tile wn, k16 rows 4 kw .. 4 kw + 3 (64 consecutive k: one group for
 // G >= 64, two for G = 32).
-template <int MB>
-__device__ __forceinline__ void compute_stage(const problem& p, const shape_info& s, const unsigned char* st,
-                                              int lane, int wn, int kw, float (&acc)[MB][8][4]) {
-  using C = cfg<MB>;
+template <int ROWS>
+__device__ __forceinline__ void compute_stage_marlin(const problem& p, const shape_info& s, const unsigned char* st,
+                                                     int lane, int wn, int kw, float (&acc)[cfg<ROWS>::mb][8][4]) {
+  using C = cfg<ROWS>;
+  constexpr int MB = C::mb;
   const uint32_t* bs = reinterpret_cast<const uint32_t*>(st + C::b_off);
   const uint16_t* as = reinterpret_cast<const uint16_t*>(st + C::a_off);
   const uint16_t* ss = reinterpret_cast<const uint16_t*>(st + C::s_off);
@@ -418,6 +431,141 @@ __device__ __forceinline__ void compute_stage(const problem& p, const shape_info
   }
 }
 
+// ---- swap-AB path (8 / 16 rows) ---------------------------------------------------------------------
+//
+// With at most 16 tokens the Marlin orientation wastes most of each m16 tile and spends ~17
+// instructions per 8 weights, mostly on dequantization (docs/performance.md). Here the weights
+// are the mma A operand (16 output columns x 16 k: exactly one serving word per lane, its two
+// middle bf16x2 registers exchanged) and the tokens the n8 B operand, so one mma covers 256
+// weights instead of 128. The mma is fed the exact integers 128 + q straight from the lop3 (no
+// subtract, no scale per weight): per group chunk an FP32 accumulator gathers
+// G[c, t] = sum_k (128 + q[k, c]) a[t, k], and one extra mma with an all-ones A gathers
+// S[t] = sum_k a[t, k]; then, once per chunk,
+//   acc[c, t] += scale[c] * (G[c, t] - (128 + z[c]) * S[t])     (= sum_k (q - z) * scale * a)
+// 4 LOP3 + 3 SHF + 1 HMMA per 8 weights, plus the fixup (2 FFMA per accumulator per chunk).
+// Numerics: the weight (q - z) * scale is not rounded to bf16 first, so results differ from the
+// bf16-dequantized reference by ~2^-9 relative per weight, averaging out over k (the tests' bound
+// is 1e-2 relative; measured in docs/performance.md). The 128 offset costs ~5 bits of the FP32
+// accumulator (|128 S| vs |sum (q - z) a|), far below the bf16 output rounding.
+
+constexpr uint32_t k_f32_neg_128 = 0xc3000000u; // -128.0f: -(128 + z) = bits | z << 16, z < 16
+
+// Scales (FP32) and -(128 + z) (FP32) of the lane's 8 columns for one group: index 2j + h is
+// column 16j + (lane / 4) + 8h, the rows g / g+8 of the lane's accumulators of m16 block j.
+__device__ __forceinline__ void load_group_f32(const problem& p, const uint16_t* srow, const uint32_t* zrow,
+                                               int lane, float (&sc)[8], float (&nz)[8]) {
+  const int c = lane >> 2;
+  if (p.groups > 1) {
+    // Grouped permutation: position 8c + t holds column c + 8t; word i holds t = 2i (low half)
+    // and 2i + 1 (high half).
+    const uint4 v = *reinterpret_cast<const uint4*>(srow + 8 * c);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sc[2 * i] = __uint_as_float(w[i] << 16);
+      sc[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+      sc[t] = __uint_as_float(static_cast<uint32_t>(srow[serving_scale_position(8 * t + c, true)]) << 16);
+  }
+  if (p.has_zero_point) {
+    // Interleaved like a weight word: slot i holds column c + 16i, slot i + 4 column c + 16i + 8.
+    const uint32_t zw = zrow[c];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      nz[2 * i] = __uint_as_float(((zw << (16 - 4 * i)) & 0x000f0000u) | k_f32_neg_128);
+      nz[2 * i + 1] = __uint_as_float(((zw >> (4 * i)) & 0x000f0000u) | k_f32_neg_128);
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+      nz[t] = -136.0f; // symmetric: z = 8
+  }
+}
+
+// One stage of one warp: sub-tile wn (64 columns = 4 m16 weight blocks), k16 rows 4 kw .. +3.
+// acc[j][t][e]: column 64 wn + 16 j + g + 8 (e / 2), token 8 t + 2 q + (e % 2).
+template <int ROWS>
+__device__ __forceinline__ void compute_stage_swap(const problem& p, const shape_info& s, const unsigned char* st,
+                                                   int lane, int wn, int kw, float (&acc)[4][cfg<ROWS>::nt][4]) {
+  using C = cfg<ROWS>;
+  constexpr int NT = C::nt;
+  const uint32_t* bs = reinterpret_cast<const uint32_t*>(st + C::b_off);
+  const uint16_t* as = reinterpret_cast<const uint16_t*>(st + C::a_off);
+  const uint16_t* ss = reinterpret_cast<const uint16_t*>(st + C::s_off);
+  const uint32_t* zs = reinterpret_cast<const uint32_t*>(st + C::z_off);
+  const uint32_t ones[4] = {k_bf16x2_one, k_bf16x2_one, k_bf16x2_one, k_bf16x2_one};
+  float gacc[4][NT][4];
+  float asum[NT][4];
+  uint32_t bf[NT][4];
+  // G = 32: a chunk is 2 k16 rows (one group), else the warp's 4 rows lie in one group.
+  const bool two_chunks = p.glen == 32;
+#pragma unroll
+  for (int jj = 0; jj < k_per_warp; ++jj) {
+    const int kb = kw * k_per_warp + jj;
+    const bool chunk_start = jj == 0 || (jj == 2 && two_chunks);
+    if (chunk_start) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            gacc[j][t][e] = 0.0f;
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          asum[t][e] = 0.0f;
+    }
+    if ((jj & 1) == 0) {
+      // Token fragments of k16 rows kb and kb + 1: matrix i = lane / 8 is k chunk 2 kb + i of
+      // tokens 8t .. 8t+7 (row lane % 8), so registers 0, 1 are B of row kb and 2, 3 of kb + 1.
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int row = 8 * t + (lane & 7);
+        ldmatrix_x4(bf[t], as + row * k_stage_k + (((2 * kb + (lane >> 3)) ^ (row & 7)) * 8));
+      }
+    }
+    const int h = (jj & 1) * 2;
+    const uint4 bw = *reinterpret_cast<const uint4*>(bs + (kb * k_sub + wn) * k_serving_tile_words + lane * 4);
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+      mma_bf16(asum[t], ones, bf[t][h], bf[t][h + 1]);
+    const uint32_t words[4] = {bw.x, bw.y, bw.z, bw.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t w = words[j];
+      // A fragment: a0 = (row g, k 2q..) slots 0,4; a1 = (row g+8, k 2q..) slots 2,6;
+      // a2 = (row g, k 2q+8..) slots 1,5; a3 = (row g+8, k 2q+8..) slots 3,7.
+      const uint32_t a[4] = {lop3_and_or(w, k_nibble_pair_mask, k_bf16x2_128),
+                             lop3_and_or(w >> 8, k_nibble_pair_mask, k_bf16x2_128),
+                             lop3_and_or(w >> 4, k_nibble_pair_mask, k_bf16x2_128),
+                             lop3_and_or(w >> 12, k_nibble_pair_mask, k_bf16x2_128)};
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        mma_bf16(gacc[j][t], a, bf[t][h], bf[t][h + 1]);
+    }
+    const bool chunk_end = jj == k_per_warp - 1 || (jj == 1 && two_chunks);
+    if (chunk_end) {
+      const int gl = s.stage_groups > 1 ? (kb * 16) >> s.glen_log2 : 0;
+      float sc[8], nz[8];
+      load_group_f32(p, ss + gl * k_tile_n + wn * 64, zs + gl * (k_tile_n / 8) + wn * 8, lane, sc, nz);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int ci = 2 * j + (e >> 1);
+            acc[j][t][e] = fmaf(sc[ci], fmaf(nz[ci], asum[t][e & 1], gacc[j][t][e]), acc[j][t][e]);
+          }
+    }
+  }
+}
+
 // Output row of tile row r: dense the element offset of the row in C, moe the flat id (its row),
 // or -1 if none.
 __device__ __forceinline__ int64_t out_row(const problem& p, const shape_info& s, int32_t mb, int r, int rows) {
@@ -430,10 +578,10 @@ __device__ __forceinline__ int64_t out_row(const problem& p, const shape_info& s
 }
 
 // Writes the finished FP32 tile (shared memory, `nrows` valid rows) through the epilogue.
-template <int MB>
+template <int ROWS>
 __device__ void epilogue_store(const problem& p, const shape_info& s, const float* red, int32_t nt, int32_t mb,
                                int nrows) {
-  using C = cfg<MB>;
+  using C = cfg<ROWS>;
   const int tid = threadIdx.x;
   if (p.ep == epilogue::store_bf16) {
     for (int idx = tid; idx < nrows * (k_tile_n / 8); idx += k_threads) {
@@ -486,13 +634,13 @@ __device__ void epilogue_store(const problem& p, const shape_info& s, const floa
   }
 }
 
-template <int MB>
-__global__ void __launch_bounds__(k_threads, cfg<MB>::min_blocks)
+template <int ROWS>
+__global__ void __launch_bounds__(k_threads, cfg<ROWS>::min_blocks)
 w4a16_kernel(const problem p,
              int* __restrict__ counters,   // [tiles] zero between launches
-             float* __restrict__ partials) // [grid, 2, 16*MB, 256] FP32 split-K partial tiles
+             float* __restrict__ partials) // [grid, 2, ROWS, 256] FP32 split-K partial tiles
 {
-  using C = cfg<MB>;
+  using C = cfg<ROWS>;
   extern __shared__ __align__(16) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem + C::red_off);
   int* flag = reinterpret_cast<int*>(smem + C::flag_off);
@@ -529,24 +677,24 @@ w4a16_kernel(const problem p,
   }
 
   cursor load_at = cursor_at(u0, s), comp_at = load_at;
-  load_ctx<MB> ctx;
-  set_tile<MB>(p, s, load_at, ctx);
+  load_ctx<ROWS> ctx;
+  set_tile<ROWS>(p, s, load_at, ctx);
 #pragma unroll 1
   for (int st = 0; st < C::stages - 1; ++st) {
     if (u0 + st < u1) {
       if (load_at.kk == 0 && st > 0)
-        set_tile<MB>(p, s, load_at, ctx);
-      load_stage<MB>(p, s, smem + st * C::stage_bytes, ctx, load_at.kk, a_rows_loaded);
+        set_tile<ROWS>(p, s, load_at, ctx);
+      load_stage<ROWS>(p, s, smem + st * C::stage_bytes, ctx, load_at.kk, a_rows_loaded);
       advance(load_at, s);
     }
     cp_async_commit();
   }
 
-  float acc[MB][8][4];
+  float acc[C::acc0][C::acc1][4];
 #pragma unroll
-  for (int m = 0; m < MB; ++m)
+  for (int m = 0; m < C::acc0; ++m)
 #pragma unroll
-    for (int t = 0; t < 8; ++t)
+    for (int t = 0; t < C::acc1; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         acc[m][t][e] = 0.0f;
@@ -558,14 +706,17 @@ w4a16_kernel(const problem p,
     __syncthreads();
     if (u + C::stages - 1 < u1) {
       if (load_at.kk == 0)
-        set_tile<MB>(p, s, load_at, ctx);
-      load_stage<MB>(p, s, smem + write_stage * C::stage_bytes, ctx, load_at.kk, a_rows_loaded);
+        set_tile<ROWS>(p, s, load_at, ctx);
+      load_stage<ROWS>(p, s, smem + write_stage * C::stage_bytes, ctx, load_at.kk, a_rows_loaded);
       advance(load_at, s);
     }
     cp_async_commit();
     write_stage = write_stage + 1 == C::stages ? 0 : write_stage + 1;
 
-    compute_stage<MB>(p, s, smem + read_stage * C::stage_bytes, lane, wn, kw, acc);
+    if constexpr (C::swap)
+      compute_stage_swap<ROWS>(p, s, smem + read_stage * C::stage_bytes, lane, wn, kw, acc);
+    else
+      compute_stage_marlin<ROWS>(p, s, smem + read_stage * C::stage_bytes, lane, wn, kw, acc);
     read_stage = read_stage + 1 == C::stages ? 0 : read_stage + 1;
 
     const cursor here = comp_at;
@@ -582,8 +733,20 @@ w4a16_kernel(const problem p,
 #pragma unroll 1
     for (int r = 0; r < k_kw; ++r) {
       if (kw == r) {
+       if constexpr (C::swap) {
+        // acc[j][t][e]: column wn*64 + 16j + g + 8(e/2), token 8t + 2q + (e%2).
 #pragma unroll
-        for (int m = 0; m < MB; ++m)
+        for (int j = 0; j < C::acc0; ++j)
+#pragma unroll
+          for (int tt = 0; tt < C::acc1; ++tt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float* d = red + (8 * tt + 2 * q + (e & 1)) * C::red_stride + wn * 64 + 16 * j + g + 8 * (e >> 1);
+              *d = r == 0 ? acc[j][tt][e] : *d + acc[j][tt][e];
+            }
+       } else {
+#pragma unroll
+        for (int m = 0; m < C::acc0; ++m)
 #pragma unroll
           for (int j = 0; j < 8; ++j) {
             float2* lo = reinterpret_cast<float2*>(red + (m * 16 + g) * C::red_stride + wn * 64 + j * 8 + 2 * q);
@@ -597,13 +760,14 @@ w4a16_kernel(const problem p,
               *hi = make_float2(b.x + acc[m][j][2], b.y + acc[m][j][3]);
             }
           }
+       }
       }
       __syncthreads();
     }
 #pragma unroll
-    for (int m = 0; m < MB; ++m)
+    for (int m = 0; m < C::acc0; ++m)
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < C::acc1; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           acc[m][j][e] = 0.0f;
@@ -647,7 +811,7 @@ w4a16_kernel(const problem p,
       // Sum the partials in CTA order; loads go out k_batch at a time (one L2 round trip per
       // batch instead of one per contributor), the adds stay in order. (4 at a time pushed the
       // 1-block variant over its 128-register cap and spilled in the main loop.)
-      constexpr int k_batch = MB == 1 ? 2 : 4;
+      constexpr int k_batch = C::swap ? 2 : 4;
       for (int idx = tid; idx < nrows * (k_tile_n / 4); idx += k_threads) {
         const int r = idx / (k_tile_n / 4), c4 = idx % (k_tile_n / 4);
         float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -673,7 +837,7 @@ w4a16_kernel(const problem p,
     }
 
     // 3. Epilogue.
-    epilogue_store<MB>(p, s, red, nt, mb, nrows);
+    epilogue_store<ROWS>(p, s, red, nt, mb, nrows);
     __syncthreads();
   }
   cp_async_wait<0>();
@@ -689,14 +853,26 @@ struct variant_cache {
 };
 
 std::mutex g_cache_mutex;
-variant_cache g_cache[k_max_devices][4];
+constexpr int k_variants = 5; // 8, 16, 32, 48, 64 rows
+variant_cache g_cache[k_max_devices][k_variants];
 
-template <int MB>
+int variant_index(int block_rows) {
+  switch (block_rows) {
+    case 8: return 0;
+    case 16: return 1;
+    case 32: return 2;
+    case 48: return 3;
+    case 64: return 4;
+    default: return -1;
+  }
+}
+
+template <int ROWS>
 kernel_status prepare_variant(int device, int* grid) {
-  using C = cfg<MB>;
-  RLSERVE_CUDA_TRY(cudaFuncSetAttribute(w4a16_kernel<MB>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem_bytes));
+  using C = cfg<ROWS>;
+  RLSERVE_CUDA_TRY(cudaFuncSetAttribute(w4a16_kernel<ROWS>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::smem_bytes));
   int per_sm = 0, sms = 0;
-  RLSERVE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, w4a16_kernel<MB>, k_threads, C::smem_bytes));
+  RLSERVE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, w4a16_kernel<ROWS>, k_threads, C::smem_bytes));
   RLSERVE_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   if (per_sm < 1)
     return kernel_status::not_supported;
@@ -704,20 +880,22 @@ kernel_status prepare_variant(int device, int* grid) {
   return kernel_status::ok;
 }
 
-kernel_status variant_grid(int m_blocks, int* grid) {
+kernel_status variant_grid(int block_rows, int* grid) {
   int device = 0;
   RLSERVE_CUDA_TRY(cudaGetDevice(&device));
-  if (device < 0 || device >= k_max_devices || m_blocks < 1 || m_blocks > 4)
+  const int v = variant_index(block_rows);
+  if (device < 0 || device >= k_max_devices || v < 0)
     return kernel_status::not_supported;
   std::lock_guard<std::mutex> lock(g_cache_mutex);
-  variant_cache& vc = g_cache[device][m_blocks - 1];
+  variant_cache& vc = g_cache[device][v];
   if (!vc.ready) {
     kernel_status st = kernel_status::ok;
-    switch (m_blocks) {
-      case 1: st = prepare_variant<1>(device, &vc.grid); break;
-      case 2: st = prepare_variant<2>(device, &vc.grid); break;
-      case 3: st = prepare_variant<3>(device, &vc.grid); break;
-      default: st = prepare_variant<4>(device, &vc.grid); break;
+    switch (block_rows) {
+      case 8: st = prepare_variant<8>(device, &vc.grid); break;
+      case 16: st = prepare_variant<16>(device, &vc.grid); break;
+      case 32: st = prepare_variant<32>(device, &vc.grid); break;
+      case 48: st = prepare_variant<48>(device, &vc.grid); break;
+      default: st = prepare_variant<64>(device, &vc.grid); break;
     }
     if (st != kernel_status::ok)
       return st;
@@ -727,34 +905,39 @@ kernel_status variant_grid(int m_blocks, int* grid) {
   return kernel_status::ok;
 }
 
-int smem_of(int m_blocks) {
-  switch (m_blocks) {
-    case 1: return cfg<1>::smem_bytes;
-    case 2: return cfg<2>::smem_bytes;
-    case 3: return cfg<3>::smem_bytes;
-    default: return cfg<4>::smem_bytes;
+int smem_of(int block_rows) {
+  switch (block_rows) {
+    case 8: return cfg<8>::smem_bytes;
+    case 16: return cfg<16>::smem_bytes;
+    case 32: return cfg<32>::smem_bytes;
+    case 48: return cfg<48>::smem_bytes;
+    default: return cfg<64>::smem_bytes;
   }
 }
 
 } // namespace
 
-int m_blocks_for(int64_t rows) {
+bool block_rows_valid(int block_rows) { return variant_index(block_rows) >= 0; }
+
+int block_rows_for(int64_t rows) {
+  if (rows <= 8)
+    return 8;
   if (rows <= 16)
-    return 1;
+    return 16;
   if (rows <= 32)
-    return 2;
+    return 32;
   if (rows <= 48)
-    return 3;
+    return 48;
   int device = 0, optin = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
-    return 3;
-  return optin >= cfg<4>::smem_bytes ? 4 : 3;
+    return 48;
+  return optin >= cfg<64>::smem_bytes ? 64 : 48;
 }
 
-int grid_for(int m_blocks, int max_ctas) {
+int grid_for(int block_rows, int max_ctas) {
   int grid = 0;
-  if (variant_grid(m_blocks, &grid) != kernel_status::ok)
+  if (variant_grid(block_rows, &grid) != kernel_status::ok)
     return 0;
   return max_ctas > 0 ? std::min(grid, max_ctas) : grid;
 }
@@ -767,8 +950,8 @@ std::size_t counter_bytes(int64_t max_tiles) {
 // behind this region sit at the same offset for every launch on this device.
 std::size_t partial_bytes() {
   std::size_t bytes = 0;
-  for (int mb = 1; mb <= 4; ++mb)
-    bytes = std::max(bytes, static_cast<std::size_t>(grid_for(mb, 0)) * 2 * 16 * mb * k_tile_n * sizeof(float));
+  for (int rows : {8, 16, 32, 48, 64})
+    bytes = std::max(bytes, static_cast<std::size_t>(grid_for(rows, 0)) * 2 * rows * k_tile_n * sizeof(float));
   return (bytes + 255) / 256 * 256;
 }
 
@@ -776,23 +959,24 @@ int64_t n_tiles_of(const problem& p) {
   return p.ep == epilogue::silu_mul_bf16 ? (p.up_tile_offset + 1) / 2 : (p.n / 64 + k_sub - 1) / k_sub;
 }
 
-int64_t tiles_of(const problem& p, int m_blocks) {
-  const int64_t rows = 16 * m_blocks;
+int64_t tiles_of(const problem& p, int block_rows) {
+  const int64_t rows = block_rows;
   const int64_t mblk = p.moe ? p.max_m_blocks : p.batch * ((p.m + rows - 1) / rows);
   return n_tiles_of(p) * mblk;
 }
 
-kernel_status run(const problem& p, int m_blocks, int grid, int* counters, float* partials, cudaStream_t stream) {
+kernel_status run(const problem& p, int block_rows, int grid, int* counters, float* partials, cudaStream_t stream) {
   if (grid < 1)
     return kernel_status::invalid_problem;
   if (counters == nullptr || partials == nullptr)
     return kernel_status::workspace_null;
-  const int smem = smem_of(m_blocks);
-  switch (m_blocks) {
-    case 1: w4a16_kernel<1><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
-    case 2: w4a16_kernel<2><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
-    case 3: w4a16_kernel<3><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
-    case 4: w4a16_kernel<4><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
+  const int smem = smem_of(block_rows);
+  switch (block_rows) {
+    case 8: w4a16_kernel<8><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
+    case 16: w4a16_kernel<16><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
+    case 32: w4a16_kernel<32><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
+    case 48: w4a16_kernel<48><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
+    case 64: w4a16_kernel<64><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
     default: return kernel_status::invalid_problem;
   }
   RLSERVE_CUDA_CHECK_LAUNCH();
@@ -835,18 +1019,18 @@ w4a16::problem dense_problem(const gemm_w4a16_args& a) {
   return p;
 }
 
-int dense_m_blocks(const gemm_w4a16_args& a) {
-  return a.m_blocks >= 1 && a.m_blocks <= 4 ? a.m_blocks : w4a16::m_blocks_for(a.m);
+int dense_block_rows(const gemm_w4a16_args& a) {
+  return w4a16::block_rows_valid(a.block_rows) ? a.block_rows : w4a16::block_rows_for(a.m);
 }
 
 } // namespace
 
-// Workspace: [FP32 partials for any variant][one counter per 16-row tile of args.m]; the layout
+// Workspace: [FP32 partials for any variant][one counter per 8-row tile of args.m]; the layout
 // does not depend on m, so one workspace serves every m up to the one it was sized for.
 std::size_t gemm_w4a16_workspace_bytes(const gemm_w4a16_args& a) {
   if (gemm_w4a16_can_implement(a) != kernel_status::ok || a.m == 0)
     return 0;
-  return w4a16::partial_bytes() + w4a16::counter_bytes(w4a16::tiles_of(dense_problem(a), 1));
+  return w4a16::partial_bytes() + w4a16::counter_bytes(w4a16::tiles_of(dense_problem(a), 8));
 }
 
 kernel_status gemm_w4a16_workspace_init(const gemm_w4a16_args& a, void* workspace, cudaStream_t stream) {
@@ -858,7 +1042,7 @@ kernel_status gemm_w4a16_workspace_init(const gemm_w4a16_args& a, void* workspac
     return kernel_status::workspace_null;
   const std::size_t off = w4a16::partial_bytes();
   RLSERVE_CUDA_TRY(cudaMemsetAsync(static_cast<unsigned char*>(workspace) + off, 0,
-                                   w4a16::counter_bytes(w4a16::tiles_of(dense_problem(a), 1)), stream));
+                                   w4a16::counter_bytes(w4a16::tiles_of(dense_problem(a), 8)), stream));
   return kernel_status::ok;
 }
 
@@ -870,7 +1054,7 @@ kernel_status gemm_w4a16_launch(const gemm_w4a16_args& a, void* workspace, cudaS
   if (workspace == nullptr)
     return kernel_status::workspace_null;
   const w4a16::problem p = dense_problem(a);
-  const int mb = dense_m_blocks(a);
+  const int mb = dense_block_rows(a);
   const int grid = w4a16::grid_for(mb, a.max_ctas);
   if (grid < 1)
     return kernel_status::cuda_error;

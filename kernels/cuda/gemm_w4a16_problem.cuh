@@ -3,7 +3,7 @@
 // fused_moe.cu) fill in. The kernel instantiations live in gemm_w4a16.cu only, so the MoE
 // translation unit does not compile them a second time.
 //
-// Rows are cut into "m blocks" of 16 * m_blocks rows:
+// Rows are cut into "m blocks" of block_rows rows (8, 16: swap-AB path; 32, 48, 64: Marlin path):
 //   dense: batch x ceil(m / rows) blocks; block b*per_batch + i holds rows [i*rows, ...) of
 //          problem b (A, B, scales, zero points and C all move by their batch strides);
 //   moe:   *num_padded / rows blocks of the expert-sorted token list; block i holds the ids
@@ -68,12 +68,13 @@ struct problem {
 constexpr int k_tile_n = 256; // output columns per CTA tile
 constexpr int k_stage_k = 128; // k per pipeline stage (one stream-K unit)
 
-// m16 blocks per CTA for m rows (1..4; 3 at most on devices without the shared memory of the
-// 4-block variant, i.e. before sm_90).
-int m_blocks_for(int64_t rows);
+// Rows per m block for m rows (8, 16, 32, 48 or 64; 48 at most on devices without the shared
+// memory of the 64-row variant, i.e. before sm_90), and whether a value names a variant.
+int block_rows_for(int64_t rows);
+bool block_rows_valid(int block_rows);
 // Grid of the persistent kernel for this variant on the current device (SMs x CTAs per SM),
 // capped by max_ctas when > 0; 0 when the device query failed.
-int grid_for(int m_blocks, int max_ctas);
+int grid_for(int block_rows, int max_ctas);
 // Bytes of FP32 partial tiles any variant needs with its full grid (two tiles per CTA), rounded
 // to 256. Workspaces put this region first and the tile counters after it, so the counters stay
 // at the same place whatever m (or T) and max_ctas a launch has.
@@ -81,9 +82,9 @@ std::size_t partial_bytes();
 std::size_t counter_bytes(int64_t max_tiles);
 // CTA tiles along n of the problem, and all its tiles (dense exact; moe for max_m_blocks).
 int64_t n_tiles_of(const problem& p);
-int64_t tiles_of(const problem& p, int m_blocks);
+int64_t tiles_of(const problem& p, int block_rows);
 // Launches the core kernel on `grid` CTAs (<= grid_for). counters: one int per tile, zero on
 // entry (left zero); partials: partial_bytes.
-kernel_status run(const problem& p, int m_blocks, int grid, int* counters, float* partials, cudaStream_t stream);
+kernel_status run(const problem& p, int block_rows, int grid, int* counters, float* partials, cudaStream_t stream);
 
 } // namespace rlserve::kernels::w4a16

@@ -65,7 +65,7 @@ problem_data make_problem(int64_t m, int64_t n, int64_t k, int32_t gs, bool asym
 std::string tag(const gemm_w4a16_args& g) {
   return std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) + "_g" +
          std::to_string(g.group_size) + (g.has_zero_point ? "_asym" : "_sym") + "_b" + std::to_string(g.batch) +
-         "_ctas" + std::to_string(g.max_ctas) + "_mb" + std::to_string(g.m_blocks);
+         "_ctas" + std::to_string(g.max_ctas) + "_rows" + std::to_string(g.block_rows);
 }
 
 struct device_problem {
@@ -185,11 +185,12 @@ BOOST_AUTO_TEST_CASE(every_scheduling_branch_and_variant_is_correct_and_determin
   device_problem dp(d);
   double worst = 0;
   // 2 n tiles (the second half full) x 8 k stages x (1..3 m blocks) units: 1 CTA runs everything
-  // serially; 2, 5, 13 split tiles at odd points; 64 and 1000 split every tile many ways.
-  for (int mb = 1; mb <= 4; ++mb)
+  // serially; 2, 5, 13 split tiles at odd points; 64 and 1000 split every tile many ways; every
+  // variant (8 / 16 rows: swap-AB, 32 / 48 / 64: Marlin orientation).
+  for (int rows : {8, 16, 32, 48, 64})
     for (int ctas : {1, 2, 5, 13, 64, 1000, 0}) {
       gemm_w4a16_args g = dp.args;
-      g.m_blocks = mb;
+      g.block_rows = rows;
       g.max_ctas = ctas;
       const auto first = dp.run(g);
       gemm_w4a16_args shown = g;

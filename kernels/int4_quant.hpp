@@ -149,8 +149,12 @@ RLSERVE_HD inline int4_group_params int4_params(int4_recipe r, const int4_group_
 
 // The stored nibble (0..15) of weight x. Clamps before converting, so any input (even NaN) gives
 // a defined value.
+RLSERVE_HD inline uint32_t int4_code_of_rounded(int4_recipe r, float q, const int4_group_params& p);
 RLSERVE_HD inline uint32_t int4_code(int4_recipe r, float x, const int4_group_params& p) {
-  float q = int4_rint(int4_fdiv(x, p.scale));
+  return int4_code_of_rounded(r, int4_rint(int4_fdiv(x, p.scale)), p);
+}
+// The nibble from q = rint(x / scale) (the CUDA kernel computes q faster, with the same value).
+RLSERVE_HD inline uint32_t int4_code_of_rounded(int4_recipe r, float q, const int4_group_params& p) {
   q = q >= -32.0f ? q : -32.0f; // wide clamp first: the integer steps below stay exact
   q = q <= 32.0f ? q : 32.0f;
   int32_t qi = static_cast<int32_t>(q);

@@ -28,15 +28,10 @@ constexpr int k_max_block = 64;             // largest m block (4 x m16)
 // Warp per token. Selection runs on the logits (softmax is monotonic, and the comparison is
 // exact, so CPU and GPU pick the same experts); ties go to the lower expert id. Weights are
 // expf(l - max) over the sum of the picked ones (norm_topk_prob) or of all experts.
-__global__ void __launch_bounds__(32 * k_topk_warps)
-moe_topk_kernel(const float* __restrict__ logits, // [T, E]
-                int32_t tokens, int32_t experts, int32_t top_k, bool norm,
-                int32_t* __restrict__ ids,        // [T, k]
-                float* __restrict__ weights) {    // [T, k]
+__device__ __forceinline__ void topk_one_token(const float* __restrict__ logits, int32_t t, int32_t experts,
+                                               int32_t top_k, bool norm, int32_t* __restrict__ ids,
+                                               float* __restrict__ weights) {
   const int lane = threadIdx.x & 31;
-  const int32_t t = blockIdx.x * k_topk_warps + (threadIdx.x >> 5);
-  if (t >= tokens)
-    return;
   const float* l = logits + static_cast<int64_t>(t) * experts;
   float v[k_topk_per_lane];
   float mx = -INFINITY;
@@ -96,17 +91,24 @@ moe_topk_kernel(const float* __restrict__ logits, // [T, E]
   }
 }
 
+__global__ void __launch_bounds__(32 * k_topk_warps)
+moe_topk_kernel(const float* __restrict__ logits, // [T, E]
+                int32_t tokens, int32_t experts, int32_t top_k, bool norm,
+                int32_t* __restrict__ ids,        // [T, k]
+                float* __restrict__ weights) {    // [T, k]
+  const int32_t t = blockIdx.x * k_topk_warps + (threadIdx.x >> 5);
+  if (t < tokens)
+    topk_one_token(logits, t, experts, top_k, norm, ids, weights);
+}
+
 // ---- 2. alignment -------------------------------------------------------------------------------------
 
 // One CTA: per-expert counts (shared-memory atomics), a warp scan of the padded counts, the
 // block -> expert table, padding entries, then the scatter (positions inside an expert's run come
 // from atomics: any order, every output row is computed independently of its position).
-__global__ void __launch_bounds__(k_align_threads)
-moe_align_kernel(const int32_t* __restrict__ topk_ids, // [num_ids]
-                 int32_t num_ids, int32_t experts, int32_t block,
-                 int32_t* __restrict__ sorted_ids,     // [capacity]
-                 int32_t* __restrict__ block_expert,   // [capacity / block]
-                 int32_t* __restrict__ num_padded) {   // [1]
+__device__ __forceinline__ void align_body(const int32_t* __restrict__ topk_ids, int32_t num_ids, int32_t experts,
+                                           int32_t block, int32_t* __restrict__ sorted_ids,
+                                           int32_t* __restrict__ block_expert, int32_t* __restrict__ num_padded) {
   extern __shared__ int32_t sh[];
   int32_t* count = sh;              // [E]
   int32_t* offset = sh + experts;   // [E + 1]
@@ -157,6 +159,30 @@ moe_align_kernel(const int32_t* __restrict__ topk_ids, // [num_ids]
     if (e >= 0 && e < experts)
       sorted_ids[offset[e] + atomicAdd(fill + e, 1)] = i;
   }
+}
+
+__global__ void __launch_bounds__(k_align_threads)
+moe_align_kernel(const int32_t* __restrict__ topk_ids, // [num_ids]
+                 int32_t num_ids, int32_t experts, int32_t block,
+                 int32_t* __restrict__ sorted_ids,     // [capacity]
+                 int32_t* __restrict__ block_expert,   // [capacity / block]
+                 int32_t* __restrict__ num_padded) {   // [1]
+  align_body(topk_ids, num_ids, experts, block, sorted_ids, block_expert, num_padded);
+}
+
+// Decode (T <= 32 tokens): top-k and alignment in one CTA, one launch less on the critical path.
+// Warp w routes token w; the block barrier orders its global ids before the alignment reads them.
+constexpr int k_route_max_tokens = k_align_threads / 32;
+__global__ void __launch_bounds__(k_align_threads)
+moe_route_kernel(const float* __restrict__ logits, int32_t tokens, int32_t experts, int32_t top_k, bool norm,
+                 int32_t* __restrict__ ids, float* __restrict__ weights, int32_t block,
+                 int32_t* __restrict__ sorted_ids, int32_t* __restrict__ block_expert,
+                 int32_t* __restrict__ num_padded) {
+  const int32_t t = threadIdx.x >> 5;
+  if (t < tokens)
+    topk_one_token(logits, t, experts, top_k, norm, ids, weights);
+  __syncthreads();
+  align_body(ids, tokens * top_k, experts, block, sorted_ids, block_expert, num_padded);
 }
 
 // ---- 5. combine -----------------------------------------------------------------------------------------
@@ -337,11 +363,23 @@ kernel_status fused_moe_launch(const fused_moe_args& a, void* workspace, cudaStr
   const int64_t groups2 = a.group_size == k_int4_channel ? 1 : I / a.group_size;
 
   moe_topk_args topk{T, a.experts, a.top_k, a.norm_topk_prob, a.router_logits, v.topk_ids, v.topk_weights};
-  if (auto st = moe_topk_launch(topk, stream); st != kernel_status::ok)
-    return st;
   moe_align_args align{num_ids, a.experts, block, v.topk_ids, v.sorted_ids, v.block_expert, v.num_padded};
-  if (auto st = moe_align_launch(align, stream); st != kernel_status::ok)
-    return st;
+  if (T <= k_route_max_tokens) {
+    if (auto st = moe_topk_can_implement(topk); st != kernel_status::ok)
+      return st;
+    if (auto st = moe_align_can_implement(align); st != kernel_status::ok)
+      return st;
+    const std::size_t smem = (3 * a.experts + 1) * sizeof(int32_t);
+    moe_route_kernel<<<1, k_align_threads, smem, stream>>>(
+      a.router_logits, static_cast<int32_t>(T), static_cast<int32_t>(a.experts), a.top_k, a.norm_topk_prob,
+      v.topk_ids, v.topk_weights, block, v.sorted_ids, v.block_expert, v.num_padded);
+    RLSERVE_CUDA_CHECK_LAUNCH();
+  } else {
+    if (auto st = moe_topk_launch(topk, stream); st != kernel_status::ok)
+      return st;
+    if (auto st = moe_align_launch(align, stream); st != kernel_status::ok)
+      return st;
+  }
 
   const int grid = w4a16::grid_for(mb, a.max_ctas);
   if (grid < 1)

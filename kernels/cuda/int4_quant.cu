@@ -58,6 +58,21 @@ __device__ inline void load8(const uint16_t* p, bool aligned16, uint16_t (&v)[8]
   }
 }
 
+// rint(x / scale) with the IEEE quotient (__fdiv_rn) of the CPU twin, mostly without dividing:
+// y = x * (1 / scale) (both rounded to nearest) is within |y| 2^-22.4 of the exact quotient, and
+// the rounded quotient is within |y| 2^-24 of it, so unless a half-integer lies within |y| 2^-20
+// of y, both round to the same integer and rint(y) is the answer. Near a half-integer (rare:
+// ties are where the exact division matters) it divides. Inf / NaN y take the fast path and
+// give the same clamped code as the division would (int4_code_of_rounded clamps both).
+__device__ __forceinline__ float int4_rounded_quotient(float x, float scale, float inv_scale) {
+  const float y = x * inv_scale;
+  const float r = rintf(y);
+  const float frac = fabsf(y - r); // exact: y and r are within a factor 2 (or r = 0)
+  if (fabsf(frac - 0.5f) <= fabsf(y) * 0x1p-20f)
+    return rintf(__fdiv_rn(x, scale));
+  return r;
+}
+
 // Staged path: the CTA's 64 rows x G inputs (G <= 128) are copied to shared memory with 16-byte
 // loads, all issued before any is used (up to 16 KB in flight per CTA, several CTAs per SM), and
 // every later read comes from there. Rows are padded by 8 halves (16 B): the uint4 stores stay
@@ -227,6 +242,39 @@ int4_quant_kernel(int4_recipe recipe,
       for (int e = 0; e < 8; ++e)
         word |= int4_code(recipe, int4_bf16_to_float(v[e]), p) << (4 * e);
       out.weight_packed[(row0 + r) * (k / 8) + g * wpr + j] = static_cast<int32_t>(word);
+    }
+  } else if constexpr (Staged) {
+    // Word idx = t + 256 i is word t % 128 of tile t / 128 + 2 i: a thread always assembles the
+    // same word position, so its 8 sources (row, k in the tile), scales, reciprocals and zero
+    // points are fixed; only the tile's k offset moves.
+    static_assert(k_threads % k_serving_tile_words == 0, "a thread keeps one word position");
+    const int tiles = static_cast<int>(glen / k_serving_tile_k);
+    const int64_t kt0 = g * tiles;
+    const int64_t n_tiles = n / k_serving_tile_n;
+    int32_t* ob = out.serving_weight + b * (k * n / 8);
+    const int tw = t % k_serving_tile_words;
+    const uint16_t* src[8];
+    float sc[8], inv[8];
+    int32_t zr[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      int k_in = 0, r = 0;
+      serving_tile_element(tw, e, &k_in, &r);
+      src[e] = &tile[r][k_in];
+      sc[e] = sh_scale[r];
+      inv[e] = __frcp_rn(sc[e]);
+      zr[e] = sh_zero[r];
+    }
+    for (int tl = t / k_serving_tile_words; tl < tiles; tl += k_threads / k_serving_tile_words) {
+      uint32_t packed = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float x = int4_bf16_to_float(src[e][tl * k_serving_tile_k]);
+        const uint32_t code =
+          int4_code_of_rounded(recipe, int4_rounded_quotient(x, sc[e], inv[e]), int4_group_params{sc[e], zr[e]});
+        packed |= code << (4 * int4_interleave_slot(e));
+      }
+      ob[((kt0 + tl) * n_tiles + nb) * k_serving_tile_words + tw] = static_cast<int32_t>(packed);
     }
   } else {
     const int64_t tiles = glen / k_serving_tile_k;

@@ -32,7 +32,8 @@ for what in "$@"; do
   case $what in
     tests|all)
       echo "=== GPU tests"
-      timeout "${TEST_TIMEOUT:-240}" "$DEV/rlserve_kernels_gpu_tests" --run_test=gemm_w4a16_gpu_test:fused_moe_gpu_test --log_level=message \
+      timeout "${TEST_TIMEOUT:-240}" "$DEV/rlserve_kernels_gpu_tests" \
+        --run_test=gemm_w4a16_gpu_test:fused_moe_gpu_test:int4_quant_gpu_test:serving_layout_gpu_test:rms_norm_gpu_test --log_level=message \
         --report_level=short 2>&1 | tee "$OUT/tests.log" | grep -vE "^$" | tail -40
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       ;;&

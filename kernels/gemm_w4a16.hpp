@@ -9,15 +9,18 @@
 // again, so it is reusable; it must not be shared by two launches that can run concurrently, and
 // a launch that was killed part-way leaves it dirty: init it again).
 //
-// Numerics (CPU reference and CUDA kernel alike): every weight is dequantized exactly as
-// serving_dequant_ref does, w = bf16_rn((q - z) * scale) (one rounding), products and sums are
-// FP32, and each output is rounded to bf16 once. The reference sums k in order; the kernel sums
-// k16 slices in a fixed order as well (tensor-core dot products, then warps, then split-K
-// partials in CTA order), so CUDA results are deterministic run to run on one device and agree
-// with the reference to ~1e-3 relative (bf16 output rounding of sums that differ in order only).
+// Numerics. The CPU reference and the CUDA kernel for blocks of 32..64 rows dequantize every
+// weight exactly as serving_dequant_ref does, w = bf16_rn((q - z) * scale) (one rounding); the
+// CUDA kernel for blocks of 8 / 16 rows (m <= 16) uses (q - z) * scale unrounded in FP32 (it
+// applies scale and zero point once per group, see gemm_w4a16.cu), so it differs from the
+// reference by about the reference's own weight rounding (~3e-3 relative measured, bound 1e-2).
+// Products and sums are FP32, and each output is rounded to bf16 once. Both sum k in a fixed
+// order (tensor-core dot products, then warps, then split-K partials in CTA order), so CUDA
+// results are deterministic run to run on one device.
 //
 // CUDA kernel, in one paragraph (kernels/cuda/gemm_w4a16.cu has the details): mma.sync m16n8k16
-// bf16 with tokens on M (1-4 m16 blocks per CTA), weights on N; a CTA of 8 warps streams
+// bf16; m <= 16 with the weights on M and the tokens on N (swap-AB: 1 or 2 n8 token tiles),
+// larger m with tokens on M (2-4 m16 blocks per CTA) and weights on N; a CTA of 8 warps streams
 // 128(k) x 256(n) weight stages (16 KB) with cp.async through a 3-4 stage shared-memory pipeline;
 // every 16-byte word a lane loads is that lane's B fragments for 8 mma (the serving layout's
 // point), dequantized with lop3 + the bf16 "128 + q" magic exponent and subtract-then-scale. Work

@@ -1,7 +1,12 @@
 // CUDA W4A16 GEMM core (dense GEMM here, fused MoE in fused_moe.cu through gemm_w4a16_problem.cuh).
 //
+// Two orientations share everything but the inner loop (template parameter ROWS = rows per m
+// block): ROWS = 8 / 16 run the swap-AB path (compute_stage_swap, described there: weights on the
+// mma M dimension, tokens as 1 or 2 n8 tiles, scale and zero point applied once per group chunk);
+// ROWS = 32 / 48 / 64 the Marlin orientation described next (MB = ROWS / 16 m16 blocks).
+//
 // Shape of the computation. Tokens are on the mma M dimension (16-row m blocks, 1..4 per CTA:
-// template parameter MB), weights on N. A CTA of 8 warps owns an output tile of 16*MB rows x 256
+// MB), weights on N. A CTA of 8 warps owns an output tile of 16*MB rows x 256
 // columns (four 64-column serving tiles, "sub-tiles") and walks its k range in stages of 128 k.
 // One stage in shared memory holds
 //   B  8 k16-rows x 4 sub-tiles of serving tiles (32 x 512 B = 16 KB, tile-contiguous in global
@@ -37,9 +42,10 @@
 // at its split points.
 //
 // Measured on one H200 (docs/performance.md, 2026-12-02): 4096 x 14336 asym g128 at m = 1 in
-// 24.7 us (1.24 TB/s, 1.32x cuBLAS BF16). Nsight Compute: instruction-issue bound (~5.3k warp
-// instructions per 16 KB stage: 58% dequant + mma, 20% per-CTA prologue, 10% loads, 9% split-K
-// ends; IPC ~1.8). What would move it next is in docs/performance.md.
+// 21.95 us with the 8-row swap-AB kernel (1.39 TB/s, 1.58x cuBLAS BF16; the Marlin-orientation
+// 16-row kernel took 24.7 us). Nsight Compute: latency and issue bound, not memory (DRAM 32%,
+// IPC ~1.5, stalls on fixed-latency dependencies and the per-stage barrier). What would move it
+// next is in docs/performance.md.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

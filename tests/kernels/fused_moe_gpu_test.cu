@@ -189,7 +189,7 @@ struct device_layer {
         w2_s(l.w2.s_scale) {}
 
   // Runs the GPU layer on `in` with the hooks; returns the output.
-  std::vector<uint16_t> run(const fused_moe_args& host, const host_inputs& in, int64_t capacity, int m_blocks = 0,
+  std::vector<uint16_t> run(const fused_moe_args& host, const host_inputs& in, int64_t capacity, int block_rows = 0,
                             int max_ctas = 0, device_buffer<unsigned char>* keep_ws = nullptr) {
     device_buffer<float> logits(in.logits);
     device_buffer<uint16_t> x(in.x), out(static_cast<std::size_t>(in.T * host.hidden));
@@ -197,7 +197,7 @@ struct device_layer {
     a.router_logits = logits.get(), a.x = x.get(), a.out = out.get();
     a.w13 = w13.get(), a.w13_scale = w13_s.get(), a.w13_zero_point = host.has_zero_point ? w13_zp.get() : nullptr;
     a.w2 = w2.get(), a.w2_scale = w2_s.get(), a.w2_zero_point = host.has_zero_point ? w2_zp.get() : nullptr;
-    a.max_tokens = capacity, a.block_rows = m_blocks, a.max_ctas = max_ctas;
+    a.max_tokens = capacity, a.block_rows = block_rows, a.max_ctas = max_ctas;
     device_buffer<unsigned char> own(keep_ws ? 1 : fused_moe_workspace_bytes(a));
     device_buffer<unsigned char>& ws = keep_ws ? *keep_ws : own;
     if (!keep_ws)

@@ -214,11 +214,16 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   if (draft)
     p->draft_manifest = handles.back().manifest;
   p->updater = spawn_weight_updater(sys, handles, config.initial_weight_version);
+  if (config.speculative_num_draft_tokens < 0)
+    return fail("speculative_num_draft_tokens must be 0 (off) or more, got " +
+                std::to_string(config.speculative_num_draft_tokens));
   p->scheduler = spawn_scheduler(sys,
                                  scheduler_options{config.max_running_requests,
-                                                   config.max_batch_tokens},
-                                 p->runners.front(), p->target_manifest, p->updater,
-                                 config.initial_weight_version, target->tokenizer);
+                                                   config.max_batch_tokens,
+                                                   config.speculative_num_draft_tokens},
+                                 p->runners.front(), draft ? p->runners.back() : runner_actor{},
+                                 p->target_manifest, p->updater, config.initial_weight_version,
+                                 target->tokenizer);
   front_door_info info;
   info.model_path = path.string();
   info.draft_model_path = draft ? draft->path.string() : "";

@@ -35,8 +35,11 @@ struct engine_config {
   // A Hugging Face model directory. Empty: the built-in tiny Qwen3 model, written by
   // `make-model --preset tiny --seed 0` into builtin_model_dir() on first use.
   std::filesystem::path model_path;
-  // Optional speculative draft model (same vocabulary as the target).
+  // Optional speculative draft model (same vocabulary as the target). With one, every decode
+  // step the draft proposes speculative_num_draft_tokens tokens and the target verifies them in
+  // one forward (0: the draft is loaded and updated but not used for decoding).
   std::filesystem::path draft_model_path;
+  int32_t speculative_num_draft_tokens = 4;
   int32_t max_running_requests = 64;
   // Tokens one forward batch may run; longer prompts are prefilled in chunks of at most this.
   int64_t max_batch_tokens = 2048;

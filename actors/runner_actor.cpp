@@ -14,6 +14,7 @@
 #include "kernels/bf16.hpp"
 #include "model/qwen3.hpp"
 #include "model/sampler.hpp"
+#include "model/speculative.hpp"
 #include "model/tensor_values.hpp"
 
 namespace rlserve {
@@ -107,16 +108,59 @@ RunnerManifest make_manifest(const runner_options& options, const model::qwen3_m
   return out;
 }
 
+// Runs `items` as one batch. When the batch as a whole is refused (the forward checks every
+// item before running any), the items at fault are found by trying each alone on a copy of its
+// KV, marked failed in `errors`, and the rest run without them. `items` and `owners` (the index of
+// each item's work) shrink to what ran; `row_of` gets each remaining item's first logits row.
+status run_items(runner_state& st, std::vector<model::forward_item>& items,
+                 std::vector<std::size_t>& owners, std::vector<std::string>& errors,
+                 std::vector<float>& logits, std::vector<std::size_t>& row_of) {
+  auto rows = [&] {
+    row_of.assign(items.size(), 0);
+    std::size_t row = 0;
+    for (std::size_t j = 0; j < items.size(); ++j) {
+      row_of[j] = row;
+      row += static_cast<std::size_t>(items[j].logit_rows);
+    }
+  };
+  rows();
+  if (items.empty())
+    return {};
+  if (auto ok = st.model->forward(*st.pool, items, logits); ok)
+    return ok;
+  std::vector<model::forward_item> good;
+  std::vector<std::size_t> good_owners;
+  std::vector<float> scratch;
+  for (std::size_t j = 0; j < items.size(); ++j) {
+    auto probe = *items[j].kv; // a copy: checking must not advance the sequence
+    model::forward_item single{&probe, items[j].tokens, items[j].logit_rows};
+    if (auto s = st.model->forward(*st.pool, std::span(&single, 1), scratch); !s) {
+      errors[owners[j]] = s.error();
+    } else {
+      good.push_back(items[j]);
+      good_owners.push_back(owners[j]);
+    }
+  }
+  items = std::move(good);
+  owners = std::move(good_owners);
+  rows();
+  if (items.empty())
+    return {};
+  return st.model->forward(*st.pool, items, logits);
+}
+
 ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
   ForwardBatchOutput out;
   out.step = batch.step;
   out.results.resize(batch.work.size());
+  const auto vocab = static_cast<std::size_t>(st.model->config().vocab_size);
+  std::vector<std::string> errors(batch.work.size());
+  std::vector<std::vector<int32_t>> verify_tokens(batch.work.size()); // pending + proposals
   std::vector<model::forward_item> items;
-  std::vector<std::size_t> item_work; // items[j] runs batch.work[item_work[j]]
+  std::vector<std::size_t> owners; // items[j] runs batch.work[owners[j]]
   for (std::size_t i = 0; i < batch.work.size(); ++i) {
     auto& work = batch.work[i];
-    auto& r = out.results[i];
-    r.seq_id = work.seq_id;
+    out.results[i].seq_id = work.seq_id;
     if (work.new_sequence) {
       st.sequences.erase(work.seq_id);
       st.sequences.emplace(work.seq_id,
@@ -125,70 +169,130 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
     }
     auto it = st.sequences.find(work.seq_id);
     if (it == st.sequences.end()) {
-      r.error = "sequence " + std::to_string(work.seq_id) + " is unknown to the " +
-                st.options.role + " runner (released, or never started)";
+      errors[i] = "sequence " + std::to_string(work.seq_id) + " is unknown to the " +
+                  st.options.role + " runner (released, or never started)";
       continue;
     }
     auto& kv = it->second.kv;
     kv.blocks.insert(kv.blocks.end(), work.new_blocks.begin(), work.new_blocks.end());
+    if (work.kv_length > kv.length) {
+      errors[i] = "sequence " + std::to_string(work.seq_id) + ": asked to keep " +
+                  std::to_string(work.kv_length) + " KV positions but holds only " +
+                  std::to_string(kv.length);
+      continue;
+    }
+    if (work.kv_length >= 0)
+      kv.length = work.kv_length; // drop rejected or stale positions; their blocks stay
     if (work.tokens.empty()) {
-      r.error = "sequence " + std::to_string(work.seq_id) + ": no tokens to run";
+      errors[i] = "sequence " + std::to_string(work.seq_id) + ": no tokens to run";
       continue;
     }
-    items.push_back({&kv, work.tokens, work.sample ? 1 : 0});
-    item_work.push_back(i);
-  }
-  std::vector<float> logits;
-  std::vector<std::size_t> logit_row(items.size(), 0); // first logits row of each item
-  auto run_all = [&]() -> status {
-    if (items.empty())
-      return {};
-    std::size_t row = 0;
-    for (std::size_t j = 0; j < items.size(); ++j) {
-      logit_row[j] = row;
-      row += static_cast<std::size_t>(items[j].logit_rows);
-    }
-    return st.model->forward(*st.pool, items, logits);
-  };
-  if (auto ok = run_all(); !ok) {
-    // A batch fails as a whole only before anything ran; find the sequences at fault and run
-    // the others without them.
-    std::vector<model::forward_item> good;
-    std::vector<std::size_t> good_work;
-    std::vector<float> scratch;
-    for (std::size_t j = 0; j < items.size(); ++j) {
-      auto probe = *items[j].kv; // a copy: checking must not advance the sequence
-      model::forward_item single{&probe, items[j].tokens, items[j].logit_rows};
-      if (auto s = st.model->forward(*st.pool, std::span(&single, 1), scratch); !s) {
-        out.results[item_work[j]].error = s.error();
-      } else {
-        good.push_back(items[j]);
-        good_work.push_back(item_work[j]);
+    if (!work.draft_tokens.empty()) {
+      const auto k = work.draft_tokens.size();
+      bool greedy = model::is_greedy(it->second.sampling);
+      if (work.tokens.size() != 1 || (!greedy && work.draft_probs.size() != k * vocab)) {
+        errors[i] = "sequence " + std::to_string(work.seq_id) +
+                    ": a verification needs one pending token and, when sampling, " +
+                    std::to_string(k) + " draft distributions of " + std::to_string(vocab) +
+                    " entries";
+        continue;
       }
+      auto& all = verify_tokens[i];
+      all = work.tokens;
+      all.insert(all.end(), work.draft_tokens.begin(), work.draft_tokens.end());
+      items.push_back({&kv, all, static_cast<int64_t>(all.size())});
+    } else {
+      items.push_back({&kv, work.tokens, (work.sample || work.propose > 0) ? 1 : 0});
     }
-    items = std::move(good);
-    item_work = std::move(good_work);
-    logit_row.assign(items.size(), 0);
-    if (auto again = run_all(); !again) {
-      out.success = false;
-      out.message = again.error();
-      return out;
-    }
+    owners.push_back(i);
   }
-  const auto vocab = static_cast<std::size_t>(st.model->config().vocab_size);
+
+  std::vector<float> logits;
+  std::vector<std::size_t> row_of;
+  if (auto ok = run_items(st, items, owners, errors, logits, row_of); !ok) {
+    out.success = false;
+    out.message = ok.error();
+    return out;
+  }
+  // Sequences still proposing after the first forward: (work index, proposals so far).
+  std::vector<std::size_t> proposing;
+  std::vector<float> probs;
   for (std::size_t j = 0; j < items.size(); ++j) {
-    auto& work = batch.work[item_work[j]];
-    if (!work.sample)
-      continue;
+    auto i = owners[j];
+    auto& work = batch.work[i];
     auto& seq = st.sequences.at(work.seq_id);
-    std::span<const float> row(logits.data() + logit_row[j] * vocab, vocab);
-    auto& r = out.results[item_work[j]];
-    auto sampled = seq.sampler.sample(row, seq.sampling);
-    r.token = sampled.token;
-    r.logprob = sampled.logprob;
-    if (work.top_logprobs_num > 0)
-      r.top_logprobs = top_logprobs(row, seq.sampling.temperature, work.top_logprobs_num);
+    auto& r = out.results[i];
+    auto row = [&](std::size_t n) {
+      return std::span<const float>(logits.data() + (row_of[j] + n) * vocab, vocab);
+    };
+    if (!work.draft_tokens.empty()) {
+      auto k = work.draft_tokens.size();
+      auto v = model::verify_draft(seq.sampler, seq.sampling,
+                                   std::span<const float>(logits.data() + row_of[j] * vocab, (k + 1) * vocab),
+                                   static_cast<int64_t>(vocab), work.draft_tokens, work.draft_probs);
+      // The forward stored all k + 1 positions; keep the pending token and the accepted ones.
+      seq.kv.length -= static_cast<int64_t>(k) - v.accepted;
+      r.accepted = v.accepted;
+      if (work.top_logprobs_num > 0)
+        for (std::size_t n = 0; n < v.tokens.size(); ++n)
+          r.top_logprobs.push_back(top_logprobs(row(n), seq.sampling.temperature, work.top_logprobs_num));
+      r.tokens = std::move(v.tokens);
+      r.logprobs = std::move(v.logprobs);
+    } else if (work.propose > 0) {
+      bool greedy = model::is_greedy(seq.sampling);
+      seq.sampler.distribution(row(0), seq.sampling, probs);
+      int32_t d = seq.sampler.draw(probs);
+      r.tokens.push_back(d);
+      r.logprobs.push_back(model::token_logprob(row(0), seq.sampling.temperature, d));
+      if (!greedy)
+        r.draft_probs.insert(r.draft_probs.end(), probs.begin(), probs.end());
+      if (work.propose > 1)
+        proposing.push_back(i);
+    } else if (work.sample) {
+      auto sampled = seq.sampler.sample(row(0), seq.sampling);
+      r.tokens.push_back(sampled.token);
+      r.logprobs.push_back(sampled.logprob);
+      if (work.top_logprobs_num > 0)
+        r.top_logprobs.push_back(top_logprobs(row(0), seq.sampling.temperature, work.top_logprobs_num));
+    }
   }
+  // Draft proposals: one more forward per proposal, every proposing sequence in one batch.
+  while (!proposing.empty()) {
+    items.clear();
+    owners.clear();
+    for (auto i : proposing) {
+      auto& seq = st.sequences.at(batch.work[i].seq_id);
+      items.push_back({&seq.kv, std::span<const int32_t>(&out.results[i].tokens.back(), 1), 1});
+      owners.push_back(i);
+    }
+    if (auto ok = run_items(st, items, owners, errors, logits, row_of); !ok) {
+      for (auto i : owners)
+        errors[i] = ok.error();
+      break;
+    }
+    std::vector<std::size_t> still;
+    for (std::size_t j = 0; j < items.size(); ++j) {
+      auto i = owners[j];
+      auto& seq = st.sequences.at(batch.work[i].seq_id);
+      auto& r = out.results[i];
+      std::span<const float> row(logits.data() + row_of[j] * vocab, vocab);
+      seq.sampler.distribution(row, seq.sampling, probs);
+      int32_t d = seq.sampler.draw(probs);
+      r.tokens.push_back(d);
+      r.logprobs.push_back(model::token_logprob(row, seq.sampling.temperature, d));
+      if (!model::is_greedy(seq.sampling))
+        r.draft_probs.insert(r.draft_probs.end(), probs.begin(), probs.end());
+      if (static_cast<int32_t>(r.tokens.size()) < batch.work[i].propose)
+        still.push_back(i);
+    }
+    proposing = std::move(still);
+  }
+  for (std::size_t i = 0; i < batch.work.size(); ++i)
+    if (!errors[i].empty()) {
+      out.results[i] = SequenceResult{};
+      out.results[i].seq_id = batch.work[i].seq_id;
+      out.results[i].error = std::move(errors[i]);
+    }
   return out;
 }
 

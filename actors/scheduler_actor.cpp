@@ -38,6 +38,16 @@ struct request_state {
   bool abort_requested = false;
   std::string abort_message;
   std::string version_start;  // the version its first token was computed with
+  // Speculative decoding. The draft runner mirrors the target's block table for this request
+  // (same block ids in a pool of the same size) and holds KV for the first draft_kv positions of
+  // prompt + outputs; it catches up on the rest when it next proposes.
+  bool on_draft = false;
+  int64_t draft_kv = 0;
+  std::size_t draft_blocks = 0; // how many of `blocks` the draft has been given
+  bool draft_failed = false;    // the draft could not run it: plain decoding from now on
+  int64_t in_batch_proposals = 0; // this step verifies that many proposals
+  int32_t spec_verify_ct = 0;
+  int32_t spec_accepted = 0;
 };
 
 struct scheduler_state {
@@ -47,6 +57,7 @@ struct scheduler_state {
 
   scheduler_options options;
   runner_actor target;
+  runner_actor draft; // null without a draft model
   RunnerManifest manifest;
   weight_updater_actor updater;
   std::shared_ptr<const model::bpe_tokenizer> tokenizer;
@@ -75,6 +86,11 @@ struct scheduler_state {
   std::vector<pending_flush> pending_flushes;
   // Chunks produced while handling one batch, sent as one TokenChunks message per sink.
   std::vector<std::pair<caf::actor, TokenChunk>> outbox;
+  // Acceptance: totals since start and tokens per verification of the most recent steps.
+  uint64_t spec_verify_steps = 0;
+  uint64_t spec_accepted_tokens = 0;
+  std::deque<int32_t> spec_recent; // emitted tokens per verification, newest at the back
+  static constexpr std::size_t spec_recent_window = 256;
   static inline const char* name = "scheduler";
 };
 
@@ -115,22 +131,25 @@ void enqueue_control(scheduler_pointer self, std::function<void()> op) {
   run_controls(self);
 }
 
-// Sends every chunk collected since the last flush, one TokenChunks message per sink.
+// Sends every chunk collected since the last flush, one TokenChunks message per sink (in the
+// order sinks first appear). One pass: the front door is usually the only sink.
 void flush_outbox(scheduler_pointer self) {
   auto& out = self->state.outbox;
-  while (!out.empty()) {
-    auto sink = out.front().first;
-    TokenChunks batch;
-    for (auto it = out.begin(); it != out.end();) {
-      if (it->first == sink) {
-        batch.chunks.push_back(std::move(it->second));
-        it = out.erase(it);
-      } else {
-        ++it;
-      }
+  if (out.empty())
+    return;
+  std::vector<std::pair<caf::actor, TokenChunks>> per_sink;
+  for (auto& [sink, chunk] : out) {
+    auto it = std::find_if(per_sink.begin(), per_sink.end(),
+                           [&](const auto& entry) { return entry.first == sink; });
+    if (it == per_sink.end()) {
+      per_sink.emplace_back(sink, TokenChunks{});
+      it = std::prev(per_sink.end());
     }
-    caf::anon_send(sink, std::move(batch));
+    it->second.chunks.push_back(std::move(chunk));
   }
+  out.clear();
+  for (auto& [sink, batch] : per_sink)
+    caf::anon_send(sink, std::move(batch));
 }
 
 // Queues what is new since the last chunk (streaming) or everything (final chunk of a
@@ -161,6 +180,8 @@ void emit(scheduler_pointer self, request_state& r, std::optional<FinishReason> 
   c.weight_version_spans = r.spans;
   c.success = success;
   c.message = std::move(message);
+  c.spec_verify_ct = r.spec_verify_ct;
+  c.spec_accepted_tokens = r.spec_accepted;
   st.outbox.emplace_back(r.sink, std::move(c));
 }
 
@@ -169,10 +190,15 @@ void release_kv(scheduler_pointer self, request_state& r) {
   auto& st = self->state;
   if (r.on_runner)
     self->send(st.target, ReleaseSequences{{r.seq_id}});
+  if (r.on_draft)
+    self->send(st.draft, ReleaseSequences{{r.seq_id}});
   st.blocks->release(r.blocks);
   r.blocks.clear();
   r.kv_tokens = 0;
   r.on_runner = false;
+  r.on_draft = false;
+  r.draft_kv = 0;
+  r.draft_blocks = 0;
 }
 
 void check_flushes(scheduler_pointer self);
@@ -241,6 +267,27 @@ void requeue(scheduler_pointer self, const std::string& rid) {
   st.running.erase(std::remove(st.running.begin(), st.running.end(), rid), st.running.end());
 }
 
+// Token `i` of prompt + outputs.
+int32_t token_at(const request_state& r, int64_t i) {
+  auto prompt = static_cast<int64_t>(r.req.input_ids.size());
+  return i < prompt ? r.req.input_ids[static_cast<std::size_t>(i)]
+                    : r.output_ids[static_cast<std::size_t>(i - prompt)];
+}
+
+int64_t sequence_length(const request_state& r) {
+  return static_cast<int64_t>(r.req.input_ids.size() + r.output_ids.size());
+}
+
+void record_acceptance(scheduler_state& st, request_state& r, int32_t accepted) {
+  ++r.spec_verify_ct;
+  r.spec_accepted += accepted;
+  ++st.spec_verify_steps;
+  st.spec_accepted_tokens += static_cast<uint64_t>(accepted);
+  st.spec_recent.push_back(accepted + 1);
+  if (st.spec_recent.size() > scheduler_state::spec_recent_window)
+    st.spec_recent.pop_front();
+}
+
 void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
   auto& st = self->state;
   st.forward_in_flight = false;
@@ -252,8 +299,10 @@ void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
     auto& r = st.requests.at(rid);
     auto ran = r.in_batch_tokens;
     auto sampled = r.in_batch_samples;
+    auto proposals = r.in_batch_proposals;
     r.in_batch_tokens = 0;
     r.in_batch_samples = false;
+    r.in_batch_proposals = 0;
     if (ran == 0)
       continue;
     if (!res.error.empty()) {
@@ -261,7 +310,16 @@ void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
              res.error);
       continue;
     }
-    r.kv_tokens += ran;
+    auto length_before = sequence_length(r);
+    if (proposals > 0) {
+      // The target kept the pending token and the accepted proposals; the draft holds the
+      // pending token and its first proposals - 1, of which the accepted ones stay valid.
+      r.kv_tokens += 1 + res.accepted;
+      r.draft_kv = std::min(r.draft_kv, length_before + res.accepted);
+      record_acceptance(st, r, res.accepted);
+    } else {
+      r.kv_tokens += ran;
+    }
     r.prefill_left = std::max<int64_t>(r.prefill_left - ran, 0);
     if (r.abort_requested) {
       finish(self, rid, abort_reason(r));
@@ -271,10 +329,15 @@ void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
       continue; // a prefill chunk: nothing to report yet
     if (r.spans.empty() || r.spans.back().weight_version != st.version)
       r.spans.push_back({st.version, static_cast<int32_t>(r.output_ids.size())});
-    r.output_ids.push_back(res.token);
-    r.logprobs.push_back(res.logprob);
-    r.top_logprobs.push_back(std::move(res.top_logprobs));
-    if (auto reason = stop_check(st, r))
+    std::optional<FinishReason> reason;
+    for (std::size_t n = 0; n < res.tokens.size() && !reason; ++n) {
+      r.output_ids.push_back(res.tokens[n]);
+      r.logprobs.push_back(n < res.logprobs.size() ? res.logprobs[n] : 0.0f);
+      r.top_logprobs.push_back(n < res.top_logprobs.size() ? std::move(res.top_logprobs[n])
+                                                           : std::vector<TopLogprob>{});
+      reason = stop_check(st, r); // tokens after a stop are dropped
+    }
+    if (reason)
       finish(self, rid, std::move(reason));
     else
       emit(self, r, std::nullopt);
@@ -293,6 +356,96 @@ void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
   run_controls(self);
 }
 
+// Proposals a decoding request may verify this step: the configured k, fewer near its
+// max_new_tokens or the context limit (nothing is proposed that could not be kept).
+int64_t proposals_for(const scheduler_state& st, const request_state& r) {
+  if (!st.draft || st.options.speculative_num_draft_tokens <= 0 || r.prefill_left > 0 ||
+      r.draft_failed || r.output_ids.empty())
+    return 0;
+  auto out_len = static_cast<int64_t>(r.output_ids.size());
+  auto left = std::min<int64_t>(r.req.sampling_params.max_new_tokens - out_len,
+                                st.manifest.max_context_length - sequence_length(r));
+  auto k = std::min<int64_t>({st.options.speculative_num_draft_tokens, left - 1,
+                              st.options.max_batch_tokens - 1});
+  return std::max<int64_t>(k, 0);
+}
+
+// Sends the target its batch and handles the answer.
+void run_target(scheduler_pointer self, ForwardBatch batch) {
+  auto& st = self->state;
+  self->request(st.target, caf::infinite, std::move(batch))
+    .then([self](ForwardBatchOutput& out) { on_batch_done(self, out); },
+          [self](caf::error& err) {
+            ForwardBatchOutput out;
+            out.success = false;
+            out.message = "the target runner failed: " + self->system().render(err);
+            on_batch_done(self, out);
+          });
+}
+
+// The draft proposes for every speculating request of `batch`, then the target verifies. A
+// request the draft fails on decodes plainly this step and without speculation afterwards: the
+// draft only ever makes generation faster, never fails it.
+void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBatch draft_batch) {
+  auto& st = self->state;
+  auto fallback = [self](ForwardBatch& batch, uint64_t seq_id) {
+    auto& st = self->state;
+    auto it = st.rid_of_seq.find(seq_id);
+    if (it == st.rid_of_seq.end())
+      return;
+    auto& r = st.requests.at(it->second);
+    r.draft_failed = true;
+    r.in_batch_proposals = 0;
+    if (r.on_draft)
+      self->send(st.draft, ReleaseSequences{{r.seq_id}});
+    r.on_draft = false;
+    r.draft_kv = 0;
+    r.draft_blocks = 0;
+    for (auto& w : batch.work)
+      if (w.seq_id == seq_id) {
+        w.draft_tokens.clear();
+        w.draft_probs.clear();
+      }
+  };
+  auto batch_ptr = std::make_shared<ForwardBatch>(std::move(batch));
+  self->request(st.draft, caf::infinite, std::move(draft_batch))
+    .then(
+      [self, batch_ptr, fallback](ForwardBatchOutput& out) {
+        auto& st = self->state;
+        for (auto& res : out.results) {
+          auto it = st.rid_of_seq.find(res.seq_id);
+          if (it == st.rid_of_seq.end())
+            continue;
+          auto& r = st.requests.at(it->second);
+          if (!out.success || !res.error.empty() ||
+              static_cast<int64_t>(res.tokens.size()) != r.in_batch_proposals) {
+            fallback(*batch_ptr, res.seq_id);
+            continue;
+          }
+          // The draft now holds the pending token's prefix and proposals 1 .. k - 1.
+          r.draft_kv = sequence_length(r) + r.in_batch_proposals - 1;
+          for (auto& w : batch_ptr->work)
+            if (w.seq_id == res.seq_id) {
+              w.draft_tokens = std::move(res.tokens);
+              w.draft_probs = std::move(res.draft_probs);
+            }
+        }
+        run_target(self, std::move(*batch_ptr));
+      },
+      [self, batch_ptr, fallback](caf::error&) {
+        std::vector<uint64_t> ids;
+        for (const auto& w : batch_ptr->work)
+          ids.push_back(w.seq_id);
+        for (auto id : ids) {
+          auto it = self->state.rid_of_seq.find(id);
+          if (it != self->state.rid_of_seq.end() &&
+              self->state.requests.at(it->second).in_batch_proposals > 0)
+            fallback(*batch_ptr, id);
+        }
+        run_target(self, std::move(*batch_ptr));
+      });
+}
+
 void step(scheduler_pointer self) {
   auto& st = self->state;
   st.step_scheduled = false;
@@ -305,7 +458,8 @@ void step(scheduler_pointer self) {
   running.reserve(st.running.size());
   for (const auto& rid : st.running) {
     const auto& r = st.requests.at(rid);
-    running.push_back({r.seq_id, r.kv_tokens, static_cast<int64_t>(r.blocks.size()), r.prefill_left});
+    running.push_back({r.seq_id, r.kv_tokens, static_cast<int64_t>(r.blocks.size()),
+                       r.prefill_left, 1 + proposals_for(st, r)});
   }
   std::vector<policy::waiting_view> waiting;
   for (const auto& rid : st.waiting) {
@@ -330,6 +484,9 @@ void step(scheduler_pointer self) {
   }
   ForwardBatch batch;
   batch.step = st.next_step++;
+  batch.work.reserve(plan.work.size());
+  ForwardBatch draft_batch;
+  draft_batch.step = batch.step;
   for (const auto& w : plan.work) {
     auto rid = st.rid_of_seq.at(w.id);
     auto& r = st.requests.at(rid);
@@ -356,12 +513,35 @@ void step(scheduler_pointer self) {
     work.new_blocks = std::move(*blocks);
     if (r.prefill_left > 0) {
       // The next chunk of prompt + outputs, from the first position without KV.
-      auto pos = r.kv_tokens;
-      auto prompt = static_cast<int64_t>(r.req.input_ids.size());
-      for (int64_t i = pos; i < pos + w.tokens; ++i)
-        work.tokens.push_back(i < prompt ? r.req.input_ids[i] : r.output_ids[i - prompt]);
+      for (int64_t i = r.kv_tokens; i < r.kv_tokens + w.tokens; ++i)
+        work.tokens.push_back(token_at(r, i));
     } else {
       work.tokens = {r.output_ids.back()};
+      if (w.tokens > 1) {
+        // Speculative: the draft catches up on what it lacks and proposes w.tokens - 1.
+        r.in_batch_proposals = w.tokens - 1;
+        SequenceWork proposal;
+        proposal.seq_id = r.seq_id;
+        if (!r.on_draft) {
+          proposal.new_sequence = true;
+          proposal.sampling_params = r.req.sampling_params;
+          // Its own stream: the draft's draws must not repeat the target's.
+          proposal.sampling_seed = r.req.sampling_seed ^ 0x5bd1e9955bd1e995ull;
+          r.on_draft = true;
+          r.draft_kv = 0;
+          r.draft_blocks = 0;
+        } else {
+          proposal.kv_length = r.draft_kv;
+        }
+        proposal.new_blocks.assign(r.blocks.begin() + static_cast<std::ptrdiff_t>(r.draft_blocks),
+                                   r.blocks.end());
+        r.draft_blocks = r.blocks.size();
+        for (int64_t i = r.draft_kv; i < sequence_length(r); ++i)
+          proposal.tokens.push_back(token_at(r, i));
+        proposal.sample = false;
+        proposal.propose = static_cast<int32_t>(r.in_batch_proposals);
+        draft_batch.work.push_back(std::move(proposal));
+      }
     }
     work.sample = w.samples;
     work.top_logprobs_num = r.req.return_logprob ? r.req.top_logprobs_num : 0;
@@ -375,14 +555,10 @@ void step(scheduler_pointer self) {
   if (batch.work.empty())
     return;
   st.forward_in_flight = true;
-  self->request(st.target, caf::infinite, std::move(batch))
-    .then([self](ForwardBatchOutput& out) { on_batch_done(self, out); },
-          [self](caf::error& err) {
-            ForwardBatchOutput out;
-            out.success = false;
-            out.message = "the target runner failed: " + self->system().render(err);
-            on_batch_done(self, out);
-          });
+  if (draft_batch.work.empty())
+    run_target(self, std::move(batch));
+  else
+    run_draft_then_target(self, std::move(batch), std::move(draft_batch));
 }
 
 // retract: every running request gives its KV back and returns to the front of the queue, in
@@ -456,12 +632,14 @@ void check_flushes(scheduler_pointer self) {
 }
 
 scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_options options,
-                                         runner_actor target, RunnerManifest manifest,
+                                         runner_actor target, runner_actor draft,
+                                         RunnerManifest manifest,
                                          weight_updater_actor updater, std::string version,
                                          std::shared_ptr<const model::bpe_tokenizer> tokenizer) {
   auto& st = self->state;
   st.options = options;
   st.target = std::move(target);
+  st.draft = std::move(draft);
   st.manifest = std::move(manifest);
   st.updater = std::move(updater);
   st.version = std::move(version);
@@ -566,6 +744,18 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
       out.running_requests = static_cast<int32_t>(st.running.size());
       out.waiting_requests = static_cast<int32_t>(st.waiting.size());
       out.committed_updates = st.committed_updates;
+      out.speculative_num_draft_tokens = st.draft ? st.options.speculative_num_draft_tokens : 0;
+      out.spec_verify_steps = st.spec_verify_steps;
+      out.spec_accepted_tokens = st.spec_accepted_tokens;
+      if (st.spec_verify_steps > 0)
+        out.spec_accept_length =
+          double(st.spec_accepted_tokens + st.spec_verify_steps) / double(st.spec_verify_steps);
+      if (!st.spec_recent.empty()) {
+        double sum = 0;
+        for (auto n : st.spec_recent)
+          sum += n;
+        out.spec_recent_accept_length = sum / double(st.spec_recent.size());
+      }
       return out;
     },
     forward_to_updater<BeginWeightUpdateReqInput, BeginWeightUpdateReqOutput>(self),
@@ -586,10 +776,11 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
 } // namespace
 
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_options options,
-                                runner_actor target, RunnerManifest target_manifest,
-                                weight_updater_actor updater, std::string initial_version,
+                                runner_actor target, runner_actor draft,
+                                RunnerManifest target_manifest, weight_updater_actor updater,
+                                std::string initial_version,
                                 std::shared_ptr<const model::bpe_tokenizer> tokenizer) {
-  return sys.spawn(scheduler, options, std::move(target), std::move(target_manifest),
+  return sys.spawn(scheduler, options, std::move(target), std::move(draft), std::move(target_manifest),
                    std::move(updater), std::move(initial_version), std::move(tokenizer));
 }
 

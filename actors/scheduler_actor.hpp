@@ -57,12 +57,16 @@ using scheduler_actor = caf::typed_actor<
 struct scheduler_options {
   int32_t max_running_requests = 64;
   int64_t max_batch_tokens = 2048; // tokens per forward batch; longer prompts are prefilled in chunks
+  // Draft tokens proposed and verified per decode step when a draft runner is given; 0: off.
+  int32_t speculative_num_draft_tokens = 4;
 };
 
-// `target`: the runner that generates; `target_manifest`: its limits and EOS ids; `tokenizer`:
-// for stop strings (may be null: then stop strings are refused by the front door).
+// `target`: the runner that generates; `draft`: the speculative draft runner or a null handle;
+// `target_manifest`: the target's limits and EOS ids; `tokenizer`: for stop strings (may be
+// null: then stop strings are refused by the front door).
 scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_options options,
-                                runner_actor target, RunnerManifest target_manifest,
+                                runner_actor target, runner_actor draft,
+                                RunnerManifest target_manifest,
                                 weight_updater_actor updater, std::string initial_version,
                                 std::shared_ptr<const model::bpe_tokenizer> tokenizer);
 

@@ -50,6 +50,9 @@ struct tokenizer_state {
   policy::update_gate gate;
   uint64_t next_ticket = 1;
   std::unordered_map<uint64_t, std::function<void()>> starters; // ticket -> start it
+  // Continue calls still waiting for an answer, by ticket: answers "cancelled" when a later
+  // pause cancels them.
+  std::unordered_map<uint64_t, std::function<void()>> resume_cancellers;
   std::unordered_map<std::string, queued_generate> queued;      // rid -> waiting at the gate
   std::unordered_map<std::string, active_request> active;       // rid -> running
   std::vector<caf::typed_response_promise<PauseGenerationReqOutput>> pause_abort_waiters;
@@ -187,6 +190,8 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
   delta.sampling_seed = a.result.sampling_seed;
   delta.success = c.success;
   delta.message = c.message;
+  delta.spec_verify_ct = c.spec_verify_ct;
+  delta.spec_accepted_tokens = c.spec_accepted_tokens;
 
   auto& r = a.result;
   r.text += delta.text;
@@ -204,6 +209,8 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
   r.weight_version_spans = c.weight_version_spans;
   r.success = c.success;
   r.message = c.message;
+  r.spec_verify_ct = c.spec_verify_ct;
+  r.spec_accepted_tokens = c.spec_accepted_tokens;
   if (a.stream && a.sink)
     caf::anon_send(a.sink, std::move(delta));
   if (!c.finished)
@@ -341,7 +348,15 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     },
     [self](PauseGenerationReqInput& req) -> caf::result<PauseGenerationReqOutput> {
       auto& st = self->state;
-      st.gate.pause();
+      for (auto ticket : st.gate.pause()) {
+        // A continue that had not taken effect yet: this later pause wins.
+        auto it = st.resume_cancellers.find(ticket);
+        if (it != st.resume_cancellers.end()) {
+          it->second();
+          st.resume_cancellers.erase(it);
+        }
+        st.starters.erase(ticket);
+      }
       st.pause_mode_name = std::string(to_string(req.mode));
       if (req.mode == pause_mode::abort) {
         // SGLang handles abort mode in the front door: abort everything, then wait until no
@@ -372,14 +387,32 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
         return ContinueGenerationReqOutput{true, "generation was not paused"};
       auto rp = self->make_response_promise<ContinueGenerationReqOutput>();
       auto ticket = st.next_ticket++;
-      st.starters.emplace(ticket, [self, rp, req]() mutable {
+      // Inside an open session the continue is deferred to the session's end and answered now;
+      // otherwise it is answered when generation has resumed.
+      bool deferred = st.gate.session_open();
+      if (deferred)
+        rp.deliver(ContinueGenerationReqOutput{
+          true, "a weight-update session is open: generation continues when end_weight_update "
+                "closes it"});
+      else
+        st.resume_cancellers.emplace(ticket, [rp]() mutable {
+          rp.deliver(ContinueGenerationReqOutput{
+            false, "continue_generation was cancelled by a later pause_generation"});
+        });
+      st.starters.emplace(ticket, [self, rp, req, deferred, ticket]() mutable {
+        self->state.resume_cancellers.erase(ticket);
         self->state.pause_mode_name.clear();
         self->request(self->state.scheduler, caf::infinite, req)
-          .then([rp](ContinueGenerationReqOutput& out) mutable { rp.deliver(std::move(out)); },
-                [self, rp](caf::error& err) mutable {
-                  rp.deliver(ContinueGenerationReqOutput{
-                    false, "the scheduler failed: " + self->system().render(err)});
-                });
+          .then(
+            [rp, deferred](ContinueGenerationReqOutput& out) mutable {
+              if (!deferred)
+                rp.deliver(std::move(out));
+            },
+            [self, rp, deferred](caf::error& err) mutable {
+              if (!deferred)
+                rp.deliver(ContinueGenerationReqOutput{
+                  false, "the scheduler failed: " + self->system().render(err)});
+            });
       });
       st.gate.submit(ticket, gate_op::resume);
       pump(self);

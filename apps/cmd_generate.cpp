@@ -19,6 +19,7 @@ namespace {
 struct generate_options {
   std::filesystem::path model;
   std::filesystem::path draft_model;
+  int32_t draft_tokens = 4;
   std::vector<std::string> prompts;
   std::vector<std::string> input_ids;
   SamplingParams sampling;
@@ -101,6 +102,7 @@ void run(const generate_options& o) {
   engine_config cfg;
   cfg.model_path = o.model;
   cfg.draft_model_path = o.draft_model;
+  cfg.speculative_num_draft_tokens = o.draft_tokens;
   auto engine = Engine::start(cfg);
   if (!engine)
     throw command_failed(engine.error());
@@ -137,7 +139,12 @@ void add_generate(CLI::App& app) {
   auto o = std::make_shared<generate_options>();
   auto* cmd = app.add_subcommand("generate", "Generate completions through the engine (CPU)");
   cmd->add_option("--model", o->model, "Model directory (default: the built-in tiny model)");
-  cmd->add_option("--draft-model", o->draft_model, "Draft model directory");
+  cmd->add_option("--draft-model", o->draft_model,
+                  "Draft model directory: speculative decoding (same vocabulary as the target)");
+  cmd->add_option("--speculative-num-draft-tokens", o->draft_tokens,
+                  "Tokens the draft proposes per step (0: do not speculate)")
+    ->capture_default_str()
+    ->check(CLI::NonNegativeNumber);
   cmd->add_option("--prompt", o->prompts, "Prompt text (repeat for several requests)");
   cmd->add_option("--input-ids", o->input_ids, "Prompt token ids, comma-separated (repeatable)");
   cmd->add_option("--max-new-tokens", o->sampling.max_new_tokens, "Tokens to generate at most")

@@ -64,6 +64,13 @@ struct GetServerInfoReqOutput {
   int32_t running_requests = 0;
   int32_t waiting_requests = 0;
   uint64_t committed_updates = 0;
+  // Speculative decoding: draft tokens proposed per step (0: off), and acceptance since start
+  // and over the most recent verification steps (to watch acceptance after an update).
+  int32_t speculative_num_draft_tokens = 0;
+  uint64_t spec_verify_steps = 0;
+  uint64_t spec_accepted_tokens = 0;
+  double spec_accept_length = 0.0;        // tokens per verification step, since start
+  double spec_recent_accept_length = 0.0; // the same over the last 256 verification steps
 };
 
 struct HealthCheckReqInput {};
@@ -115,7 +122,9 @@ typename Inspector::result_type inspect(Inspector& f, GetServerInfoReqOutput& x)
   return f(caf::meta::type_name("GetServerInfoReqOutput"), x.success, x.message, x.model_path,
            x.draft_model_path, x.weight_version, x.device, x.architecture, x.vocab_size,
            x.max_context_length, x.paused, x.pause_mode, x.weight_update_session_open,
-           x.running_requests, x.waiting_requests, x.committed_updates);
+           x.running_requests, x.waiting_requests, x.committed_updates,
+           x.speculative_num_draft_tokens, x.spec_verify_steps, x.spec_accepted_tokens,
+           x.spec_accept_length, x.spec_recent_accept_length);
 }
 
 template <class Inspector>

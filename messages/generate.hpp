@@ -103,6 +103,10 @@ struct GenerateReqOutput {
   std::string weight_version; // at the end (SGLang's meta_info.weight_version)
   std::vector<WeightVersionSpan> weight_version_spans; // (rlserve) which tokens came from which
   uint64_t sampling_seed = 0;
+  // Speculative decoding (SGLang's meta_info.spec_verify_ct): verification steps, and draft
+  // tokens the target accepted. Tokens per verification = (accepted + verify_ct) / verify_ct.
+  int32_t spec_verify_ct = 0;
+  int32_t spec_accepted_tokens = 0;
 };
 
 // Token-level progress from the scheduler to the tokenizer actor, which detokenizes it and
@@ -122,6 +126,8 @@ struct TokenChunk {
   std::vector<WeightVersionSpan> weight_version_spans; // every span so far
   bool success = true;   // false: the request failed (message says why), finished is true
   std::string message;
+  int32_t spec_verify_ct = 0;       // totals so far
+  int32_t spec_accepted_tokens = 0;
 };
 
 // The chunks of one scheduler step for one sink: one message per step, not one per request.
@@ -186,7 +192,8 @@ typename Inspector::result_type inspect(Inspector& f, GenerateReqOutput& x) {
   return f(caf::meta::type_name("GenerateReqOutput"), x.success, x.message, x.rid, x.text,
            x.output_ids, x.output_token_logprobs, x.output_top_logprobs, x.finished,
            x.finish_reason, x.prompt_tokens, x.completion_tokens, x.cached_tokens,
-           x.weight_version_start, x.weight_version, x.weight_version_spans, x.sampling_seed);
+           x.weight_version_start, x.weight_version, x.weight_version_spans, x.sampling_seed,
+           x.spec_verify_ct, x.spec_accepted_tokens);
 }
 
 template <class Inspector>
@@ -194,7 +201,8 @@ typename Inspector::result_type inspect(Inspector& f, TokenChunk& x) {
   return f(caf::meta::type_name("TokenChunk"), x.rid, x.output_ids, x.output_token_logprobs,
            x.output_top_logprobs, x.finished, x.finish_reason, x.prompt_tokens,
            x.completion_tokens, x.cached_tokens, x.weight_version_start, x.weight_version,
-           x.weight_version_spans, x.success, x.message);
+           x.weight_version_spans, x.success, x.message, x.spec_verify_ct,
+           x.spec_accepted_tokens);
 }
 
 template <class Inspector>

@@ -120,6 +120,11 @@ expected<GetServerInfoReqOutput> from_json<GetServerInfoReqOutput>(const json& j
       r.field("running_requests", x.running_requests, count);
       r.field("waiting_requests", x.waiting_requests, count);
       r.field("committed_updates", x.committed_updates);
+      r.field("speculative_num_draft_tokens", x.speculative_num_draft_tokens, count);
+      r.field("spec_verify_steps", x.spec_verify_steps);
+      r.field("spec_accepted_tokens", x.spec_accepted_tokens);
+      r.field("spec_accept_length", x.spec_accept_length);
+      r.field("spec_recent_accept_length", x.spec_recent_accept_length);
     });
 }
 
@@ -138,7 +143,12 @@ json to_json(const GetServerInfoReqOutput& x) {
           {"weight_update_session_open", x.weight_update_session_open},
           {"running_requests", x.running_requests},
           {"waiting_requests", x.waiting_requests},
-          {"committed_updates", x.committed_updates}};
+          {"committed_updates", x.committed_updates},
+          {"speculative_num_draft_tokens", x.speculative_num_draft_tokens},
+          {"spec_verify_steps", x.spec_verify_steps},
+          {"spec_accepted_tokens", x.spec_accepted_tokens},
+          {"spec_accept_length", x.spec_accept_length},
+          {"spec_recent_accept_length", x.spec_recent_accept_length}};
 }
 
 template <>

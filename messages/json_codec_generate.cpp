@@ -160,6 +160,8 @@ void read_fields(object_reader& r, GenerateReqOutput& x) {
                     s.field("first_token", span.first_token, k_count);
                   });
     m.field("sampling_seed", x.sampling_seed);
+    m.field("spec_verify_ct", x.spec_verify_ct, k_count);
+    m.field("spec_accepted_tokens", x.spec_accepted_tokens, k_count);
     if (auto v = m.get("output_token_logprobs")) {
       const path p = m.at("output_token_logprobs");
       if (expect_array(m.cx(), *v, p)) {
@@ -318,6 +320,12 @@ json to_json(const GenerateReqOutput& x) {
     {"weight_version_start", x.weight_version_start},
     {"sampling_seed", x.sampling_seed},
   };
+  if (x.spec_verify_ct > 0) {
+    meta["spec_verify_ct"] = x.spec_verify_ct;
+    meta["spec_accepted_tokens"] = x.spec_accepted_tokens;
+    meta["spec_accept_length"] =
+      double(x.spec_accepted_tokens + x.spec_verify_ct) / double(x.spec_verify_ct);
+  }
   auto spans = json::array();
   for (const auto& span : x.weight_version_spans)
     spans.push_back({{"weight_version", span.weight_version}, {"first_token", span.first_token}});

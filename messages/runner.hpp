@@ -18,15 +18,27 @@ namespace rlserve {
 // One sequence's share of a forward batch: `tokens` are appended to the sequence's KV (a prompt
 // chunk, or the token sampled last step) and, when `sample` is set, a next token is sampled
 // from the last position with the sequence's own seeded sampler.
+//
+// Speculative decoding adds two shapes of work (model/speculative.hpp):
+//  - draft runner, `propose` = k > 0: after `tokens`, the draft samples k tokens one after
+//    another from its own distributions and returns them with those distributions; its KV then
+//    holds `tokens` and the first k - 1 proposals.
+//  - target runner, `draft_tokens` non-empty: `tokens` is the one pending token; the target runs
+//    it and the k proposals in one forward, keeps the proposals it accepts and adds one token of
+//    its own; its KV keeps the pending token and the accepted proposals only.
 struct SequenceWork {
   uint64_t seq_id = 0;
   bool new_sequence = false;       // drop any KV under seq_id and start fresh
   std::vector<int32_t> new_blocks; // KV pool blocks appended to the sequence's block table
+  int64_t kv_length = -1;          // >= 0: first cut the sequence's KV to this many positions
   std::vector<int32_t> tokens;
   bool sample = true;
   SamplingParams sampling_params;  // read when new_sequence is set
   uint64_t sampling_seed = 0;      // read when new_sequence is set
   int32_t top_logprobs_num = 0;
+  int32_t propose = 0;                // draft: tokens to propose after `tokens`
+  std::vector<int32_t> draft_tokens;  // target: proposals to verify
+  std::vector<float> draft_probs;     // target: [k, vocab] draft distributions (empty if greedy)
 };
 
 struct ForwardBatch {
@@ -36,9 +48,14 @@ struct ForwardBatch {
 
 struct SequenceResult {
   uint64_t seq_id = 0;
-  int32_t token = -1;        // -1 when sample was false or the sequence failed
-  float logprob = 0.0f;
-  std::vector<TopLogprob> top_logprobs;
+  // New tokens: one sampled token; for a verification the accepted proposals and the target's
+  // own token; for a proposal the k proposed tokens. Empty when sample was false or it failed.
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;                      // one per token
+  std::vector<std::vector<TopLogprob>> top_logprobs; // one list per token when asked
+  int32_t accepted = 0;          // verification: proposals accepted
+  std::vector<float> draft_probs; // proposal: [k, vocab] distributions the proposals came from
+                                  // (empty for greedy requests)
   std::string error;         // non-empty: this sequence failed (the others still ran)
 };
 
@@ -122,8 +139,9 @@ struct WeightUpdaterStatus {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SequenceWork& x) {
-  return f(caf::meta::type_name("SequenceWork"), x.seq_id, x.new_sequence, x.new_blocks, x.tokens, x.sample,
-           x.sampling_params, x.sampling_seed, x.top_logprobs_num);
+  return f(caf::meta::type_name("SequenceWork"), x.seq_id, x.new_sequence, x.new_blocks,
+           x.kv_length, x.tokens, x.sample, x.sampling_params, x.sampling_seed,
+           x.top_logprobs_num, x.propose, x.draft_tokens, x.draft_probs);
 }
 
 template <class Inspector>
@@ -133,8 +151,8 @@ typename Inspector::result_type inspect(Inspector& f, ForwardBatch& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SequenceResult& x) {
-  return f(caf::meta::type_name("SequenceResult"), x.seq_id, x.token, x.logprob, x.top_logprobs,
-           x.error);
+  return f(caf::meta::type_name("SequenceResult"), x.seq_id, x.tokens, x.logprobs,
+           x.top_logprobs, x.accepted, x.draft_probs, x.error);
 }
 
 template <class Inspector>

@@ -136,4 +136,113 @@ sampled_token sampler::sample(std::span<const float> logits, const sampling_conf
   return {token, static_cast<float>(double(logit(token)) * inv_t - lse)};
 }
 
+void sampler::distribution(std::span<const float> logits, const sampling_config& cfg,
+                           std::vector<float>& probs) {
+  const auto V = logits.size();
+  probs.assign(V, 0.0f);
+  if (V == 0)
+    return;
+  auto logit = [&](std::size_t i) { return std::isnan(logits[i]) ? k_neg_inf : logits[i]; };
+  if (!(cfg.temperature >= k_greedy_temperature)) {
+    std::size_t best = 0;
+    for (std::size_t i = 1; i < V; ++i)
+      if (logit(i) > logit(best))
+        best = i;
+    probs[best] = 1.0f;
+    return;
+  }
+  const double inv_t = 1.0 / double(cfg.temperature);
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < V; ++i)
+    m = std::max(m, double(logit(i)) * inv_t);
+  if (!std::isfinite(m)) {
+    probs[0] = 1.0f;
+    return;
+  }
+  double sum = 0.0;
+  for (std::size_t i = 0; i < V; ++i)
+    sum += std::exp(double(logit(i)) * inv_t - m);
+  const double lse = m + std::log(sum);
+  std::vector<float> full(V);
+  for (std::size_t i = 0; i < V; ++i)
+    full[i] = static_cast<float>(std::exp(double(logit(i)) * inv_t - lse));
+  // The same survivors as sample(): most probable first, ties to the lower id.
+  std::vector<int32_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  auto more_probable = [&](int32_t a, int32_t b) {
+    return full[a] > full[b] || (full[a] == full[b] && a < b);
+  };
+  std::size_t n = V;
+  const bool top_k = cfg.top_k > 0 && static_cast<std::size_t>(cfg.top_k) < V;
+  const bool top_p = cfg.top_p < 1.0f;
+  if (top_k) {
+    std::partial_sort(order.begin(), order.begin() + cfg.top_k, order.end(), more_probable);
+    n = static_cast<std::size_t>(cfg.top_k);
+  } else if (top_p) {
+    std::sort(order.begin(), order.end(), more_probable);
+  }
+  if (top_p) {
+    double before = 0.0;
+    std::size_t keep = 0;
+    while (keep < n && (keep == 0 || before < double(cfg.top_p)))
+      before += full[order[keep++]];
+    n = keep;
+  }
+  if (cfg.min_p > 0.0f) {
+    const float threshold = cfg.min_p * static_cast<float>(std::exp(m - lse));
+    const int32_t top = *std::min_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), more_probable);
+    auto end = std::stable_partition(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n),
+                                     [&](int32_t id) { return full[id] >= threshold; });
+    n = static_cast<std::size_t>(end - order.begin());
+    if (n == 0) {
+      order[0] = top;
+      n = 1;
+    }
+  }
+  double total = 0.0;
+  for (std::size_t i = 0; i < n; ++i)
+    total += full[order[i]];
+  for (std::size_t i = 0; i < n; ++i)
+    probs[order[i]] = static_cast<float>(full[order[i]] / total);
+}
+
+int32_t sampler::draw(std::span<const float> probs) {
+  const float u = rng_.uniform();
+  double total = 0.0;
+  for (float p : probs)
+    if (p > 0.0f)
+      total += p;
+  if (!(total > 0.0))
+    return -1;
+  const double target = double(u) * total;
+  double acc = 0.0;
+  int32_t last = -1;
+  for (std::size_t i = 0; i < probs.size(); ++i) {
+    if (!(probs[i] > 0.0f))
+      continue;
+    acc += probs[i];
+    last = static_cast<int32_t>(i);
+    if (target < acc)
+      break;
+  }
+  return last;
+}
+
+float token_logprob(std::span<const float> logits, float temperature, int32_t token) {
+  if (logits.empty() || token < 0 || static_cast<std::size_t>(token) >= logits.size())
+    return k_neg_inf;
+  // The same operations as sample(), so both report the same number for the same token.
+  const double inv_t = temperature >= k_greedy_temperature ? 1.0 / double(temperature) : 1.0;
+  auto logit = [&](std::size_t i) { return std::isnan(logits[i]) ? k_neg_inf : logits[i]; };
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    m = std::max(m, double(logit(i)) * inv_t);
+  if (!std::isfinite(m))
+    return k_neg_inf;
+  double sum = 0.0;
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    sum += std::exp(double(logit(i)) * inv_t - m);
+  return static_cast<float>(double(logit(static_cast<std::size_t>(token))) * inv_t - (m + std::log(sum)));
+}
+
 } // namespace rlserve::model

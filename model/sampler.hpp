@@ -56,10 +56,23 @@ public:
   // depends only on its seed and its logits.
   sampled_token sample(std::span<const float> logits, const sampling_config& cfg);
 
+  // For speculative decoding, which needs the distributions themselves. `distribution` writes
+  // the distribution sample() draws from: softmax(logits / T) after top-k / top-p / min-p,
+  // renormalized, zero elsewhere (greedy: 1 at the argmax). It draws nothing.
+  void distribution(std::span<const float> logits, const sampling_config& cfg,
+                    std::vector<float>& probs);
+  // Draws one id from `probs` (need not sum to 1; non-positive entries are never drawn) with one
+  // uniform, walking ids in order. -1 when nothing is positive.
+  int32_t draw(std::span<const float> probs);
+  float uniform() { return rng_.uniform(); }
+
 private:
   rng rng_;
   std::vector<float> probs_;     // [vocab] scratch, reused across calls
   std::vector<int32_t> order_;   // [vocab] candidate ids
 };
+
+// log_softmax(logits / T)[token], the logprob sample() reports (T = 1 for greedy).
+float token_logprob(std::span<const float> logits, float temperature, int32_t token);
 
 } // namespace rlserve::model

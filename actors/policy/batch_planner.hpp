@@ -3,8 +3,9 @@
 // (CONVENTIONS §4.11).
 //
 // Rules, in order:
-//  1. Running requests first, oldest first. A decoding request runs 1 token; one still in prefill
-//     runs its next chunk (what is left of its prompt, cut to the token budget). A request that
+//  1. Running requests first, oldest first. A decoding request runs 1 token, or 1 + k with
+//     speculative decoding (the pending token and k draft proposals to verify; 1 when the budget
+//     left is smaller); one still in prefill runs its next chunk (what is left of its prompt, cut to the token budget). A request that
 //     needs more blocks than are free makes room by preempting the newest running requests (they
 //     give up their KV and go back to the front of the queue, keeping their tokens); if it is the
 //     newest itself, it is preempted.
@@ -26,6 +27,7 @@ struct running_view {
   int64_t kv_tokens = 0;    // positions its KV holds
   int64_t held_blocks = 0;
   int64_t prefill_left = 0; // prompt tokens not yet run (0: decoding)
+  int64_t decode_tokens = 1; // tokens a decode step runs: 1, or 1 + k proposals to verify
 };
 
 struct waiting_view {
@@ -65,7 +67,10 @@ struct batch_plan {
   std::size_t newest = running.size();          // running[0, newest) are not preempted
   for (std::size_t i = 0; i < newest; ++i) {
     const auto& r = running[i];
-    int64_t want = r.prefill_left > 0 ? std::min(r.prefill_left, budget) : (budget > 0 ? 1 : 0);
+    int64_t want = r.prefill_left > 0          ? std::min(r.prefill_left, budget)
+                   : budget >= r.decode_tokens ? r.decode_tokens
+                   : budget > 0                ? 1
+                                               : 0;
     if (want == 0)
       continue; // the budget is spent; it runs next step
     int64_t need = std::max<int64_t>(blocks_for(r.kv_tokens + want) - r.held_blocks, 0);

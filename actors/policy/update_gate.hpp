@@ -14,8 +14,11 @@
 //    lock exclusively: it waits until no generate request is running. Inside an open session
 //    it runs at once (the session already holds the lock).
 //  - A session holds the lock from a successful begin until its end, whatever the end's result.
-//  - continue_generation waits while an update operation runs or a session is open (it must not
-//    unpause in the middle of a session: the TOCTOU of SGLang #22304 / #22754).
+//  - continue_generation never unpauses while an update operation runs or a session is open
+//    (the TOCTOU of SGLang #22304 / #22754): it waits for the running operation, and inside an
+//    open session it is deferred to the session's end. The front door answers a deferred continue
+//    at once, so a trainer that sends continue before end (from one thread) does not hang. A
+//    pause that arrives before the deferred continue took effect cancels it: the latest call wins.
 #pragma once
 
 #include <cstdint>
@@ -130,8 +133,21 @@ public:
     }
   }
 
-  // pause_generation: takes effect at once (it takes no lock).
-  void pause() { paused_ = true; }
+  // pause_generation: takes effect at once (it takes no lock). Returns the continue operations
+  // still queued, which it cancels (the caller answers them).
+  std::vector<ticket> pause() {
+    paused_ = true;
+    std::vector<ticket> cancelled;
+    for (auto it = queue_.begin(); it != queue_.end();) {
+      if (it->op == gate_op::resume) {
+        cancelled.push_back(it->id);
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return cancelled;
+  }
   // Ends a session the caller can no longer finish (its client went away and the session was
   // aborted on its behalf).
   void close_session() { session_open_ = false; }

@@ -117,4 +117,18 @@ BOOST_AUTO_TEST_CASE(block_manager_allocates_lowest_first_and_all_or_nothing) {
   BOOST_TEST((*c == std::vector<int32_t>{0, 1, 5}));
 }
 
+BOOST_AUTO_TEST_CASE(speculative_decodes_reserve_blocks_for_every_proposal) {
+  batch_limits lim{8, 6, 4};
+  // 1 verifies 4 proposals (5 tokens at positions 7..11: blocks up to 12 tokens = 3, holds 2);
+  // 2 would need 5 tokens but only 1 is left in the budget: it decodes plainly.
+  std::vector<running_view> running{{1, 7, 2, 0, 5}, {2, 3, 1, 0, 5}};
+  auto plan = plan_batch(running, {}, 10, lim);
+  BOOST_REQUIRE_EQUAL(plan.work.size(), 2u);
+  BOOST_TEST(plan.work[0].tokens == 5);
+  BOOST_TEST(plan.work[0].new_blocks == 1);
+  BOOST_TEST(plan.work[0].samples);
+  BOOST_TEST(plan.work[1].tokens == 1);
+  BOOST_TEST(plan.work[1].new_blocks == 0);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -21,121 +21,12 @@
 #include "model/config.hpp"
 #include "model/make_model.hpp"
 #include "model/qwen3.hpp"
+#include "tests/support/engine_support.hpp"
 
 using namespace rlserve;
 namespace fs = std::filesystem;
 
-namespace {
-
-fs::path scratch_dir(const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("rlserve-engine-sim-" + std::to_string(::getpid())) / name;
-  fs::create_directories(dir.parent_path());
-  return dir;
-}
-
-fs::path tiny_model(const std::string& name, uint64_t seed) {
-  auto dir = scratch_dir(name);
-  if (!fs::exists(dir / "config.json")) {
-    model::make_model_options o;
-    o.out = dir;
-    o.seed = seed;
-    auto ok = model::make_model(o);
-    BOOST_REQUIRE_MESSAGE(ok.has_value(), (ok ? std::string() : ok.error()));
-  }
-  return dir;
-}
-
-std::unique_ptr<Engine> start(const fs::path& model, const fs::path& draft = {}) {
-  engine_config cfg;
-  cfg.model_path = model;
-  cfg.draft_model_path = draft;
-  auto e = Engine::start(cfg);
-  BOOST_REQUIRE_MESSAGE(e.has_value(), (e ? std::string() : e.error()));
-  return std::move(*e);
-}
-
-GenerateReqInput greedy(std::vector<int32_t> ids, int32_t n) {
-  GenerateReqInput r;
-  r.input_ids = std::move(ids);
-  r.sampling_params.temperature = 0.0f;
-  r.sampling_params.max_new_tokens = n;
-  r.sampling_params.ignore_eos = true;
-  return r;
-}
-
-std::string hex16(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-// Every parameter of `dir`'s checkpoint, each element moved by noise of `scale` x its RMS.
-std::vector<NamedTensor> perturbed(const fs::path& dir, uint64_t seed, float scale = 0.5f) {
-  auto ckpt = model::checkpoint::open(dir);
-  BOOST_REQUIRE(ckpt.has_value());
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> noise;
-  std::vector<NamedTensor> out;
-  for (const auto& name : ckpt->names()) {
-    auto t = ckpt->tensor(name);
-    BOOST_REQUIRE(t.has_value());
-    BOOST_REQUIRE(t->type == dtype::bf16);
-    auto src = t->as<uint16_t>();
-    double ss = 0;
-    for (auto b : src)
-      ss += double(kernels::bf16_to_float(b)) * kernels::bf16_to_float(b);
-    auto s = scale * static_cast<float>(std::sqrt(ss / src.size()));
-    std::vector<uint16_t> dst(src.size());
-    for (std::size_t i = 0; i < src.size(); ++i)
-      dst[i] = kernels::float_to_bf16(kernels::bf16_to_float(src[i]) + s * noise(rng));
-    out.push_back({name, HostTensor::from_vector(dtype::bf16, t->shape, dst)});
-  }
-  return out;
-}
-
-std::map<std::string, std::string> checksums_of(const std::vector<NamedTensor>& ts) {
-  std::map<std::string, std::string> out;
-  for (auto& t : ts)
-    out[t.name] = hex16(XXH3_64bits(t.tensor.data.get(), t.tensor.nbytes));
-  return out;
-}
-
-std::map<std::string, std::string> engine_checksums(Engine& e, runner_selector sel = runner_selector::all) {
-  CheckWeightsReqInput req;
-  req.selector = sel;
-  auto out = e.check_weights(req);
-  BOOST_REQUIRE_MESSAGE(out.success, out.message);
-  BOOST_REQUIRE_EQUAL(out.payload.size(), 1u);
-  return out.payload[0].checksums;
-}
-
-bool contains(const std::string& haystack, const std::string& needle) {
-  bool ok = haystack.find(needle) != std::string::npos;
-  if (!ok)
-    BOOST_TEST_MESSAGE("\"" << haystack << "\" lacks \"" << needle << "\"");
-  return ok;
-}
-
-// Greedy decoding with the model library directly: the reference for the pipeline.
-std::vector<int32_t> reference_greedy(const fs::path& dir, std::vector<int32_t> prompt, int n) {
-  auto cfg = model::load_model_config(dir);
-  auto ckpt = model::checkpoint::open(dir);
-  auto m = model::qwen3_model::load(*cfg, *ckpt);
-  BOOST_REQUIRE(m.has_value());
-  auto cache = m->make_cache();
-  std::vector<float> logits;
-  std::vector<int32_t> out;
-  std::vector<int32_t> step = std::move(prompt);
-  for (int i = 0; i < n; ++i) {
-    BOOST_REQUIRE(m->forward(cache, step, logits).has_value());
-    auto best = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    out.push_back(best);
-    step = {best};
-  }
-  return out;
-}
-
-} // namespace
+using namespace rlserve::test;
 
 BOOST_AUTO_TEST_SUITE(engine_sim_test)
 
@@ -568,16 +459,30 @@ BOOST_AUTO_TEST_CASE(in_place_pause_update_continue_spans_two_versions) {
   BOOST_TEST(e->flush_cache({}).success);
 }
 
-BOOST_AUTO_TEST_CASE(continue_waits_for_an_open_session_to_end) {
+BOOST_AUTO_TEST_CASE(continue_inside_a_session_takes_effect_at_its_end) {
   auto dir = tiny_model("target", 11);
   auto e = start(dir);
   BOOST_REQUIRE(e->pause_generation({pause_mode::retract}).success);
   BOOST_REQUIRE(e->begin_weight_update({}).success);
-  auto resumed = std::async(std::launch::async, [&] { return e->continue_generation({}); });
-  BOOST_TEST((resumed.wait_for(std::chrono::milliseconds(150)) == std::future_status::timeout));
+  // Answered at once (a trainer calling continue before end from one thread must not hang),
+  // but generation stays paused until the session ends.
+  auto resumed = e->continue_generation({});
+  BOOST_TEST(resumed.success);
+  BOOST_TEST(contains(resumed.message, "continues when end_weight_update closes it"));
   BOOST_TEST(e->get_server_info().paused);
+  auto held = e->generate_async(greedy({1, 2}, 3));
+  BOOST_TEST((held.wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout));
   BOOST_REQUIRE(e->end_weight_update({}).success);
-  BOOST_TEST(resumed.get().success);
+  BOOST_TEST(held.get().success);
+  BOOST_TEST(!e->get_server_info().paused);
+  // A pause after a deferred continue wins: the session's end leaves generation paused.
+  BOOST_REQUIRE(e->pause_generation({pause_mode::in_place}).success);
+  BOOST_REQUIRE(e->begin_weight_update({}).success);
+  BOOST_TEST(e->continue_generation({}).success);
+  BOOST_REQUIRE(e->pause_generation({pause_mode::in_place}).success);
+  BOOST_REQUIRE(e->end_weight_update({}).success);
+  BOOST_TEST(e->get_server_info().paused);
+  BOOST_TEST(e->continue_generation({}).success);
   BOOST_TEST(!e->get_server_info().paused);
 }
 

@@ -153,6 +153,22 @@ BOOST_AUTO_TEST_CASE(cancelled_queued_request_never_starts) {
   BOOST_TEST(ids(g.ready()) == (v{3, 2}));
 }
 
+BOOST_AUTO_TEST_CASE(a_later_pause_cancels_a_continue_that_has_not_taken_effect) {
+  update_gate g;
+  g.pause();
+  g.submit(1, gate_op::session_begin);
+  (void)g.ready();
+  g.finished(gate_op::session_begin, true);
+  g.submit(2, gate_op::resume); // deferred to the session's end
+  BOOST_TEST(g.ready().empty());
+  BOOST_TEST(g.pause() == (v{2}));
+  g.submit(3, gate_op::session_end);
+  BOOST_TEST(ids(g.ready()) == (v{3}));
+  g.finished(gate_op::session_end);
+  BOOST_TEST(g.ready().empty());
+  BOOST_TEST(g.paused());
+}
+
 BOOST_AUTO_TEST_CASE(double_pause_and_continue_without_pause_are_harmless) {
   update_gate g;
   g.submit(1, gate_op::resume); // continue without pause

@@ -38,8 +38,8 @@ RLSERVE_FIELD_COUNT(GenerateReqInput, 8)
 RLSERVE_FIELD_COUNT(TokenizedGenerateReqInput, 9)
 RLSERVE_FIELD_COUNT(FinishReason, 4)
 RLSERVE_FIELD_COUNT(TopLogprob, 2)
-RLSERVE_FIELD_COUNT(GenerateReqOutput, 16)
-RLSERVE_FIELD_COUNT(TokenChunk, 14)
+RLSERVE_FIELD_COUNT(GenerateReqOutput, 18)
+RLSERVE_FIELD_COUNT(TokenChunk, 16)
 RLSERVE_FIELD_COUNT(TokenChunks, 1)
 RLSERVE_FIELD_COUNT(WeightVersionSpan, 2)
 RLSERVE_FIELD_COUNT(AbortReq, 3)
@@ -82,13 +82,13 @@ RLSERVE_FIELD_COUNT(ContinueGenerationReqOutput, 2)
 RLSERVE_FIELD_COUNT(FlushCacheReqInput, 1)
 RLSERVE_FIELD_COUNT(FlushCacheReqOutput, 2)
 RLSERVE_FIELD_COUNT(GetServerInfoReqInput, 0)
-RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 15)
+RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 20)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
 RLSERVE_FIELD_COUNT(HealthCheckReqOutput, 2)
 // runner.hpp
-RLSERVE_FIELD_COUNT(SequenceWork, 8)
+RLSERVE_FIELD_COUNT(SequenceWork, 12)
 RLSERVE_FIELD_COUNT(ForwardBatch, 2)
-RLSERVE_FIELD_COUNT(SequenceResult, 5)
+RLSERVE_FIELD_COUNT(SequenceResult, 7)
 RLSERVE_FIELD_COUNT(ForwardBatchOutput, 4)
 RLSERVE_FIELD_COUNT(ReleaseSequences, 1)
 RLSERVE_FIELD_COUNT(TensorSpec, 3)
@@ -408,6 +408,8 @@ struct samples<GenerateReqOutput> : simple_samples<GenerateReqOutput> {
     x.prompt_tokens = 5;
     x.completion_tokens = 3;
     x.cached_tokens = 2;
+    x.spec_verify_ct = 2;
+    x.spec_accepted_tokens = 1;
     x.weight_version_start = "v1";
     x.weight_version = "v2";
     x.weight_version_spans = {{"v1", 0}, {"v2", 2}};
@@ -440,6 +442,8 @@ struct samples<TokenChunk> : simple_samples<TokenChunk> {
     x.weight_version_start = "v1";
     x.weight_version = "v1";
     x.weight_version_spans = {{"v1", 0}};
+    x.spec_verify_ct = 1;
+    x.spec_accepted_tokens = 3;
     x.success = false;
     x.message = "oops";
     return x;
@@ -782,6 +786,11 @@ struct samples<GetServerInfoReqOutput> : simple_samples<GetServerInfoReqOutput> 
     x.paused = true;
     x.pause_mode = "in_place";
     x.weight_update_session_open = true;
+    x.speculative_num_draft_tokens = 4;
+    x.spec_verify_steps = 10;
+    x.spec_accepted_tokens = 17;
+    x.spec_accept_length = 2.7;
+    x.spec_recent_accept_length = 2.5;
     x.running_requests = 3;
     x.waiting_requests = 4;
     x.committed_updates = UINT64_MAX;
@@ -800,7 +809,8 @@ struct samples<HealthCheckReqOutput> : status_samples<HealthCheckReqOutput> {};
 template <>
 struct samples<SequenceWork> : simple_samples<SequenceWork> {
   static SequenceWork full() {
-    return {5, true, {4, 9}, {1, 2}, false, samples<SamplingParams>::full(), 9, 3};
+    return {5, true, {4, 9}, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, 3, 4, {7, 8},
+            {0.25f, 0.75f}};
   }
 };
 
@@ -812,7 +822,8 @@ struct samples<ForwardBatch> : simple_samples<ForwardBatch> {
 template <>
 struct samples<SequenceResult> : simple_samples<SequenceResult> {
   static SequenceResult full() {
-    return {5, 42, -0.3f, {{42, -0.3f}, {43, -1.0f}}, "sampler failed"};
+    return {5, {42, 7}, {-0.3f, -1.5f}, {{{42, -0.3f}, {43, -1.0f}}, {}}, 1, {0.5f, 0.5f},
+            "sampler failed"};
   }
 };
 

@@ -1,0 +1,163 @@
+// scheduler_bench: what the scheduler costs per decode step, apart from the model (issue:
+// scheduler §6). The scheduler runs as in the engine, over a runner that answers every forward
+// batch at once with a fixed token (no model), so the time between batches is the scheduler's
+// planning, block bookkeeping, result handling and chunk building, plus the message hops
+// between the actors. Batches of 64 and 256 requests decode together; streaming on and off.
+//
+//   build/benchmarks/scheduler_bench [--steps N]
+//
+// Prints, per case: wall-clock µs per step, process CPU µs per step (all threads), and the
+// messages per step: forward request + reply, the scheduler's step self-message, and the
+// TokenChunks messages its sinks receive.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <string>
+#include <vector>
+
+#include <sys/resource.h>
+
+#include "actors/scheduler_actor.hpp"
+#include "caf/all.hpp"
+
+using namespace rlserve;
+
+namespace {
+
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+using clock_type = std::chrono::steady_clock;
+
+struct step_clock {
+  std::atomic<int64_t> steps{0};
+  std::atomic<int64_t> chunk_messages{0};
+  std::atomic<int64_t> finished{0};
+  std::atomic<int64_t> runner_ns{0}; // time the runner spent building its answers
+};
+
+// A runner without a model: every sequence's answer is token 7 with logprob -1.
+runner_actor::behavior_type modelless_runner(runner_actor::pointer, RunnerManifest manifest,
+                                             step_clock* clock) {
+  return {
+    [manifest](manifest_atom) { return manifest; },
+    [clock](ForwardBatch& batch) {
+      auto t0 = clock_type::now();
+      ForwardBatchOutput out;
+      out.step = batch.step;
+      out.results.resize(batch.work.size());
+      for (std::size_t i = 0; i < batch.work.size(); ++i) {
+        out.results[i].seq_id = batch.work[i].seq_id;
+        if (batch.work[i].sample) {
+          out.results[i].tokens = {7};
+          out.results[i].logprobs = {-1.0f};
+        }
+      }
+      clock->steps.fetch_add(1);
+      clock->runner_ns.fetch_add((clock_type::now() - t0).count());
+      return out;
+    },
+    [](ReleaseSequences&) {},
+    [](restore_atom) { return RunnerReply{}; },
+    [](StageTensors&) { return RunnerReply{}; },
+    [](commit_atom) { return RunnerReply{}; },
+    [](discard_atom) { return RunnerReply{}; },
+    [](CheckWeightsReqInput&) { return RunnerCheckOutput{}; },
+    [](GetWeightsByNameReqInput&) { return GetWeightsByNameReqOutput{}; },
+  };
+}
+
+caf::behavior chunk_counter(caf::event_based_actor*, step_clock* clock) {
+  return {
+    [clock](TokenChunks& chunks) {
+      clock->chunk_messages.fetch_add(1);
+      for (auto& c : chunks.chunks)
+        if (c.finished)
+          clock->finished.fetch_add(1);
+    },
+  };
+}
+
+struct result {
+  double wall_us, cpu_us, runner_us, messages;
+};
+
+result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps) {
+  step_clock clock;
+  RunnerManifest manifest;
+  manifest.role = "target";
+  manifest.vocab_size = 512;
+  manifest.max_context_length = 1 << 20;
+  manifest.kv_block_size = 16;
+  const int64_t prompt = 16, max_new = steps + 64;
+  manifest.kv_num_blocks = batch * ((prompt + max_new) / 16 + 2);
+  auto runner = sys.spawn<caf::detached>(modelless_runner, manifest, &clock);
+  scheduler_options options;
+  options.max_running_requests = batch;
+  options.max_batch_tokens = batch * prompt;
+  auto scheduler = spawn_scheduler(sys, options, runner, runner_actor{}, manifest,
+                                   weight_updater_actor{}, "0", nullptr);
+  auto sink = sys.spawn(chunk_counter, &clock);
+  for (int i = 0; i < batch; ++i) {
+    TokenizedGenerateReqInput req;
+    req.rid = "r" + std::to_string(i);
+    req.input_ids.assign(prompt, 3);
+    req.sampling_params.max_new_tokens = static_cast<int32_t>(max_new);
+    req.sampling_params.ignore_eos = true;
+    req.stream = stream;
+    caf::anon_send(scheduler, std::move(req), sink);
+  }
+  // Warm up past admission and prefill, then measure `steps` decode steps.
+  while (clock.steps < 8)
+    std::this_thread::yield();
+  auto s0 = clock.steps.load();
+  auto m0 = clock.chunk_messages.load();
+  auto r0 = clock.runner_ns.load();
+  auto t0 = clock_type::now();
+  auto c0 = cpu_seconds();
+  while (clock.steps < s0 + steps)
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  auto t1 = clock_type::now();
+  auto c1 = cpu_seconds();
+  auto n = double(clock.steps.load() - s0);
+  result out;
+  out.wall_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / n;
+  out.cpu_us = (c1 - c0) * 1e6 / n;
+  out.runner_us = double(clock.runner_ns.load() - r0) / 1e3 / n;
+  // forward request + reply + the step self-message, and the chunk messages to sinks.
+  out.messages = 3.0 + double(clock.chunk_messages.load() - m0) / n;
+  caf::anon_send(scheduler, AbortReq{"", true, "benchmark over"});
+  while (clock.finished < batch)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(runner, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+  return out;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  int64_t steps = 2000;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--steps") == 0)
+      steps = std::stoll(argv[i + 1]);
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::rlserve>();
+  caf::actor_system sys{cfg};
+  std::printf("| batch | streaming | wall µs / step | CPU µs / step (all threads) | of which the "
+              "model-less runner | messages / step |\n| --- | --- | --- | --- | --- | --- |\n");
+  for (int batch : {64, 256})
+    for (bool stream : {false, true}) {
+      auto r = run_case(sys, batch, stream, steps);
+      std::printf("| %d | %s | %.1f | %.1f | %.1f | %.1f |\n", batch, stream ? "on" : "off",
+                  r.wall_us, r.cpu_us, r.runner_us, r.messages);
+      std::fflush(stdout);
+    }
+  return 0;
+}

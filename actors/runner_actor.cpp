@@ -154,7 +154,10 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
   out.step = batch.step;
   out.results.resize(batch.work.size());
   const auto vocab = static_cast<std::size_t>(st.model->config().vocab_size);
-  std::vector<std::string> errors(batch.work.size());
+  // Entries 0 .. W - 1 are batch.work, W .. W + D - 1 the plain decodes.
+  const auto W = batch.work.size();
+  const auto D = batch.decode_seq_ids.size();
+  std::vector<std::string> errors(W + D);
   std::vector<std::vector<int32_t>> verify_tokens(batch.work.size()); // pending + proposals
   std::vector<model::forward_item> items;
   std::vector<std::size_t> owners; // items[j] runs batch.work[owners[j]]
@@ -206,6 +209,18 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
     }
     owners.push_back(i);
   }
+  out.decode_tokens.assign(D, -1);
+  out.decode_logprobs.assign(D, 0.0f);
+  for (std::size_t d = 0; d < D; ++d) {
+    auto it = st.sequences.find(batch.decode_seq_ids[d]);
+    if (it == st.sequences.end()) {
+      errors[W + d] = "sequence " + std::to_string(batch.decode_seq_ids[d]) + " is unknown to the " +
+                      st.options.role + " runner (released, or never started)";
+      continue;
+    }
+    items.push_back({&it->second.kv, std::span<const int32_t>(&batch.decode_tokens[d], 1), 1});
+    owners.push_back(W + d);
+  }
 
   std::vector<float> logits;
   std::vector<std::size_t> row_of;
@@ -219,6 +234,14 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
   std::vector<float> probs;
   for (std::size_t j = 0; j < items.size(); ++j) {
     auto i = owners[j];
+    if (i >= W) { // a plain decode
+      auto& seq = st.sequences.at(batch.decode_seq_ids[i - W]);
+      auto sampled = seq.sampler.sample(
+        std::span<const float>(logits.data() + row_of[j] * vocab, vocab), seq.sampling);
+      out.decode_tokens[i - W] = sampled.token;
+      out.decode_logprobs[i - W] = sampled.logprob;
+      continue;
+    }
     auto& work = batch.work[i];
     auto& seq = st.sequences.at(work.seq_id);
     auto& r = out.results[i];
@@ -287,11 +310,17 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
     }
     proposing = std::move(still);
   }
-  for (std::size_t i = 0; i < batch.work.size(); ++i)
+  for (std::size_t i = 0; i < W; ++i)
     if (!errors[i].empty()) {
       out.results[i] = SequenceResult{};
       out.results[i].seq_id = batch.work[i].seq_id;
       out.results[i].error = std::move(errors[i]);
+    }
+  for (std::size_t d = 0; d < D; ++d)
+    if (!errors[W + d].empty()) {
+      out.decode_errors.resize(D);
+      out.decode_errors[d] = std::move(errors[W + d]);
+      out.decode_tokens[d] = -1;
     }
   return out;
 }

@@ -1,6 +1,7 @@
 #include "actors/scheduler_actor.hpp"
 
 #include <algorithm>
+#include <ctime>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -28,6 +29,7 @@ struct request_state {
   std::vector<float> logprobs;
   std::vector<std::vector<TopLogprob>> top_logprobs;
   std::vector<WeightVersionSpan> spans; // which output tokens came from which weight version
+  std::size_t spans_sent = 0;           // how many of them the front door has
   std::size_t streamed = 0;   // output tokens already sent in chunks
   std::vector<int32_t> blocks; // KV blocks it holds (the runner holds its KV iff non-empty or kv_tokens > 0)
   int64_t kv_tokens = 0;       // positions of prompt + outputs whose KV the runner holds
@@ -50,6 +52,21 @@ struct request_state {
   int32_t spec_accepted = 0;
 };
 
+// Adds the CPU time of the current thread between construction and destruction to `total_ns`:
+// what the scheduler's own handlers cost, without the runner's forward and without the time a
+// worker thread spends polling for work.
+struct thread_cpu_meter {
+  explicit thread_cpu_meter(uint64_t& total) : total_ns(total), start(now()) {}
+  ~thread_cpu_meter() { total_ns += now() - start; }
+  static uint64_t now() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+  }
+  uint64_t& total_ns;
+  uint64_t start;
+};
+
 struct scheduler_state {
   // Not an aggregate: under C++20, CAF 0.17's stateful_actor would otherwise try to build the
   // state from the actor pointer (parenthesized aggregate init makes is_constructible true).
@@ -66,13 +83,16 @@ struct scheduler_state {
   std::optional<policy::block_manager> blocks;
 
   std::unordered_map<std::string, request_state> requests; // by rid
-  std::unordered_map<uint64_t, std::string> rid_of_seq;
-  std::deque<std::string> waiting;  // FCFS; preempted and retracted requests rejoin at the front
-  std::vector<std::string> running; // admission order
+  std::unordered_map<uint64_t, request_state*> by_seq; // into `requests` (node-stable)
+  std::deque<request_state*> waiting;  // FCFS; preempted and retracted requests rejoin at the front
+  std::vector<request_state*> running; // admission order
   uint64_t next_seq = 1;
   uint64_t next_step = 1;
 
   bool forward_in_flight = false;
+  std::vector<policy::running_view> running_views; // step()'s scratch
+  std::vector<policy::waiting_view> waiting_views;
+  std::vector<uint64_t> decode_in_flight; // the plain decodes of the batch in flight, in order
   bool step_scheduled = false;
   bool paused = false;
   pause_mode mode = pause_mode::abort;
@@ -87,6 +107,7 @@ struct scheduler_state {
   // Chunks produced while handling one batch, sent as one TokenChunks message per sink.
   std::vector<std::pair<caf::actor, TokenChunk>> outbox;
   // Acceptance: totals since start and tokens per verification of the most recent steps.
+  uint64_t busy_ns = 0; // CPU time in step() and on_batch_done() (thread_cpu_meter)
   uint64_t spec_verify_steps = 0;
   uint64_t spec_accepted_tokens = 0;
   std::deque<int32_t> spec_recent; // emitted tokens per verification, newest at the back
@@ -177,7 +198,12 @@ void emit(scheduler_pointer self, request_state& r, std::optional<FinishReason> 
   c.completion_tokens = static_cast<int32_t>(r.output_ids.size());
   c.weight_version_start = r.version_start.empty() ? st.version : r.version_start;
   c.weight_version = r.spans.empty() ? st.version : r.spans.back().weight_version;
-  c.weight_version_spans = r.spans;
+  // The spans travel when they changed and with the last chunk; the front door keeps the last
+  // it got (copying them into every streamed chunk would cost an allocation per token).
+  if (finished || r.spans.size() != r.spans_sent) {
+    c.weight_version_spans = r.spans;
+    r.spans_sent = r.spans.size();
+  }
   c.success = success;
   c.message = std::move(message);
   c.spec_verify_ct = r.spec_verify_ct;
@@ -213,9 +239,9 @@ void finish(scheduler_pointer self, const std::string& rid, std::optional<Finish
   auto& r = it->second;
   emit(self, r, std::move(reason), success, std::move(message));
   release_kv(self, r);
-  st.rid_of_seq.erase(r.seq_id);
-  st.running.erase(std::remove(st.running.begin(), st.running.end(), rid), st.running.end());
-  st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), rid), st.waiting.end());
+  st.by_seq.erase(r.seq_id);
+  st.running.erase(std::remove(st.running.begin(), st.running.end(), &r), st.running.end());
+  st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), &r), st.waiting.end());
   st.requests.erase(it);
   if (!st.pending_flushes.empty() && st.running.empty())
     schedule_step(self); // a flush may be waiting for exactly this
@@ -259,12 +285,11 @@ std::optional<FinishReason> stop_check(const scheduler_state& st, const request_
 
 // Takes a running request off the runner: its KV is freed and it goes back to the queue, keeping
 // the tokens it has; when admitted again it prefills prompt + outputs (retract semantics).
-void requeue(scheduler_pointer self, const std::string& rid) {
+void requeue(scheduler_pointer self, request_state& r) {
   auto& st = self->state;
-  auto& r = st.requests.at(rid);
   release_kv(self, r);
   r.prefill_left = 0;
-  st.running.erase(std::remove(st.running.begin(), st.running.end(), rid), st.running.end());
+  st.running.erase(std::remove(st.running.begin(), st.running.end(), &r), st.running.end());
 }
 
 // Token `i` of prompt + outputs.
@@ -288,60 +313,87 @@ void record_acceptance(scheduler_state& st, request_state& r, int32_t accepted) 
     st.spec_recent.pop_front();
 }
 
+// One sequence's answer: its new tokens (none for a prefill chunk) or its error.
+void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32_t> tokens,
+                  std::span<const float> logprobs, std::vector<std::vector<TopLogprob>>* tops,
+                  int32_t accepted, const std::string& error) {
+  auto& st = self->state;
+  auto seq = st.by_seq.find(seq_id);
+  if (seq == st.by_seq.end())
+    return; // finished meanwhile
+  auto& r = *seq->second;
+  const auto& rid = r.req.rid;
+  auto ran = r.in_batch_tokens;
+  auto sampled = r.in_batch_samples;
+  auto proposals = r.in_batch_proposals;
+  r.in_batch_tokens = 0;
+  r.in_batch_samples = false;
+  r.in_batch_proposals = 0;
+  if (ran == 0)
+    return;
+  if (!error.empty()) {
+    finish(self, std::string(rid), FinishReason{"abort", std::nullopt, std::nullopt, error}, false,
+           error);
+    return;
+  }
+  auto length_before = sequence_length(r);
+  if (proposals > 0) {
+    // The target kept the pending token and the accepted proposals; the draft holds the
+    // pending token and its first proposals - 1, of which the accepted ones stay valid.
+    r.kv_tokens += 1 + accepted;
+    r.draft_kv = std::min(r.draft_kv, length_before + accepted);
+    record_acceptance(st, r, accepted);
+  } else {
+    r.kv_tokens += ran;
+  }
+  r.prefill_left = std::max<int64_t>(r.prefill_left - ran, 0);
+  if (r.abort_requested) {
+    finish(self, std::string(rid), abort_reason(r));
+    return;
+  }
+  if (!sampled)
+    return; // a prefill chunk: nothing to report yet
+  if (r.spans.empty() || r.spans.back().weight_version != st.version)
+    r.spans.push_back({st.version, static_cast<int32_t>(r.output_ids.size())});
+  std::optional<FinishReason> reason;
+  for (std::size_t n = 0; n < tokens.size() && !reason; ++n) {
+    r.output_ids.push_back(tokens[n]);
+    if (r.req.return_logprob) { // kept only when asked for: most rollouts at scale do not
+      r.logprobs.push_back(n < logprobs.size() ? logprobs[n] : 0.0f);
+      r.top_logprobs.push_back(tops && n < tops->size() ? std::move((*tops)[n])
+                                                        : std::vector<TopLogprob>{});
+    }
+    reason = stop_check(st, r); // tokens after a stop are dropped
+  }
+  if (reason)
+    finish(self, std::string(rid), std::move(reason));
+  else
+    emit(self, r, std::nullopt);
+}
+
 void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
   auto& st = self->state;
+  thread_cpu_meter meter{st.busy_ns};
   st.forward_in_flight = false;
-  for (auto& res : out.results) {
-    auto seq = st.rid_of_seq.find(res.seq_id);
-    if (seq == st.rid_of_seq.end())
-      continue; // finished meanwhile
-    auto rid = seq->second;
-    auto& r = st.requests.at(rid);
-    auto ran = r.in_batch_tokens;
-    auto sampled = r.in_batch_samples;
-    auto proposals = r.in_batch_proposals;
-    r.in_batch_tokens = 0;
-    r.in_batch_samples = false;
-    r.in_batch_proposals = 0;
-    if (ran == 0)
-      continue;
-    if (!res.error.empty()) {
-      finish(self, rid, FinishReason{"abort", std::nullopt, std::nullopt, res.error}, false,
-             res.error);
-      continue;
-    }
-    auto length_before = sequence_length(r);
-    if (proposals > 0) {
-      // The target kept the pending token and the accepted proposals; the draft holds the
-      // pending token and its first proposals - 1, of which the accepted ones stay valid.
-      r.kv_tokens += 1 + res.accepted;
-      r.draft_kv = std::min(r.draft_kv, length_before + res.accepted);
-      record_acceptance(st, r, res.accepted);
-    } else {
-      r.kv_tokens += ran;
-    }
-    r.prefill_left = std::max<int64_t>(r.prefill_left - ran, 0);
-    if (r.abort_requested) {
-      finish(self, rid, abort_reason(r));
-      continue;
-    }
-    if (!sampled)
-      continue; // a prefill chunk: nothing to report yet
-    if (r.spans.empty() || r.spans.back().weight_version != st.version)
-      r.spans.push_back({st.version, static_cast<int32_t>(r.output_ids.size())});
-    std::optional<FinishReason> reason;
-    for (std::size_t n = 0; n < res.tokens.size() && !reason; ++n) {
-      r.output_ids.push_back(res.tokens[n]);
-      r.logprobs.push_back(n < res.logprobs.size() ? res.logprobs[n] : 0.0f);
-      r.top_logprobs.push_back(n < res.top_logprobs.size() ? std::move(res.top_logprobs[n])
-                                                           : std::vector<TopLogprob>{});
-      reason = stop_check(st, r); // tokens after a stop are dropped
-    }
-    if (reason)
-      finish(self, rid, std::move(reason));
-    else
-      emit(self, r, std::nullopt);
+  static const std::string no_error;
+  if (!out.success) { // nothing of it ran: results, if any, are not to be applied
+    out.results.clear();
+    out.decode_tokens.clear();
   }
+  for (auto& res : out.results)
+    apply_result(self, res.seq_id, res.tokens, res.logprobs, &res.top_logprobs, res.accepted,
+                 res.error);
+  static const std::string unanswered = "the runner returned no result for this sequence";
+  for (std::size_t d = 0; out.success && d < st.decode_in_flight.size(); ++d) {
+    if (d >= out.decode_tokens.size() || d >= out.decode_logprobs.size()) {
+      apply_result(self, st.decode_in_flight[d], {}, {}, nullptr, 0, unanswered);
+      continue;
+    }
+    apply_result(self, st.decode_in_flight[d], std::span<const int32_t>(&out.decode_tokens[d], 1),
+                 std::span<const float>(&out.decode_logprobs[d], 1), nullptr, 0,
+                 d < out.decode_errors.size() ? out.decode_errors[d] : no_error);
+  }
+  st.decode_in_flight.clear();
   if (!out.success) {
     // The whole batch failed (the runner could not run it): every request in it ends.
     std::vector<std::string> in_batch;
@@ -390,10 +442,10 @@ void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBa
   auto& st = self->state;
   auto fallback = [self](ForwardBatch& batch, uint64_t seq_id) {
     auto& st = self->state;
-    auto it = st.rid_of_seq.find(seq_id);
-    if (it == st.rid_of_seq.end())
+    auto it = st.by_seq.find(seq_id);
+    if (it == st.by_seq.end())
       return;
-    auto& r = st.requests.at(it->second);
+    auto& r = *it->second;
     r.draft_failed = true;
     r.in_batch_proposals = 0;
     if (r.on_draft)
@@ -413,10 +465,10 @@ void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBa
       [self, batch_ptr, fallback](ForwardBatchOutput& out) {
         auto& st = self->state;
         for (auto& res : out.results) {
-          auto it = st.rid_of_seq.find(res.seq_id);
-          if (it == st.rid_of_seq.end())
+          auto it = st.by_seq.find(res.seq_id);
+          if (it == st.by_seq.end())
             continue;
-          auto& r = st.requests.at(it->second);
+          auto& r = *it->second;
           if (!out.success || !res.error.empty() ||
               static_cast<int64_t>(res.tokens.size()) != r.in_batch_proposals) {
             fallback(*batch_ptr, res.seq_id);
@@ -437,9 +489,8 @@ void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBa
         for (const auto& w : batch_ptr->work)
           ids.push_back(w.seq_id);
         for (auto id : ids) {
-          auto it = self->state.rid_of_seq.find(id);
-          if (it != self->state.rid_of_seq.end() &&
-              self->state.requests.at(it->second).in_batch_proposals > 0)
+          auto it = self->state.by_seq.find(id);
+          if (it != self->state.by_seq.end() && it->second->in_batch_proposals > 0)
             fallback(*batch_ptr, id);
         }
         run_target(self, std::move(*batch_ptr));
@@ -448,24 +499,26 @@ void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBa
 
 void step(scheduler_pointer self) {
   auto& st = self->state;
+  thread_cpu_meter meter{st.busy_ns};
   st.step_scheduled = false;
   check_flushes(self);
   if (st.paused || st.forward_in_flight || st.control_busy || !st.control_queue.empty())
     return;
   if (st.running.empty() && st.waiting.empty())
     return;
-  std::vector<policy::running_view> running;
-  running.reserve(st.running.size());
-  for (const auto& rid : st.running) {
-    const auto& r = st.requests.at(rid);
+  auto& running = st.running_views; // reused: no allocation per step
+  running.clear();
+  for (const auto* rp : st.running) {
+    const auto& r = *rp;
     running.push_back({r.seq_id, r.kv_tokens, static_cast<int64_t>(r.blocks.size()),
                        r.prefill_left, 1 + proposals_for(st, r)});
   }
-  std::vector<policy::waiting_view> waiting;
-  for (const auto& rid : st.waiting) {
+  auto& waiting = st.waiting_views;
+  waiting.clear();
+  for (const auto* rp : st.waiting) {
     if (static_cast<int64_t>(waiting.size()) >= st.options.max_running_requests)
       break; // no more can be admitted in one step anyway
-    const auto& r = st.requests.at(rid);
+    const auto& r = *rp;
     waiting.push_back({r.seq_id, static_cast<int64_t>(r.req.input_ids.size() + r.output_ids.size())});
   }
   policy::batch_limits limits{st.options.max_running_requests, st.options.max_batch_tokens,
@@ -474,9 +527,9 @@ void step(scheduler_pointer self) {
 
   // Preempted requests rejoin the queue's front, oldest first.
   for (auto it = plan.preempted.rbegin(); it != plan.preempted.rend(); ++it) {
-    auto rid = st.rid_of_seq.at(*it);
-    requeue(self, rid);
-    st.waiting.push_front(rid);
+    auto* r = st.by_seq.at(*it);
+    requeue(self, *r);
+    st.waiting.push_front(r);
   }
   if (plan.work.empty()) {
     flush_outbox(self);
@@ -488,13 +541,21 @@ void step(scheduler_pointer self) {
   ForwardBatch draft_batch;
   draft_batch.step = batch.step;
   for (const auto& w : plan.work) {
-    auto rid = st.rid_of_seq.at(w.id);
-    auto& r = st.requests.at(rid);
+    auto& r = *st.by_seq.at(w.id);
+    if (!w.admitted && r.prefill_left == 0 && w.tokens == 1 && w.new_blocks == 0 &&
+        !(r.req.return_logprob && r.req.top_logprobs_num > 0)) {
+      // A plain decode: flat arrays, no allocation per sequence.
+      batch.decode_seq_ids.push_back(r.seq_id);
+      batch.decode_tokens.push_back(r.output_ids.back());
+      r.in_batch_tokens = 1;
+      r.in_batch_samples = true;
+      continue;
+    }
     SequenceWork work;
     work.seq_id = r.seq_id;
     if (w.admitted) {
-      st.waiting.erase(std::find(st.waiting.begin(), st.waiting.end(), rid));
-      st.running.push_back(rid);
+      st.waiting.erase(std::find(st.waiting.begin(), st.waiting.end(), &r));
+      st.running.push_back(&r);
       r.prefill_left = static_cast<int64_t>(r.req.input_ids.size() + r.output_ids.size());
       r.kv_tokens = 0;
       work.new_sequence = true;
@@ -505,7 +566,7 @@ void step(scheduler_pointer self) {
     }
     auto blocks = st.blocks->allocate(w.new_blocks);
     if (!blocks) { // the planner counted free blocks; this cannot happen
-      finish(self, rid, FinishReason{"abort", std::nullopt, std::nullopt, "KV pool exhausted"},
+      finish(self, std::string(r.req.rid), FinishReason{"abort", std::nullopt, std::nullopt, "KV pool exhausted"},
              false, "internal error: the KV pool ran out of blocks the planner counted");
       continue;
     }
@@ -552,9 +613,10 @@ void step(scheduler_pointer self) {
     batch.work.push_back(std::move(work));
   }
   flush_outbox(self);
-  if (batch.work.empty())
+  if (batch.work.empty() && batch.decode_seq_ids.empty())
     return;
   st.forward_in_flight = true;
+  st.decode_in_flight = batch.decode_seq_ids;
   if (draft_batch.work.empty())
     run_target(self, std::move(batch));
   else
@@ -567,7 +629,7 @@ void retract_running(scheduler_pointer self) {
   auto& st = self->state;
   auto running = st.running;
   for (auto it = running.rbegin(); it != running.rend(); ++it) {
-    requeue(self, *it);
+    requeue(self, **it);
     st.waiting.push_front(*it);
   }
 }
@@ -675,14 +737,14 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
                       std::to_string(r.req.sampling_params.max_new_tokens) +
                       ") but the KV pool holds " + std::to_string(st.blocks->capacity_tokens()) +
                       "; lower max_new_tokens or give the engine a larger KV pool");
-      st.rid_of_seq[r.seq_id] = rid;
       auto& stored = st.requests.emplace(rid, std::move(r)).first->second;
+      st.by_seq[stored.seq_id] = &stored;
       if (stored.req.sampling_params.max_new_tokens == 0) {
         finish(self, rid, FinishReason{"length", std::nullopt, std::nullopt, {}});
         flush_outbox(self);
         return;
       }
-      st.waiting.push_back(rid);
+      st.waiting.push_back(&stored);
       schedule_step(self);
     },
     [self](AbortReq& req) {
@@ -744,6 +806,8 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
       out.running_requests = static_cast<int32_t>(st.running.size());
       out.waiting_requests = static_cast<int32_t>(st.waiting.size());
       out.committed_updates = st.committed_updates;
+      out.scheduler_steps = st.next_step - 1;
+      out.scheduler_cpu_us = static_cast<double>(st.busy_ns) / 1e3;
       out.speculative_num_draft_tokens = st.draft ? st.options.speculative_num_draft_tokens : 0;
       out.spec_verify_steps = st.spec_verify_steps;
       out.spec_accepted_tokens = st.spec_accepted_tokens;

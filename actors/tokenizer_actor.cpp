@@ -186,7 +186,8 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
   delta.cached_tokens = c.cached_tokens;
   delta.weight_version_start = c.weight_version_start;
   delta.weight_version = c.weight_version;
-  delta.weight_version_spans = c.weight_version_spans;
+  delta.weight_version_spans = c.weight_version_spans.empty() ? a.result.weight_version_spans
+                                                               : c.weight_version_spans;
   delta.sampling_seed = a.result.sampling_seed;
   delta.success = c.success;
   delta.message = c.message;
@@ -206,7 +207,8 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
   r.cached_tokens = c.cached_tokens;
   r.weight_version_start = c.weight_version_start;
   r.weight_version = c.weight_version;
-  r.weight_version_spans = c.weight_version_spans;
+  if (!c.weight_version_spans.empty())
+    r.weight_version_spans = c.weight_version_spans;
   r.success = c.success;
   r.message = c.message;
   r.spec_verify_ct = c.spec_verify_ct;

@@ -64,6 +64,10 @@ struct GetServerInfoReqOutput {
   int32_t running_requests = 0;
   int32_t waiting_requests = 0;
   uint64_t committed_updates = 0;
+  // Forward batches the scheduler has sent, and the CPU time its own work took (planning,
+  // bookkeeping, results, chunks; not the runner's forward): overhead per step = cpu / steps.
+  uint64_t scheduler_steps = 0;
+  double scheduler_cpu_us = 0.0;
   // Speculative decoding: draft tokens proposed per step (0: off), and acceptance since start
   // and over the most recent verification steps (to watch acceptance after an update).
   int32_t speculative_num_draft_tokens = 0;
@@ -123,7 +127,8 @@ typename Inspector::result_type inspect(Inspector& f, GetServerInfoReqOutput& x)
            x.draft_model_path, x.weight_version, x.device, x.architecture, x.vocab_size,
            x.max_context_length, x.paused, x.pause_mode, x.weight_update_session_open,
            x.running_requests, x.waiting_requests, x.committed_updates,
-           x.speculative_num_draft_tokens, x.spec_verify_steps, x.spec_accepted_tokens,
+           x.scheduler_steps, x.scheduler_cpu_us, x.speculative_num_draft_tokens,
+           x.spec_verify_steps, x.spec_accepted_tokens,
            x.spec_accept_length, x.spec_recent_accept_length);
 }
 

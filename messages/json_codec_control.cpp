@@ -120,6 +120,8 @@ expected<GetServerInfoReqOutput> from_json<GetServerInfoReqOutput>(const json& j
       r.field("running_requests", x.running_requests, count);
       r.field("waiting_requests", x.waiting_requests, count);
       r.field("committed_updates", x.committed_updates);
+      r.field("scheduler_steps", x.scheduler_steps);
+      r.field("scheduler_cpu_us", x.scheduler_cpu_us);
       r.field("speculative_num_draft_tokens", x.speculative_num_draft_tokens, count);
       r.field("spec_verify_steps", x.spec_verify_steps);
       r.field("spec_accepted_tokens", x.spec_accepted_tokens);
@@ -144,6 +146,8 @@ json to_json(const GetServerInfoReqOutput& x) {
           {"running_requests", x.running_requests},
           {"waiting_requests", x.waiting_requests},
           {"committed_updates", x.committed_updates},
+          {"scheduler_steps", x.scheduler_steps},
+          {"scheduler_cpu_us", x.scheduler_cpu_us},
           {"speculative_num_draft_tokens", x.speculative_num_draft_tokens},
           {"spec_verify_steps", x.spec_verify_steps},
           {"spec_accepted_tokens", x.spec_accepted_tokens},

@@ -41,9 +41,15 @@ struct SequenceWork {
   std::vector<float> draft_probs;     // target: [k, vocab] draft distributions (empty if greedy)
 };
 
+// `work` holds everything that is not a plain decode. Plain decode steps — a running sequence
+// runs the token it sampled last and samples the next, needing no new block, no top logprobs and
+// no proposals — are by far the most common work at large batch sizes; they travel as flat
+// arrays so a step of hundreds of them costs no allocation per sequence.
 struct ForwardBatch {
   uint64_t step = 0;
   std::vector<SequenceWork> work;
+  std::vector<uint64_t> decode_seq_ids;
+  std::vector<int32_t> decode_tokens; // one per decode_seq_ids entry
 };
 
 struct SequenceResult {
@@ -64,6 +70,11 @@ struct ForwardBatchOutput {
   std::string message;
   uint64_t step = 0;
   std::vector<SequenceResult> results; // in the order of ForwardBatch::work
+  // Plain decodes, in the order of ForwardBatch::decode_seq_ids: the sampled token (-1 when it
+  // failed) and its logprob; decode_errors is empty when none failed, else one entry each.
+  std::vector<int32_t> decode_tokens;
+  std::vector<float> decode_logprobs;
+  std::vector<std::string> decode_errors;
 };
 
 struct ReleaseSequences {
@@ -146,7 +157,8 @@ typename Inspector::result_type inspect(Inspector& f, SequenceWork& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ForwardBatch& x) {
-  return f(caf::meta::type_name("ForwardBatch"), x.step, x.work);
+  return f(caf::meta::type_name("ForwardBatch"), x.step, x.work, x.decode_seq_ids,
+           x.decode_tokens);
 }
 
 template <class Inspector>
@@ -157,7 +169,8 @@ typename Inspector::result_type inspect(Inspector& f, SequenceResult& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ForwardBatchOutput& x) {
-  return f(caf::meta::type_name("ForwardBatchOutput"), x.success, x.message, x.step, x.results);
+  return f(caf::meta::type_name("ForwardBatchOutput"), x.success, x.message, x.step, x.results,
+           x.decode_tokens, x.decode_logprobs, x.decode_errors);
 }
 
 template <class Inspector>

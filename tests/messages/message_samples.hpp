@@ -82,14 +82,14 @@ RLSERVE_FIELD_COUNT(ContinueGenerationReqOutput, 2)
 RLSERVE_FIELD_COUNT(FlushCacheReqInput, 1)
 RLSERVE_FIELD_COUNT(FlushCacheReqOutput, 2)
 RLSERVE_FIELD_COUNT(GetServerInfoReqInput, 0)
-RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 20)
+RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 22)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
 RLSERVE_FIELD_COUNT(HealthCheckReqOutput, 2)
 // runner.hpp
 RLSERVE_FIELD_COUNT(SequenceWork, 12)
-RLSERVE_FIELD_COUNT(ForwardBatch, 2)
+RLSERVE_FIELD_COUNT(ForwardBatch, 4)
 RLSERVE_FIELD_COUNT(SequenceResult, 7)
-RLSERVE_FIELD_COUNT(ForwardBatchOutput, 4)
+RLSERVE_FIELD_COUNT(ForwardBatchOutput, 7)
 RLSERVE_FIELD_COUNT(ReleaseSequences, 1)
 RLSERVE_FIELD_COUNT(TensorSpec, 3)
 RLSERVE_FIELD_COUNT(TensorAlias, 2)
@@ -177,8 +177,20 @@ auto tie_fields(const T& x) {
   } else if constexpr (N == 20) {
     const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19] = x;
     return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19);
+  } else if constexpr (N == 21) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20);
+  } else if constexpr (N == 22) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21);
+  } else if constexpr (N == 23) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22);
+  } else if constexpr (N == 24) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23);
   } else {
-    static_assert(N <= 20, "extend tie_fields");
+    static_assert(N <= 24, "extend tie_fields");
   }
 }
 
@@ -786,6 +798,8 @@ struct samples<GetServerInfoReqOutput> : simple_samples<GetServerInfoReqOutput> 
     x.paused = true;
     x.pause_mode = "in_place";
     x.weight_update_session_open = true;
+    x.scheduler_steps = 1234;
+    x.scheduler_cpu_us = 5678.5;
     x.speculative_num_draft_tokens = 4;
     x.spec_verify_steps = 10;
     x.spec_accepted_tokens = 17;
@@ -816,7 +830,9 @@ struct samples<SequenceWork> : simple_samples<SequenceWork> {
 
 template <>
 struct samples<ForwardBatch> : simple_samples<ForwardBatch> {
-  static ForwardBatch full() { return {11, {samples<SequenceWork>::full(), SequenceWork{}}}; }
+  static ForwardBatch full() {
+    return {11, {samples<SequenceWork>::full(), SequenceWork{}}, {3, 4}, {100, 101}};
+  }
 };
 
 template <>
@@ -829,7 +845,10 @@ struct samples<SequenceResult> : simple_samples<SequenceResult> {
 
 template <>
 struct samples<ForwardBatchOutput> : simple_samples<ForwardBatchOutput> {
-  static ForwardBatchOutput full() { return {false, "oom", 11, {samples<SequenceResult>::full()}}; }
+  static ForwardBatchOutput full() {
+    return {false, "oom", 11, {samples<SequenceResult>::full()}, {9, -1}, {-0.5f, 0.0f},
+            {"", "sequence 4 is unknown"}};
+  }
 };
 
 template <>

@@ -451,7 +451,7 @@ kernel_status fused_moe_launch(const fused_moe_args& a, void* workspace, cudaStr
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cc.attrs = attr;
-  cc.numAttrs = 1;
+  cc.numAttrs = RLSERVE_W4A16_PDL ? 1 : 0;
   RLSERVE_CUDA_TRY(cudaLaunchKernelEx(&cc, moe_combine_kernel, static_cast<const float*>(v.y),
                                       static_cast<const float*>(v.topk_weights), static_cast<int32_t>(H), a.top_k,
                                       a.out));

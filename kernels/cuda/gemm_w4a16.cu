@@ -83,20 +83,19 @@ struct cfg {
   static constexpr int nt = ROWS / 8;                  // swap: n8 token tiles
   static constexpr int mb = swap ? 1 : ROWS / 16;      // Marlin: m16 blocks
   static constexpr int a_iters = (ROWS + 15) / 16;     // A copy rounds (16 rows of 16 chunks each)
-  // Accumulators per thread: swap [2 m16 weight blocks][nt][4], Marlin [mb][8 n8 tiles][4].
-  static constexpr int acc0 = swap ? 2 : mb;
+  // Accumulators per thread: swap [4 m16 weight blocks][nt][4], Marlin [mb][8 n8 tiles][4].
+  static constexpr int acc0 = swap ? 4 : mb;
   static constexpr int acc1 = swap ? nt : 8;
-  // 16 KB of weights per stage. 8 and 16 rows run 2 CTAs/SM (128 registers) with 4 stages:
-  // 2 x 3 x 16 KB = 96 KB of weights in flight per SM (Little's law at ~4 TB/s and ~1 us of
-  // loaded latency asks for >= 32 KB, w4a16-kernels.md §1). (16 rows needed 188-219 registers
-  // and ran 1 CTA/SM with 6 stages until the swap warps took whole stages of a column half;
-  // RLSERVE_W4A16_R16_CTAS=1 builds that configuration for comparison.) The Marlin variants need
-  // 150-250 registers: 1 CTA/SM with the deepest pipeline that fits, 3 / 2 / 2 stages in flight.
-#ifndef RLSERVE_W4A16_R16_CTAS
-#define RLSERVE_W4A16_R16_CTAS 2
+  // 16 KB of weights per stage. 8 rows run 2 CTAs/SM (128 registers) with 4 stages: 2 x 3 x 16 KB
+  // = 96 KB of weights in flight per SM (Little's law at ~4 TB/s and ~1 us of loaded latency asks
+  // for >= 32 KB, w4a16-kernels.md §1). 16 rows spill under the 128-register cap of 2 CTAs/SM, so
+  // they run 1 CTA/SM with 6 stages (80 KB in flight). The Marlin variants need 150-250
+  // registers: 1 CTA/SM with the deepest pipeline that fits, 3 / 2 / 2 stages in flight.
+#ifndef RLSERVE_W4A16_R8_CTAS
+#define RLSERVE_W4A16_R8_CTAS 2
 #endif
-  static constexpr int stages = ROWS == 16 ? (RLSERVE_W4A16_R16_CTAS == 2 ? 4 : 6) : (ROWS <= 32 ? 4 : 3);
-  static constexpr int min_blocks = ROWS == 8 ? 2 : (ROWS == 16 ? RLSERVE_W4A16_R16_CTAS : 1);
+  static constexpr int stages = ROWS == 16 ? 6 : (ROWS == 8 && RLSERVE_W4A16_R8_CTAS == 3 ? 3 : (ROWS <= 32 ? 4 : 3));
+  static constexpr int min_blocks = ROWS == 8 ? RLSERVE_W4A16_R8_CTAS : 1;
   static constexpr int b_words = k_kb * k_sub * k_serving_tile_words; // 4096 words = 16 KB
   static constexpr int a_halves = rows * k_stage_k;
   static constexpr int s_halves = k_max_stage_groups * k_tile_n;
@@ -577,10 +576,6 @@ __device__ __forceinline__ void compute_stage_marlin(const problem& p, const sha
 // S[t] = sum_k a[t, k]; then, once per chunk,
 //   acc[c, t] += scale[c] * (G[c, t] - (128 + z[c]) * S[t])     (= sum_k (q - z) * scale * a)
 // 4 LOP3 + 3 SHF + 1 HMMA per 8 weights, plus the fixup (2 FFMA per accumulator per chunk).
-// Warps: warp w takes column half w / 4 (two 16-column sub-blocks, an 8-byte read of each serving
-// tile) of sub-tile w % 4 over all 8 k16 rows of a stage, so at G >= 128 a warp fixes up once
-// per stage for 8 accumulators per token tile (not twice for 16), and no two warps share an
-// output (the tile end needs no reduction between warps).
 // Numerics: the weight (q - z) * scale is not rounded to bf16 first, so results differ from the
 // bf16-dequantized reference by ~2^-9 relative per weight, averaging out over k (the tests' bound
 // is 1e-2 relative; measured in docs/performance.md). The 128 offset costs ~5 bits of the FP32
@@ -588,47 +583,46 @@ __device__ __forceinline__ void compute_stage_marlin(const problem& p, const sha
 
 constexpr uint32_t k_f32_neg_128 = 0xc3000000u; // -128.0f: -(128 + z) = bits | z << 16, z < 16
 
-// Scales (FP32) and -(128 + z) (FP32) of the lane's 4 columns of one group in column half hh of
-// a sub-tile: index 2j + h is column 16 (2 hh + j) + (lane / 4) + 8 h, the rows g / g+8 of the
-// lane's accumulators of m16 weight block j (of the warp's two).
+// Scales (FP32) and -(128 + z) (FP32) of the lane's 8 columns for one group: index 2j + h is
+// column 16j + (lane / 4) + 8h, the rows g / g+8 of the lane's accumulators of m16 block j.
 __device__ __forceinline__ void load_group_f32(const problem& p, const uint16_t* srow, const uint32_t* zrow,
-                                               int lane, int hh, float (&sc)[4], float (&nz)[4]) {
+                                               int lane, float (&sc)[8], float (&nz)[8]) {
   const int c = lane >> 2;
   if (p.groups > 1) {
     // Grouped permutation: position 8c + t holds column c + 8t; word i holds t = 2i (low half)
-    // and 2i + 1 (high half), i.e. sub-block i: the half's two words are one 8-byte read.
-    const uint2 v = *reinterpret_cast<const uint2*>(srow + 8 * c + 4 * hh);
-    sc[0] = __uint_as_float(v.x << 16);
-    sc[1] = __uint_as_float(v.x & 0xffff0000u);
-    sc[2] = __uint_as_float(v.y << 16);
-    sc[3] = __uint_as_float(v.y & 0xffff0000u);
-  } else {
+    // and 2i + 1 (high half).
+    const uint4 v = *reinterpret_cast<const uint4*>(srow + 8 * c);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int t = 0; t < 4; ++t)
-      sc[t] = __uint_as_float(static_cast<uint32_t>(srow[serving_scale_position(8 * (4 * hh + t) + c, true)]) << 16);
-  }
-  if (p.has_zero_point) {
-    // Interleaved like a weight word: slot i holds column c + 16i, slot i + 4 column c + 16i + 8.
-    const uint32_t zw = zrow[c] >> (8 * hh); // slots 2hh, 2hh+1 (and +4) move to 0, 1 (and 4, 5)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      nz[2 * j] = __uint_as_float(((zw << (16 - 4 * j)) & 0x000f0000u) | k_f32_neg_128);
-      nz[2 * j + 1] = __uint_as_float(((zw >> (4 * j)) & 0x000f0000u) | k_f32_neg_128);
+    for (int i = 0; i < 4; ++i) {
+      sc[2 * i] = __uint_as_float(w[i] << 16);
+      sc[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
   } else {
 #pragma unroll
-    for (int t = 0; t < 4; ++t)
+    for (int t = 0; t < 8; ++t)
+      sc[t] = __uint_as_float(static_cast<uint32_t>(srow[serving_scale_position(8 * t + c, true)]) << 16);
+  }
+  if (p.has_zero_point) {
+    // Interleaved like a weight word: slot i holds column c + 16i, slot i + 4 column c + 16i + 8.
+    const uint32_t zw = zrow[c];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      nz[2 * i] = __uint_as_float(((zw << (16 - 4 * i)) & 0x000f0000u) | k_f32_neg_128);
+      nz[2 * i + 1] = __uint_as_float(((zw >> (4 * i)) & 0x000f0000u) | k_f32_neg_128);
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
       nz[t] = -136.0f; // symmetric: z = 8
   }
 }
 
-// One stage of one warp: column half hh (2 m16 weight blocks = sub-blocks 2hh, 2hh+1) of
-// sub-tile wn, all 8 k16 rows of the stage, so a group chunk (G >= 128: the whole stage) is
-// fixed up once per warp and the warps never share an output: no reduction between warps.
-// acc[j][t][e]: column 64 wn + 16 (2 hh + j) + g + 8 (e / 2), token 8 t + 2 q + (e % 2).
+// One stage of one warp: sub-tile wn (64 columns = 4 m16 weight blocks), k16 rows 4 kw .. +3.
+// acc[j][t][e]: column 64 wn + 16 j + g + 8 (e / 2), token 8 t + 2 q + (e % 2).
 template <int ROWS>
 __device__ __forceinline__ void compute_stage_swap(const problem& p, const shape_info& s, const unsigned char* st,
-                                                   int lane, int wn, int hh, float (&acc)[2][cfg<ROWS>::nt][4]) {
+                                                   int lane, int wn, int kw, float (&acc)[4][cfg<ROWS>::nt][4]) {
   using C = cfg<ROWS>;
   constexpr int NT = C::nt;
   const uint32_t* bs = reinterpret_cast<const uint32_t*>(st + C::b_off);
@@ -636,20 +630,18 @@ __device__ __forceinline__ void compute_stage_swap(const problem& p, const shape
   const uint16_t* ss = reinterpret_cast<const uint16_t*>(st + C::s_off);
   const uint32_t* zs = reinterpret_cast<const uint32_t*>(st + C::z_off);
   const uint32_t ones[4] = {k_bf16x2_one, k_bf16x2_one, k_bf16x2_one, k_bf16x2_one};
-  float gacc[2][NT][4];
+  float gacc[4][NT][4];
   float asum[NT][4];
   uint32_t bf[NT][4];
-  // k16 rows per group chunk: 2 (G = 32), 4 (G = 64), else the whole stage.
-  const int chunk_mask = (p.groups > 1 && p.glen < k_stage_k ? p.glen / 16 : k_kb) - 1;
-  // Pairs of k16 rows (one ldmatrix of token fragments each) in a rolled loop: unrolled, the
-  // 8-row variant hoisted every row's loads and spilled under its 128-register cap.
-#pragma unroll 1
-  for (int kp = 0; kp < k_kb; kp += 2)
+  // G = 32: a chunk is 2 k16 rows (one group), else the warp's 4 rows lie in one group.
+  const bool two_chunks = p.glen == 32;
 #pragma unroll
-  for (int kb = kp; kb < kp + 2; ++kb) {
-    if ((kb & chunk_mask) == 0) {
+  for (int jj = 0; jj < k_per_warp; ++jj) {
+    const int kb = kw * k_per_warp + jj;
+    const bool chunk_start = jj == 0 || (jj == 2 && two_chunks);
+    if (chunk_start) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int t = 0; t < NT; ++t)
 #pragma unroll
@@ -661,7 +653,7 @@ __device__ __forceinline__ void compute_stage_swap(const problem& p, const shape
         for (int e = 0; e < 4; ++e)
           asum[t][e] = 0.0f;
     }
-    if ((kb & 1) == 0) {
+    if ((jj & 1) == 0) {
       // Token fragments of k16 rows kb and kb + 1: matrix i = lane / 8 is k chunk 2 kb + i of
       // tokens 8t .. 8t+7 (row lane % 8), so registers 0, 1 are B of row kb and 2, 3 of kb + 1.
 #pragma unroll
@@ -670,14 +662,14 @@ __device__ __forceinline__ void compute_stage_swap(const problem& p, const shape
         ldmatrix_x4(bf[t], as + row * k_stage_k + (((2 * kb + (lane >> 3)) ^ (row & 7)) * 8));
       }
     }
-    const int h = (kb & 1) * 2;
-    const uint2 bw = *reinterpret_cast<const uint2*>(bs + (kb * k_sub + wn) * k_serving_tile_words + lane * 4 + 2 * hh);
+    const int h = (jj & 1) * 2;
+    const uint4 bw = *reinterpret_cast<const uint4*>(bs + (kb * k_sub + wn) * k_serving_tile_words + lane * 4);
 #pragma unroll
     for (int t = 0; t < NT; ++t)
       mma_bf16(asum[t], ones, bf[t][h], bf[t][h + 1]);
-    const uint32_t words[2] = {bw.x, bw.y};
+    const uint32_t words[4] = {bw.x, bw.y, bw.z, bw.w};
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < 4; ++j) {
       const uint32_t w = words[j];
       // A fragment: a0 = (row g, k 2q..) slots 0,4; a1 = (row g+8, k 2q..) slots 2,6;
       // a2 = (row g, k 2q+8..) slots 1,5; a3 = (row g+8, k 2q+8..) slots 3,7.
@@ -689,12 +681,13 @@ __device__ __forceinline__ void compute_stage_swap(const problem& p, const shape
       for (int t = 0; t < NT; ++t)
         mma_bf16(gacc[j][t], a, bf[t][h], bf[t][h + 1]);
     }
-    if ((kb & chunk_mask) == chunk_mask) {
+    const bool chunk_end = jj == k_per_warp - 1 || (jj == 1 && two_chunks);
+    if (chunk_end) {
       const int gl = s.stage_groups > 1 ? (kb * 16) >> s.glen_log2 : 0;
-      float sc[4], nz[4];
-      load_group_f32(p, ss + gl * k_tile_n + wn * 64, zs + gl * (k_tile_n / 8) + wn * 8, lane, hh, sc, nz);
+      float sc[8], nz[8];
+      load_group_f32(p, ss + gl * k_tile_n + wn * 64, zs + gl * (k_tile_n / 8) + wn * 8, lane, sc, nz);
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
+      for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int t = 0; t < NT; ++t)
 #pragma unroll
@@ -829,7 +822,7 @@ w4a16_kernel(const problem p,
   const int32_t u0 = run_start(cta, s), u1 = run_start(cta + 1, s);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (p.prefetch_units > 0) {
+  if (RLSERVE_W4A16_PDL && p.prefetch_units > 0) {
     prefetch_run(p, s, u0, u1);
     grid_dep_wait();
   }
@@ -913,23 +906,21 @@ w4a16_kernel(const problem p,
 
     // 1. The two warps of each sub-tile add their partial sums into `red` (kw 0 then kw 1).
     const int g = lane >> 2, q = lane & 3;
-    if constexpr (C::swap) {
-      // Each warp owns its 32 columns: acc[j][t][e] is column wn*64 + 32kw + 16j + g + 8(e/2),
-      // token 8t + 2q + (e%2).
-#pragma unroll
-      for (int j = 0; j < C::acc0; ++j)
-#pragma unroll
-        for (int tt = 0; tt < C::acc1; ++tt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            red[(8 * tt + 2 * q + (e & 1)) * C::red_stride + wn * 64 + 32 * kw + 16 * j + g + 8 * (e >> 1)] =
-              acc[j][tt][e];
-      __syncthreads();
-    } else {
 #pragma unroll 1
     for (int r = 0; r < k_kw; ++r) {
       if (kw == r) {
-       {
+       if constexpr (C::swap) {
+        // acc[j][t][e]: column wn*64 + 16j + g + 8(e/2), token 8t + 2q + (e%2).
+#pragma unroll
+        for (int j = 0; j < C::acc0; ++j)
+#pragma unroll
+          for (int tt = 0; tt < C::acc1; ++tt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              float* d = red + (8 * tt + 2 * q + (e & 1)) * C::red_stride + wn * 64 + 16 * j + g + 8 * (e >> 1);
+              *d = r == 0 ? acc[j][tt][e] : *d + acc[j][tt][e];
+            }
+       } else {
 #pragma unroll
         for (int m = 0; m < C::acc0; ++m)
 #pragma unroll
@@ -948,7 +939,6 @@ w4a16_kernel(const problem p,
        }
       }
       __syncthreads();
-    }
     }
 #pragma unroll
     for (int m = 0; m < C::acc0; ++m)
@@ -1152,7 +1142,7 @@ cudaError_t launch_variant(const problem& p, int grid, int* counters, float* par
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg_.attrs = attr;
-  cfg_.numAttrs = pdl ? 1 : 0;
+  cfg_.numAttrs = pdl && RLSERVE_W4A16_PDL ? 1 : 0;
   return cudaLaunchKernelEx(&cfg_, w4a16_kernel<ROWS>, p, counters, partials);
 }
 

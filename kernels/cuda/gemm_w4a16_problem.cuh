@@ -97,15 +97,19 @@ kernel_status run(const problem& p, int block_rows, int grid, int* counters, flo
                   bool pdl = false);
 
 // griddepcontrol (sm_90): wait for the previous kernel of the stream (a no-op for a kernel not
-// launched as a programmatic dependent), and allow the next one to launch.
+// launched as a programmatic dependent), and allow the next one to launch. RLSERVE_W4A16_PDL=0
+// builds the MoE without programmatic launches and prefetch (for comparison).
+#ifndef RLSERVE_W4A16_PDL
+#define RLSERVE_W4A16_PDL 1
+#endif
 #if defined(__CUDACC__)
 __device__ __forceinline__ void grid_dep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && RLSERVE_W4A16_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void grid_dep_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && RLSERVE_W4A16_PDL
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }

@@ -37,15 +37,21 @@
 // Pipeline: cp.async.cg 16-byte copies (L2 only; no L2 cache-policy hint: ptxas 13.0-13.3 can
 // drop the createpolicy and trap, w4a16-kernels.md §5.1), `stages` buffers, stages-1 units in
 // flight, one __syncthreads per 16 KB stage. Each thread copies the same chunk positions in every
-// stage, so its source pointers are set once per tile (set_tile) and a stage only adds its k
-// offset. The prefetch runs across tile boundaries, so a CTA's stream of weights does not stall
-// at its split points.
+// stage, so its source pointers are set once per tile (set_tile): the swap-AB variants advance
+// them by one stage per load (load_stage), the Marlin variants add the stage's k offset per copy
+// (load_stage_marlin). The prefetch runs across tile boundaries, so a CTA's stream of weights
+// does not stall at its split points.
 //
-// Measured on one H200 (docs/performance.md, 2026-12-02): 4096 x 14336 asym g128 at m = 1 in
-// 21.95 us with the 8-row swap-AB kernel (1.39 TB/s, 1.58x cuBLAS BF16; the Marlin-orientation
-// 16-row kernel took 24.7 us). Nsight Compute: latency and issue bound, not memory (DRAM 32%,
-// IPC ~1.5, stalls on fixed-latency dependencies and the per-stage barrier). What would move it
-// next is in docs/performance.md.
+// Programmatic dependent launch (the fused MoE): the kernel waits (griddepcontrol.wait) before it
+// reads anything the previous kernel writes, optionally after prefetching its first weights into
+// L2 (problem::prefetch_units), and lets the next kernel launch right after.
+//
+// Measured on one H200 (docs/performance.md, 2026-12-02, two runs): 4096 x 14336 asym g128 at
+// m = 1 in 21.95 us with the 8-row swap-AB kernel (1.39 TB/s, 1.5-1.6x cuBLAS BF16; the
+// Marlin-orientation 16-row kernel took 24.7 us). Nsight Compute: latency and issue bound, not
+// memory (DRAM 33%, IPC ~2 while an SM holds a CTA, but SMs hold none for ~24% of the kernel's
+// cycles: CTAs of the static stream-K split finish at different times). What would move it next
+// is in docs/performance.md.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

@@ -20,6 +20,11 @@ namespace {
 constexpr int k_topk_warps = 4;             // tokens per top-k CTA (one warp each)
 constexpr int k_topk_per_lane = 8;          // logits per lane: experts <= 256
 constexpr int k_align_threads = 1024;       // the single alignment CTA
+#ifndef RLSERVE_MOE_PREFETCH_UNITS
+#define RLSERVE_MOE_PREFETCH_UNITS 3
+#endif
+// w2 units per CTA whose weights are pulled into L2 while w13 finishes (its pipeline depth).
+constexpr int k_moe_prefetch_units = RLSERVE_MOE_PREFETCH_UNITS;
 constexpr int k_combine_threads = 256;      // one 8-column chunk per thread (H = 2048: one pass)
 constexpr int k_max_block = 64;             // largest m block (4 x m16)
 
@@ -194,6 +199,7 @@ moe_combine_kernel(const float* __restrict__ y,       // [T*k, H]
                    const float* __restrict__ weights, // [T, k]
                    int32_t hidden, int32_t top_k,
                    uint16_t* __restrict__ out) {      // bf16 [T, H]
+  w4a16::grid_dep_wait(); // launched as a programmatic dependent of the w2 GEMM
   const int64_t t = blockIdx.x;
   constexpr int k_batch = 8; // slots whose rows are loaded together (independent loads)
   for (int c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
@@ -411,10 +417,11 @@ kernel_status fused_moe_launch(const fused_moe_args& a, void* workspace, cudaStr
   p.c = v.h;
   p.ldc = I;
   p.up_tile_offset = static_cast<int32_t>(I / 64);
-  if (auto st = w4a16::run(p, mb, grid, counters, partials, stream); st != kernel_status::ok)
+  if (auto st = w4a16::run(p, mb, grid, counters, partials, stream, true); st != kernel_status::ok)
     return st;
 
-  // w2: rows of h by flat id, FP32 rows of y.
+  // w2: rows of h by flat id, FP32 rows of y. Launched as a programmatic dependent of w13: its
+  // CTAs start on the SMs w13 leaves and pull their first weights into L2 before waiting for h.
   p.a_row_div = 1;
   p.a = v.h;
   p.lda = I;
@@ -432,11 +439,22 @@ kernel_status fused_moe_launch(const fused_moe_args& a, void* workspace, cudaStr
   p.c = v.y;
   p.ldc = H;
   p.up_tile_offset = 0;
-  if (auto st = w4a16::run(p, mb, grid, counters, partials, stream); st != kernel_status::ok)
+  p.prefetch_units = k_moe_prefetch_units;
+  if (auto st = w4a16::run(p, mb, grid, counters, partials, stream, true); st != kernel_status::ok)
     return st;
 
-  moe_combine_kernel<<<static_cast<unsigned>(T), k_combine_threads, 0, stream>>>(
-    v.y, v.topk_weights, static_cast<int32_t>(H), a.top_k, a.out);
+  cudaLaunchConfig_t cc{};
+  cc.gridDim = dim3(static_cast<unsigned>(T));
+  cc.blockDim = dim3(k_combine_threads);
+  cc.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cc.attrs = attr;
+  cc.numAttrs = RLSERVE_W4A16_PDL ? 1 : 0;
+  RLSERVE_CUDA_TRY(cudaLaunchKernelEx(&cc, moe_combine_kernel, static_cast<const float*>(v.y),
+                                      static_cast<const float*>(v.topk_weights), static_cast<int32_t>(H), a.top_k,
+                                      a.out));
   RLSERVE_CUDA_CHECK_LAUNCH();
   return kernel_status::ok;
 }

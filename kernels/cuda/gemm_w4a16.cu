@@ -37,21 +37,28 @@
 // Pipeline: cp.async.cg 16-byte copies (L2 only; no L2 cache-policy hint: ptxas 13.0-13.3 can
 // drop the createpolicy and trap, w4a16-kernels.md §5.1), `stages` buffers, stages-1 units in
 // flight, one __syncthreads per 16 KB stage. Each thread copies the same chunk positions in every
-// stage, so its source pointers are set once per tile (set_tile) and a stage only adds its k
-// offset. The prefetch runs across tile boundaries, so a CTA's stream of weights does not stall
-// at its split points.
+// stage, so its source pointers are set once per tile (set_tile): the swap-AB variants advance
+// them by one stage per load (load_stage), the Marlin variants add the stage's k offset per copy
+// (load_stage_marlin). The prefetch runs across tile boundaries, so a CTA's stream of weights
+// does not stall at its split points.
 //
-// Measured on one H200 (docs/performance.md, 2026-12-02): 4096 x 14336 asym g128 at m = 1 in
-// 21.95 us with the 8-row swap-AB kernel (1.39 TB/s, 1.58x cuBLAS BF16; the Marlin-orientation
-// 16-row kernel took 24.7 us). Nsight Compute: latency and issue bound, not memory (DRAM 32%,
-// IPC ~1.5, stalls on fixed-latency dependencies and the per-stage barrier). What would move it
-// next is in docs/performance.md.
+// Programmatic dependent launch (the fused MoE): the kernel waits (griddepcontrol.wait) before it
+// reads anything the previous kernel writes, optionally after prefetching its first weights into
+// L2 (problem::prefetch_units), and lets the next kernel launch right after.
+//
+// Measured on one H200 (docs/performance.md, 2026-12-02, two runs): 4096 x 14336 asym g128 at
+// m = 1 in 21.95 us with the 8-row swap-AB kernel (1.39 TB/s, 1.5-1.6x cuBLAS BF16; the
+// Marlin-orientation 16-row kernel took 24.7 us). Nsight Compute: latency and issue bound, not
+// memory (DRAM 33%, IPC ~2 while an SM holds a CTA, but SMs hold none for ~24% of the kernel's
+// cycles: CTAs of the static stream-K split finish at different times). What would move it next
+// is in docs/performance.md.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/gemm_w4a16_problem.cuh"
@@ -90,8 +97,11 @@ struct cfg {
   // for >= 32 KB, w4a16-kernels.md §1). 16 rows spill under the 128-register cap of 2 CTAs/SM, so
   // they run 1 CTA/SM with 6 stages (80 KB in flight). The Marlin variants need 150-250
   // registers: 1 CTA/SM with the deepest pipeline that fits, 3 / 2 / 2 stages in flight.
-  static constexpr int stages = ROWS == 16 ? 6 : (ROWS <= 32 ? 4 : 3);
-  static constexpr int min_blocks = ROWS == 8 ? 2 : 1;
+#ifndef RLSERVE_W4A16_R8_CTAS
+#define RLSERVE_W4A16_R8_CTAS 2
+#endif
+  static constexpr int stages = ROWS == 16 ? 6 : (ROWS == 8 && RLSERVE_W4A16_R8_CTAS == 3 ? 3 : (ROWS <= 32 ? 4 : 3));
+  static constexpr int min_blocks = ROWS == 8 ? RLSERVE_W4A16_R8_CTAS : 1;
   static constexpr int b_words = k_kb * k_sub * k_serving_tile_words; // 4096 words = 16 KB
   static constexpr int a_halves = rows * k_stage_k;
   static constexpr int s_halves = k_max_stage_groups * k_tile_n;
@@ -217,6 +227,7 @@ struct shape_info {
   int32_t glen_log2;      // log2 of the group length when grouped (G = 32, 64, 128)
   int32_t k16;            // k / 16: serving-tile rows
   int64_t row_words;      // words per serving-tile row (n / 64 tiles of 128 words)
+  bool k_tail;            // k % 128 != 0: the last stage of a tile is partial
   bool mul32;             // units * grid fits in 31 bits: stream-K arithmetic in 32 bits
 };
 
@@ -276,14 +287,136 @@ __device__ __forceinline__ int32_t block_weights(const problem& p, const shape_i
   return p.moe ? p.block_expert[mb] : mb / s.mblk_per_batch;
 }
 
-// Per-thread sources of the tile being loaded, set once per tile (set_tile): every thread copies
-// the same chunk positions in every stage, so a stage only adds its k offset.
+// Per-thread sources of the stage being loaded: set_tile points them at stage cu.kk of a tile, and
+// every load_stage advances them by one stage (every thread copies the same chunk positions in
+// every stage, so a stage costs one 64-bit add per source, not an address computation per copy).
 //   B      4 chunks of sub-tile (tid / 32) % 4, word (tid % 32) * 4, k16 rows tid / 128 + 2 it
 //   A      chunk tid % 16 of rows tid / 16 + 16 it (rows < ROWS)
 //   scale  chunk tid % 8 of sub-tile (tid / 8) % 4, group row tid / 32       (tid < 32 * groups)
 //   zp     chunk tid % 2 of sub-tile (tid / 2) % 4, group row tid / 8         (tid < 8 * groups)
+// A source with nothing to copy (sub-tile past n, padding row) points at the operand's base and
+// copies with src-size 0 (16 zero bytes, nothing read) and a step of 0. Bounds along k are only
+// checked in the last stage of a tile when k is not a multiple of the 128-k stage (load_stage).
 template <int ROWS>
 struct load_ctx {
+  const int32_t* b;
+  const uint16_t* s;
+  const int32_t* z;
+  const uint16_t* a[cfg<ROWS>::a_iters];
+  uint32_t ok; // bit 0 B, 1 scale, 2 zero point, 3 + it A source it: valid
+};
+constexpr uint32_t k_ok_b = 1, k_ok_s = 2, k_ok_z = 4, k_ok_a = 8;
+
+template <int ROWS>
+__device__ __forceinline__ void set_tile(const problem& p, const shape_info& s, const cursor& cu,
+                                         load_ctx<ROWS>& ctx) {
+  using C = cfg<ROWS>;
+  const int tid = threadIdx.x;
+  const int64_t e = block_weights(p, s, cu.mb);
+  int32_t col = sub_tile(p, s, cu.nt, (tid >> 5) & 3);
+  ctx.ok = col >= 0 ? k_ok_b : 0;
+  ctx.b = col >= 0 ? p.b + e * p.b_batch_stride + col * k_serving_tile_words + (tid & 31) * 4 + (tid >> 7) * s.row_words
+                   : p.b;
+  if (col >= 0)
+    ctx.b += cu.kk * k_kb * s.row_words; // a CTA's run can begin inside a tile
+  const int32_t gk = p.groups > 1 ? cu.kk * s.stage_groups : 0; // scale row of stage cu.kk
+  col = sub_tile(p, s, cu.nt, (tid >> 3) & 3);
+  ctx.ok |= col >= 0 ? k_ok_s : 0;
+  ctx.s = col >= 0 ? p.scale + e * p.scale_batch_stride + col * 64 + (tid & 7) * 8 + static_cast<int64_t>(gk + (tid >> 5)) * p.n
+                   : p.scale;
+  col = sub_tile(p, s, cu.nt, (tid >> 1) & 3);
+  const bool z_ok = col >= 0 && p.has_zero_point;
+  ctx.ok |= z_ok ? k_ok_z : 0;
+  ctx.z = z_ok ? p.zero_point + e * p.zp_batch_stride + col * 8 + (tid & 1) * 4 +
+                        static_cast<int64_t>(gk + (tid >> 3)) * (p.n / 8)
+                   : p.zero_point;
+#pragma unroll
+  for (int it = 0; it < C::a_iters; ++it) {
+    const int r = (tid >> 4) + 16 * it;
+    const uint16_t* src = nullptr;
+    if (r >= C::rows) {
+      // 8-row blocks: threads 128.. copy no A rows
+    } else if (p.moe) {
+      const int32_t id = p.sorted_ids[cu.mb * C::rows + r];
+      if (id < p.num_ids)
+        src = p.a + static_cast<int64_t>(id / p.a_row_div) * p.lda;
+    } else {
+      const int32_t row = (cu.mb % s.mblk_per_batch) * C::rows + r;
+      if (row < p.m)
+        src = p.a + e * p.a_batch_stride + static_cast<int64_t>(row) * p.lda;
+    }
+    ctx.a[it] = src ? src + (tid & 15) * 8 + cu.kk * k_stage_k : p.a;
+    ctx.ok |= src ? k_ok_a << it : 0;
+  }
+}
+
+template <int ROWS>
+__device__ __forceinline__ void load_stage(const problem& p, const shape_info& s, unsigned char* st,
+                                           load_ctx<ROWS>& ctx, int32_t kk, int a_rows_loaded) {
+  using C = cfg<ROWS>;
+  const int tid = threadIdx.x;
+  const int32_t ng = s.stage_groups;
+  const int32_t b2 = static_cast<int32_t>(2 * s.row_words); // words between a thread's B copies
+  static_assert(C::swap, "the Marlin variants use load_stage_marlin");
+  if (!s.k_tail || kk + 1 < s.ki) {
+    // Every k16 row, A column and group of the stage exists.
+#pragma unroll
+    for (int it = 0; it < k_b_per_thread; ++it)
+      cp_async16(st + C::b_off + it * (k_threads * 16) + tid * 16, ctx.b + it * b2, (ctx.ok & k_ok_b));
+#pragma unroll
+    for (int it = 0; it < C::a_iters; ++it) {
+      const int r = (tid >> 4) + 16 * it;
+      if (r < a_rows_loaded) // a_rows_loaded <= rows
+        cp_async16(st + C::a_off + (r * k_stage_k + (((tid & 15) ^ (r & 7)) * 8)) * 2, ctx.a[it],
+                   ctx.ok & (k_ok_a << it));
+    }
+    if (tid < 32 * ng)
+      cp_async16(st + C::s_off + tid * 16, ctx.s, (ctx.ok & k_ok_s));
+    if (p.has_zero_point && tid < 8 * ng)
+      cp_async16(st + C::z_off + tid * 16, ctx.z, (ctx.ok & k_ok_z));
+  } else {
+    // Last stage of a tile with k % 128 != 0: k16 rows past k / 16, A columns past k and groups
+    // past k / G zero-fill (the B rows and A columns they would scale are zero too).
+    // Per-channel: row 0 every stage; G = 128: row kk; G = 32 / 64: rows kk*ng .. +ng.
+    const int32_t g0 = p.groups == 1 ? 0 : kk * ng;
+#pragma unroll
+    for (int it = 0; it < k_b_per_thread; ++it) {
+      const bool ok = (ctx.ok & k_ok_b) && kk * k_kb + (tid >> 7) + 2 * it < s.k16;
+      cp_async16(st + C::b_off + it * (k_threads * 16) + tid * 16, ok ? ctx.b + it * b2 : p.b, ok);
+    }
+    const bool k_ok = kk * k_stage_k + (tid & 15) * 8 < p.k;
+#pragma unroll
+    for (int it = 0; it < C::a_iters; ++it) {
+      const int r = (tid >> 4) + 16 * it;
+      if (r < a_rows_loaded) {
+        const bool ok = (ctx.ok & (k_ok_a << it)) && k_ok;
+        cp_async16(st + C::a_off + (r * k_stage_k + (((tid & 15) ^ (r & 7)) * 8)) * 2, ok ? ctx.a[it] : p.a, ok);
+      }
+    }
+    if (tid < 32 * ng) {
+      const bool ok = (ctx.ok & k_ok_s) && g0 + (tid >> 5) < p.groups;
+      cp_async16(st + C::s_off + tid * 16, ok ? ctx.s : p.scale, ok);
+    }
+    if (p.has_zero_point && tid < 8 * ng) {
+      const bool ok = (ctx.ok & k_ok_z) && g0 + (tid >> 3) < p.groups;
+      cp_async16(st + C::z_off + tid * 16, ok ? ctx.z : p.zero_point, ok);
+    }
+  }
+  // Next stage: k_kb serving-tile rows, ng scale / zero-point rows (none per-channel), 128 k of A.
+  const int32_t gstep = p.groups > 1 ? ng : 0;
+  ctx.b += (ctx.ok & k_ok_b) ? static_cast<int32_t>(k_kb * s.row_words) : 0;
+  ctx.s += (ctx.ok & k_ok_s) ? gstep * p.n : 0;
+  ctx.z += (ctx.ok & k_ok_z) ? gstep * (p.n / 8) : 0;
+#pragma unroll
+  for (int it = 0; it < C::a_iters; ++it)
+    ctx.a[it] += (ctx.ok & (k_ok_a << it)) ? k_stage_k : 0;
+}
+
+// The Marlin variants (32..64 rows) keep their sources at stage 0 of the tile and add the stage's
+// k offset per copy: advancing them (load_stage) costs registers that the 64-row variant does not
+// have (it spilled).
+template <int ROWS>
+struct load_ctx_marlin {
   const int32_t* b;    // null: sub-tile past n
   const uint16_t* s;
   const int32_t* z;
@@ -291,8 +424,8 @@ struct load_ctx {
 };
 
 template <int ROWS>
-__device__ __forceinline__ void set_tile(const problem& p, const shape_info& s, const cursor& cu,
-                                         load_ctx<ROWS>& ctx) {
+__device__ __forceinline__ void set_tile_marlin(const problem& p, const shape_info& s, const cursor& cu,
+                                         load_ctx_marlin<ROWS>& ctx) {
   using C = cfg<ROWS>;
   const int tid = threadIdx.x;
   const int64_t e = block_weights(p, s, cu.mb);
@@ -322,8 +455,8 @@ __device__ __forceinline__ void set_tile(const problem& p, const shape_info& s, 
 }
 
 template <int ROWS>
-__device__ __forceinline__ void load_stage(const problem& p, const shape_info& s, unsigned char* st,
-                                           const load_ctx<ROWS>& ctx, int32_t kk, int a_rows_loaded) {
+__device__ __forceinline__ void load_stage_marlin(const problem& p, const shape_info& s, unsigned char* st,
+                                           const load_ctx_marlin<ROWS>& ctx, int32_t kk, int a_rows_loaded) {
   using C = cfg<ROWS>;
   const int tid = threadIdx.x;
   // B: serving-tile row kt = 8 kk + tid / 128 + 2 it; rows past k / 16 (last stage) zero-fill.
@@ -640,6 +773,25 @@ __device__ void epilogue_store(const problem& p, const shape_info& s, const floa
   }
 }
 
+// Weights of a run's first prefetch_units units into L2 (problem::prefetch_units): 128 lines of
+// 128 bytes per unit (8 k16 rows x 4 sub-tiles x 512 bytes), threads 0..127 even and 128..255
+// odd units of the run.
+__device__ __forceinline__ void prefetch_run(const problem& p, const shape_info& s, int32_t u0, int32_t u1) {
+  const int tid = threadIdx.x, l = tid & 127;
+  const int32_t u_end = min(u1, u0 + p.prefetch_units);
+#pragma unroll 1
+  for (int32_t u = u0 + (tid >> 7); u < u_end; u += 2) {
+    const cursor c = cursor_at(u, s);
+    const int32_t kt = c.kk * k_kb + (l >> 4);
+    const int32_t col = sub_tile(p, s, c.nt, (l >> 2) & 3);
+    if (col >= 0 && kt < s.k16) {
+      const int32_t* b = p.b + block_weights(p, s, c.mb) * p.b_batch_stride + kt * s.row_words +
+                         col * k_serving_tile_words + (l & 3) * 32;
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(b));
+    }
+  }
+}
+
 template <int ROWS>
 __global__ void __launch_bounds__(k_threads, cfg<ROWS>::min_blocks)
 w4a16_kernel(const problem p,
@@ -651,6 +803,11 @@ w4a16_kernel(const problem p,
   float* red = reinterpret_cast<float*>(smem + C::red_off);
   int* flag = reinterpret_cast<int*>(smem + C::flag_off);
 
+  // Programmatic dependent launch: without a prefetch everything below may read what the previous
+  // kernel writes (num_padded, A), so wait first; with one, the m blocks and experts were written
+  // before the previous kernel started (see problem::prefetch_units).
+  if (p.prefetch_units == 0)
+    grid_dep_wait();
   shape_info s;
   s.mblk_per_batch = p.moe ? 1 : (p.m + C::rows - 1) / C::rows;
   s.num_mblk = p.moe ? min(*p.num_padded / C::rows, p.max_m_blocks) : p.batch * s.mblk_per_batch;
@@ -663,6 +820,7 @@ w4a16_kernel(const problem p,
   s.stage_groups = (p.groups > 1 && p.glen < k_stage_k) ? k_stage_k / p.glen : 1;
   s.k16 = p.k / 16;
   s.row_words = static_cast<int64_t>(s.n64) * k_serving_tile_words;
+  s.k_tail = p.k % k_stage_k != 0;
   s.mul32 = static_cast<int64_t>(s.units) * s.grid < (int64_t{1} << 31);
   const int32_t cta = blockIdx.x;
   if (cta >= s.grid)
@@ -670,6 +828,11 @@ w4a16_kernel(const problem p,
   const int32_t u0 = run_start(cta, s), u1 = run_start(cta + 1, s);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (RLSERVE_W4A16_PDL && p.prefetch_units > 0) {
+    prefetch_run(p, s, u0, u1);
+    grid_dep_wait();
+  }
+  grid_dep_launch();
   const int wn = warp % k_sub, kw = warp / k_sub;
 
   // Rows never valid in any tile (dense with one m block: rows >= m) stay zero from here on and
@@ -683,14 +846,27 @@ w4a16_kernel(const problem p,
   }
 
   cursor load_at = cursor_at(u0, s), comp_at = load_at;
-  load_ctx<ROWS> ctx;
-  set_tile<ROWS>(p, s, load_at, ctx);
+  using ctx_t = std::conditional_t<C::swap, load_ctx<ROWS>, load_ctx_marlin<ROWS>>;
+  ctx_t ctx;
+  auto set_tile_ = [&](const cursor& cu) {
+    if constexpr (C::swap)
+      set_tile<ROWS>(p, s, cu, ctx);
+    else
+      set_tile_marlin<ROWS>(p, s, cu, ctx);
+  };
+  auto load_stage_ = [&](unsigned char* st, int32_t kk) {
+    if constexpr (C::swap)
+      load_stage<ROWS>(p, s, st, ctx, kk, a_rows_loaded);
+    else
+      load_stage_marlin<ROWS>(p, s, st, ctx, kk, a_rows_loaded);
+  };
+  set_tile_(load_at);
 #pragma unroll 1
   for (int st = 0; st < C::stages - 1; ++st) {
     if (u0 + st < u1) {
       if (load_at.kk == 0 && st > 0)
-        set_tile<ROWS>(p, s, load_at, ctx);
-      load_stage<ROWS>(p, s, smem + st * C::stage_bytes, ctx, load_at.kk, a_rows_loaded);
+        set_tile_(load_at);
+      load_stage_(smem + st * C::stage_bytes, load_at.kk);
       advance(load_at, s);
     }
     cp_async_commit();
@@ -712,8 +888,8 @@ w4a16_kernel(const problem p,
     __syncthreads();
     if (u + C::stages - 1 < u1) {
       if (load_at.kk == 0)
-        set_tile<ROWS>(p, s, load_at, ctx);
-      load_stage<ROWS>(p, s, smem + write_stage * C::stage_bytes, ctx, load_at.kk, a_rows_loaded);
+        set_tile_(load_at);
+      load_stage_(smem + write_stage * C::stage_bytes, load_at.kk);
       advance(load_at, s);
     }
     cp_async_commit();
@@ -911,16 +1087,6 @@ kernel_status variant_grid(int block_rows, int* grid) {
   return kernel_status::ok;
 }
 
-int smem_of(int block_rows) {
-  switch (block_rows) {
-    case 8: return cfg<8>::smem_bytes;
-    case 16: return cfg<16>::smem_bytes;
-    case 32: return cfg<32>::smem_bytes;
-    case 48: return cfg<48>::smem_bytes;
-    default: return cfg<64>::smem_bytes;
-  }
-}
-
 } // namespace
 
 bool block_rows_valid(int block_rows) { return variant_index(block_rows) >= 0; }
@@ -971,20 +1137,37 @@ int64_t tiles_of(const problem& p, int block_rows) {
   return n_tiles_of(p) * mblk;
 }
 
-kernel_status run(const problem& p, int block_rows, int grid, int* counters, float* partials, cudaStream_t stream) {
+template <int ROWS>
+cudaError_t launch_variant(const problem& p, int grid, int* counters, float* partials, cudaStream_t stream, bool pdl) {
+  cudaLaunchConfig_t cfg_{};
+  cfg_.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg_.blockDim = dim3(k_threads);
+  cfg_.dynamicSmemBytes = cfg<ROWS>::smem_bytes;
+  cfg_.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg_.attrs = attr;
+  cfg_.numAttrs = pdl && RLSERVE_W4A16_PDL ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg_, w4a16_kernel<ROWS>, p, counters, partials);
+}
+
+kernel_status run(const problem& p, int block_rows, int grid, int* counters, float* partials, cudaStream_t stream,
+                  bool pdl) {
   if (grid < 1)
     return kernel_status::invalid_problem;
   if (counters == nullptr || partials == nullptr)
     return kernel_status::workspace_null;
-  const int smem = smem_of(block_rows);
+  cudaError_t e = cudaSuccess;
   switch (block_rows) {
-    case 8: w4a16_kernel<8><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
-    case 16: w4a16_kernel<16><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
-    case 32: w4a16_kernel<32><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
-    case 48: w4a16_kernel<48><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
-    case 64: w4a16_kernel<64><<<grid, k_threads, smem, stream>>>(p, counters, partials); break;
+    case 8: e = launch_variant<8>(p, grid, counters, partials, stream, pdl); break;
+    case 16: e = launch_variant<16>(p, grid, counters, partials, stream, pdl); break;
+    case 32: e = launch_variant<32>(p, grid, counters, partials, stream, pdl); break;
+    case 48: e = launch_variant<48>(p, grid, counters, partials, stream, pdl); break;
+    case 64: e = launch_variant<64>(p, grid, counters, partials, stream, pdl); break;
     default: return kernel_status::invalid_problem;
   }
+  RLSERVE_CUDA_TRY(e);
   RLSERVE_CUDA_CHECK_LAUNCH();
   return kernel_status::ok;
 }

@@ -63,6 +63,14 @@ struct problem {
   int64_t ldc = 0;
   int64_t c_batch_stride = 0; // dense: elements between problems
   int32_t up_tile_offset = 0; // silu: 64-column tiles between gate and up (I / 64)
+
+  // ---- programmatic dependent launch (run with pdl = true; the fused MoE) ----
+  // The kernel waits for the previous kernel in the stream (griddepcontrol.wait) before it reads
+  // anything that kernel may write, and lets the next one launch as soon as every CTA got there.
+  // prefetch_units > 0: before waiting, each CTA pulls the weights of the first prefetch_units
+  // units of its run into L2 (only for a problem whose m blocks and experts were written by a
+  // kernel that finished before the previous one passed its own wait: the MoE's w2 after w13).
+  int32_t prefetch_units = 0;
 };
 
 constexpr int k_tile_n = 256; // output columns per CTA tile
@@ -85,6 +93,26 @@ int64_t n_tiles_of(const problem& p);
 int64_t tiles_of(const problem& p, int block_rows);
 // Launches the core kernel on `grid` CTAs (<= grid_for). counters: one int per tile, zero on
 // entry (left zero); partials: partial_bytes.
-kernel_status run(const problem& p, int block_rows, int grid, int* counters, float* partials, cudaStream_t stream);
+kernel_status run(const problem& p, int block_rows, int grid, int* counters, float* partials, cudaStream_t stream,
+                  bool pdl = false);
+
+// griddepcontrol (sm_90): wait for the previous kernel of the stream (a no-op for a kernel not
+// launched as a programmatic dependent), and allow the next one to launch. RLSERVE_W4A16_PDL=0
+// builds the MoE without programmatic launches and prefetch (for comparison).
+#ifndef RLSERVE_W4A16_PDL
+#define RLSERVE_W4A16_PDL 1
+#endif
+#if defined(__CUDACC__)
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && RLSERVE_W4A16_PDL
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && RLSERVE_W4A16_PDL
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+#endif
 
 } // namespace rlserve::kernels::w4a16

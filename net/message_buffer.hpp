@@ -5,10 +5,11 @@
 //   ws.async_read(buf, ...);            // Beast appends the payload (prepare/commit)
 //   shared_bytes frame = buf.take();    // the message; buf is empty again
 //
-// After take() the storage is shared with whoever holds the frame. The next message reuses the
-// storage when nobody holds it any more (the common case: the actor has handled the previous
-// one), so a client sending large frames of one size costs one allocation, not one per frame;
-// otherwise it starts a fresh one.
+// After take() the storage is shared with whoever holds the frame. A new message reuses a
+// storage nobody holds any more; the buffer keeps the previous one for that, because the engine may
+// still hold the previous frame for a moment after its reply went out (the client then sends the
+// next frame at once). A client sending large frames of one size thus costs no allocation, no
+// page faults and no growth copies per frame.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <vector>
 
 #include <boost/asio/buffer.hpp>
 
@@ -39,11 +41,8 @@ public:
   mutable_buffers_type prepare(std::size_t n) {
     if (n > max_ - size_)
       throw std::length_error("websocket message larger than the server's limit");
-    if (size_ == 0 && storage_ && storage_.use_count() > 1) {
-      // The last message is still in use by an actor: leave it to them.
-      storage_.reset();
-      capacity_ = 0;
-    }
+    if (size_ == 0 && storage_ && storage_.use_count() > 1)
+      swap_for_free_storage();
     // use_count() is a relaxed read; the acquire fence orders our writes after the reader's
     // (it released the bytes with shared_ptr's acq_rel decrement).
     std::atomic_thread_fence(std::memory_order_acquire);
@@ -70,6 +69,25 @@ public:
   }
 
 private:
+  static constexpr std::size_t k_kept = 1; // storages kept for reuse besides the current one
+
+  // The current storage is still held by an actor: keep it aside and continue in one nobody
+  // holds, or in a fresh one.
+  void swap_for_free_storage() {
+    kept_.push_back({std::move(storage_), capacity_});
+    storage_.reset();
+    capacity_ = 0;
+    for (auto it = kept_.begin(); it != kept_.end(); ++it)
+      if (it->data.use_count() == 1) {
+        storage_ = std::move(it->data);
+        capacity_ = it->capacity;
+        kept_.erase(it);
+        break;
+      }
+    if (kept_.size() > k_kept)
+      kept_.erase(kept_.begin());
+  }
+
   void grow(std::size_t needed) {
     // Doubling keeps the copies of a message that arrives in many reads linear in its size.
     std::size_t cap = std::max<std::size_t>({needed, capacity_ * 2, 4096});
@@ -81,7 +99,12 @@ private:
     capacity_ = cap;
   }
 
+  struct kept_storage {
+    std::shared_ptr<std::byte[]> data;
+    std::size_t capacity = 0;
+  };
   std::size_t max_;
+  std::vector<kept_storage> kept_;
   std::shared_ptr<std::byte[]> storage_;
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;

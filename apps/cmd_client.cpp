@@ -96,6 +96,9 @@ void run_generate(client_cli& o) {
       throw command_failed(id.error());
     ids.push_back(*id);
   }
+  const bool streamed_first = o.stream && !o.json;
+  if (streamed_first && ids.size() > 1)
+    std::printf("--- request 1 ---\n");
   std::map<int64_t, GenerateReqOutput> done;
   bool all_ok = true;
   while (done.size() < ids.size()) {
@@ -124,13 +127,13 @@ void run_generate(client_cli& o) {
       std::cout << to_json(out).dump() << "\n";
       continue;
     }
-    if (ids.size() > 1)
+    if (ids.size() > 1 && !(streamed_first && i == 0))
       std::printf("--- request %zu ---\n", i + 1);
     if (!out.success) {
       std::printf("error: %s\n", out.message.c_str());
       continue;
     }
-    if (!(o.stream && i == 0))
+    if (!(streamed_first && i == 0))
       std::printf("%s", out.text.c_str());
     std::printf("\n[%s, %d prompt + %d generated tokens, weight version %s]\n",
                 out.finish_reason ? out.finish_reason->type.c_str() : "?", out.prompt_tokens,

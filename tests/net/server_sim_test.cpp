@@ -385,6 +385,47 @@ BOOST_AUTO_TEST_CASE(disconnect_mid_session_aborts_it_and_old_weights_serve) {
   BOOST_TEST(m.find("result=\"aborted\"} 1") != std::string::npos, m);
 }
 
+// CONVENTIONS §4.12: the trainer's connection drops after step n = 0, 1, 2, ... of its cycle;
+// every time the engine ends unlocked and unpaused, on the old weights unless end was answered.
+BOOST_AUTO_TEST_CASE(connection_dropped_at_every_step_of_an_update) {
+  net::server_options o;
+  o.resume_on_disconnect = true;
+  served_engine s(o);
+  const std::vector<std::pair<std::string, json>> steps = {
+    {"pause_generation", {{"mode", "retract"}}}, {"begin_weight_update", json::object()},
+    {"update_weights_from_tensor", json::object()}, {"end_weight_update", json::object()},
+    {"continue_generation", json::object()}};
+  for (std::size_t n = 0; n <= steps.size(); ++n) {
+    auto version_before = s.engine->get_server_info().weight_version;
+    auto sum_before = role_checksum(*s.engine);
+    {
+      auto c = s.connect();
+      for (std::size_t i = 0; i < n; ++i) {
+        if (steps[i].first == "update_weights_from_tensor") {
+          UpdateWeightsFromTensorReqInput bucket;
+          bucket.named_tensors = {norm_tensor(static_cast<uint16_t>(0x3f80 + n))};
+          auto u = c->update_weights_from_tensor(bucket);
+          BOOST_REQUIRE_MESSAGE((u.has_value() && u->success), (u.has_value() ? u->message : u.error()));
+        } else {
+          auto m = c->call(steps[i].first, steps[i].second);
+          BOOST_REQUIRE_MESSAGE((m.has_value() && m->ok), steps[i].first);
+        }
+      }
+    } // dropped here, after n steps
+    BOOST_TEST_CONTEXT("dropped after " << n << " steps") {
+      BOOST_TEST(eventually([&] {
+        auto info = s.engine->get_server_info();
+        return !info.weight_update_session_open && !info.paused;
+      }));
+      bool committed = n >= 4; // end_weight_update was answered
+      BOOST_TEST((s.engine->get_server_info().weight_version != version_before) == committed);
+      BOOST_TEST((role_checksum(*s.engine) != sum_before) == committed);
+      auto g = s.engine->generate(greedy_ids({1, 2}, 2)); // not stuck behind a lock or a pause
+      BOOST_TEST(g.success, g.message);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(http_routes_in_sglang_shapes) {
   served_engine s;
   auto health = http_request(s.port(), http::verb::get, "/health");

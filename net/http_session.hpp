@@ -3,9 +3,9 @@
 //
 //   GET  /health, /health_generate, /metrics, /model_info, /get_server_info    (normal level)
 //   POST /<route> (GET too, except generate)  for every route of codec_registry, with the
-//        route's level; SGLang's request bodies and reply shapes (bridge.cpp shape_reply)
+//        route's level; SGLang's request bodies and reply shapes (http_call_actor.cpp shape_reply)
 //
-// A routed request goes to a call actor (bridge.cpp), which answers through link<http_outbound>
+// A routed request goes to a call actor (http_call_actor.cpp), which answers through link<http_outbound>
 // with a whole reply or with server-sent events (POST /generate with "stream": true). While the
 // call runs the session keeps one read open to notice a client that goes away; it then tells
 // the call actor, which aborts the request. Keep-alive connections read the next request after
@@ -23,7 +23,7 @@
 #include <boost/beast/http/string_body.hpp>
 
 #include "caf/actor.hpp"
-#include "net/bridge.hpp"
+#include "net/http_call_actor.hpp"
 
 namespace rlserve::net::detail {
 

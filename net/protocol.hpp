@@ -1,5 +1,5 @@
 // The websocket protocol of docs/protocol.md, as pure functions (no sockets, no actors), shared
-// by the server (net/ws_session.cpp, net/bridge.cpp) and the client library (net/client.cpp).
+// by the server (net/ws_session.cpp, net/ws_connection_actor.cpp) and the client library (net/client.cpp).
 //
 // Text frames, one JSON object each:
 //   request   {"id": 7, "type": "generate", "body": {...}}          id: a string or an integer

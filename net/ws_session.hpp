@@ -3,7 +3,7 @@
 //   http_session --upgrade request--> ws_session::run --accept--> do_read <-> on_read
 //                                                                   |  every message
 //                                                                   v
-//                                    connection actor (bridge.cpp) --post_text--> write queue
+//                                    connection actor (ws_connection_actor.cpp) --post_text--> write queue
 //
 // The session only reads, writes and hands complete messages to its connection actor; the actor
 // parses them off the I/O threads. Actors reach the session through link<ws_outbound>, which
@@ -24,7 +24,7 @@
 #include <boost/beast/websocket/stream.hpp>
 
 #include "caf/actor.hpp"
-#include "net/bridge.hpp"
+#include "net/ws_connection_actor.hpp"
 #include "net/message_buffer.hpp"
 
 namespace rlserve::net::detail {

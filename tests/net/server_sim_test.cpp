@@ -254,7 +254,7 @@ BOOST_AUTO_TEST_CASE(tensor_bytes_per_session_limit) {
   auto second = c->update_weights_from_tensor(bucket);
   BOOST_REQUIRE(!second.has_value());
   BOOST_TEST(second.error().find("too_large") == 0u, second.error());
-  auto end = c->call<EndWeightUpdateReqOutput>("end_weight_update", EndWeightUpdateReqInput{.abort = true});
+  auto end = c->call<EndWeightUpdateReqOutput>("end_weight_update", EndWeightUpdateReqInput{.weight_version = std::nullopt, .abort = true});
   BOOST_REQUIRE(end.has_value());
   BOOST_TEST(role_checksum(*s.engine) == before);
   // A new session has its own budget.

@@ -6,6 +6,7 @@ shapes, server-sent events, auth levels), and `rlserve client` as a person would
 The trainer side checks what it sent against the engine's own XXH3-64 checksums with `xxhash`.
 """
 import asyncio
+import http.client as http_client
 import json
 import os
 import struct
@@ -205,6 +206,20 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(text)) + text + blob)
 
 
+def keep_alive_checks(port):
+    """Several requests on one keep-alive connection (what `requests.Session` does)."""
+    conn = http_client.HTTPConnection("127.0.0.1", port, timeout=60)
+    headers = {"Authorization": f"Bearer {USER}", "Content-Type": "application/json"}
+    gen = json.dumps({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
+    for path, body in [("/health", None), ("/generate", gen), ("/get_server_info", None), ("/generate", gen)]:
+        conn.request("GET" if body is None else "POST", path, body=body, headers=headers)
+        r = conn.getresponse()
+        data = r.read()
+        t.check(r.status == 200, f"{path} on a kept-alive connection: {r.status} {data[:200]}")
+        t.check(r.getheader("Connection", "keep-alive").lower() != "close", f"{path} closed the connection")
+    conn.close()
+
+
 def cli_checks(port, env, tmp, model_dir):
     base = ["client", "--port", str(port)]
     cenv = dict(env, RLSERVE_API_KEY=USER, RLSERVE_ADMIN_API_KEY=ADMIN)
@@ -247,6 +262,7 @@ def main():
             t0 = time.time()
             asyncio.run(websocket_checks(port, model_dir))
             http_checks(port)
+            keep_alive_checks(port)
             cli_checks(port, env, tmp, model_dir)
             elapsed = time.time() - t0
         finally:

@@ -214,9 +214,10 @@ BOOST_AUTO_TEST_CASE(auth_levels_and_no_fallback_to_the_normal_key) {
   (*srv)->stop();
 }
 
-BOOST_AUTO_TEST_CASE(frame_and_body_size_limits) {
+BOOST_AUTO_TEST_CASE(frame_body_and_in_flight_limits) {
   net::server_options o;
   o.max_message_bytes = 64 * 1024;
+  o.max_inflight_per_connection = 2;
   served_engine s(o);
   auto c = s.connect();
   // Just over the limit, so the whole frame usually sits in the socket buffers before the
@@ -237,6 +238,18 @@ BOOST_AUTO_TEST_CASE(frame_and_body_size_limits) {
   // Under the limit all is well.
   auto c2 = s.connect();
   BOOST_TEST(c2->call("ping", {{"pad", std::string(1000, 'x')}}).has_value());
+  // Requests in flight per connection (2 here): the third is refused, the two run on.
+  auto long_req = greedy_ids({1, 2}, 1500);
+  BOOST_REQUIRE(c2->send_with_id("one", "generate", to_json(long_req)));
+  BOOST_REQUIRE(c2->send_with_id("two", "generate", to_json(long_req)));
+  BOOST_REQUIRE(c2->send_with_id("three", "generate", to_json(long_req)));
+  auto third = c2->wait_for("three");
+  BOOST_REQUIRE(!third.has_value());
+  BOOST_TEST(third.error().find("too_many_requests") == 0u, third.error());
+  BOOST_TEST(c2->call("cancel", {{"id", "one"}}).has_value());
+  BOOST_TEST(c2->call("cancel", {{"id", "two"}}).has_value());
+  BOOST_TEST(c2->wait_for("one").has_value());
+  BOOST_TEST(c2->wait_for("two").has_value());
 }
 
 BOOST_AUTO_TEST_CASE(tensor_bytes_per_session_limit) {

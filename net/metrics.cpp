@@ -169,6 +169,9 @@ std::string metrics::render(const GetServerInfoReqOutput* info) const {
   fmt::format_to(it, "rlserve_ws_connections_total {}\n", ws_total_.load());
   header(out, "rlserve_ws_upgrades_refused_total", "counter", "Websocket upgrades refused (auth)");
   fmt::format_to(it, "rlserve_ws_upgrades_refused_total {}\n", ws_refused_.load());
+  header(out, "rlserve_ws_reads_paused_total", "counter",
+         "Times a connection stopped reading until its unanswered frames were answered");
+  fmt::format_to(it, "rlserve_ws_reads_paused_total {}\n", reads_paused_.load());
   return out;
 }
 

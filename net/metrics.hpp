@@ -38,6 +38,8 @@ public:
   void connection_opened() { ++ws_open_; ws_total_.fetch_add(1, std::memory_order_relaxed); }
   void connection_closed() { --ws_open_; }
   void connection_refused() { ws_refused_.fetch_add(1, std::memory_order_relaxed); }
+  // A connection stopped reading because its unanswered frames passed the limit.
+  void reads_paused() { reads_paused_.fetch_add(1, std::memory_order_relaxed); }
 
   // The text exposition format (version 0.0.4). `info`: the engine's state, or null when it did
   // not answer in time (the engine gauges are then left out and rlserve_engine_up is 0).
@@ -65,6 +67,7 @@ private:
   std::atomic<int64_t> ws_open_{0};
   std::atomic<uint64_t> ws_total_{0};
   std::atomic<uint64_t> ws_refused_{0};
+  std::atomic<uint64_t> reads_paused_{0};
 };
 
 // A Prometheus label value with \, " and newline escaped.

@@ -46,6 +46,11 @@ struct server_options {
   std::size_t max_message_bytes = std::size_t{1} << 30;
   // Tensor bytes accepted per weight-update session (and per message outside one).
   uint64_t max_session_tensor_bytes = uint64_t{64} << 30;
+  // Bytes of websocket frames a connection may have delivered and not yet answered (a binary
+  // tensor frame counts until its reply, a text frame until it is parsed); past this the server
+  // stops reading from that client until replies catch up, so a client pipelining large frames
+  // cannot fill the server's memory faster than the engine takes them.
+  std::size_t max_unanswered_bytes_per_connection = std::size_t{2} << 30;
   // Requests in flight per websocket connection; more are refused with too_many_requests.
   std::size_t max_inflight_per_connection = 4096;
   // Bytes queued for a client that does not read; past this the connection is closed.

@@ -43,6 +43,7 @@ namespace {
 struct pending_req {
   json id;
   call_info info;
+  std::size_t frame_bytes = 0; // a binary frame's size, consumed when the reply comes
 };
 
 struct ws_state {
@@ -74,6 +75,14 @@ void send_error(ws_actor* self, const json& id, std::string_view type, error_cod
                 std::string_view message) {
   self->state.st->stats.protocol_error(to_string(code));
   send_out(self, error_text(id, type, code, message));
+}
+
+// The session may read on (net/ws_session.cpp, backpressure).
+void consumed(ws_actor* self, std::size_t bytes) {
+  auto& s = self->state;
+  if (s.closed || !s.out || bytes == 0)
+    return;
+  s.out->with([&](ws_outbound& o) { o.post_consumed(bytes); });
 }
 
 void maybe_quit(ws_actor* self) {
@@ -142,6 +151,8 @@ void on_reply(ws_actor* self, const std::string& key, expected<json> body) {
   s.inflight.erase(it);
   if (!p.info.rid.empty())
     s.rid_to_key.erase(p.info.rid);
+  if (p.frame_bytes)
+    consumed(self, p.frame_bytes);
   if (!body) {
     after_reply(*s.st, p.info, "ws", false, false, s.conn);
     send_error(self, p.id, p.info.route, error_code::engine_error, body.error());
@@ -257,6 +268,40 @@ void dispatch(ws_actor* self, request_envelope env, clock::time_point t0, binary
          [self, key](expected<json> reply) { on_reply(self, key, std::move(reply)); });
 }
 
+void on_text(ws_actor* self, const shared_bytes& frame) {
+  auto t0 = clock::now();
+  auto j = parse_json(frame.text());
+  if (!j)
+    return send_error(self, nullptr, "", error_code::bad_json, j.error());
+  json id;
+  auto env = read_envelope(*j, id);
+  if (!env)
+    return send_error(self, id, "", error_code::bad_request, env.error());
+  dispatch(self, std::move(*env), t0, nullptr);
+}
+
+// Returns the in-flight key of the request the frame became, or empty when it was refused.
+std::string on_binary(ws_actor* self, const shared_bytes& frame) {
+  auto t0 = clock::now();
+  json id;
+  auto bin = read_binary_frame(frame, id);
+  if (!bin) {
+    send_error(self, id, "update_weights_from_tensor", error_code::bad_frame, bin.error());
+    return {};
+  }
+  if (bin->envelope.type != "update_weights_from_tensor") {
+    send_error(self, id, bin->envelope.type, error_code::bad_frame,
+               "binary frames carry update_weights_from_tensor only; send \"" + bin->envelope.type +
+                 "\" as a text frame");
+    return {};
+  }
+  auto key = dump(bin->envelope.id);
+  bool taken = self->state.inflight.count(key) > 0; // a duplicate id is refused, not this one's
+  auto env = std::move(bin->envelope);
+  dispatch(self, std::move(env), t0, &*bin);
+  return taken ? std::string() : key;
+}
+
 caf::behavior ws_connection(ws_actor* self, std::shared_ptr<shared_state> st,
                             std::shared_ptr<link<ws_outbound>> out, uint64_t conn,
                             std::vector<std::string> tokens, uint64_t registry_id) {
@@ -270,30 +315,19 @@ caf::behavior ws_connection(ws_actor* self, std::shared_ptr<shared_state> st,
     [self](ws_text_msg& m) {
       if (self->state.closed)
         return;
-      auto t0 = clock::now();
-      auto j = parse_json(m.frame.text());
-      if (!j)
-        return send_error(self, nullptr, "", error_code::bad_json, j.error());
-      json id;
-      auto env = read_envelope(*j, id);
-      if (!env)
-        return send_error(self, id, "", error_code::bad_request, env.error());
-      dispatch(self, std::move(*env), t0, nullptr);
+      on_text(self, m.frame);
+      consumed(self, m.frame.size); // parsed: a text request holds no frame bytes
     },
     [self](ws_binary_msg& m) {
       if (self->state.closed)
         return;
-      auto t0 = clock::now();
-      json id;
-      auto bin = read_binary_frame(m.frame, id);
-      if (!bin)
-        return send_error(self, id, "update_weights_from_tensor", error_code::bad_frame, bin.error());
-      if (bin->envelope.type != "update_weights_from_tensor")
-        return send_error(self, id, bin->envelope.type, error_code::bad_frame,
-                          "binary frames carry update_weights_from_tensor only; send \"" +
-                            bin->envelope.type + "\" as a text frame");
-      auto env = std::move(bin->envelope);
-      dispatch(self, std::move(env), t0, &*bin);
+      // The frame's bytes live on in the request's tensors until the engine answers it.
+      auto key = on_binary(self, m.frame);
+      auto it = key.empty() ? self->state.inflight.end() : self->state.inflight.find(key);
+      if (it != self->state.inflight.end())
+        it->second.frame_bytes = m.frame.size;
+      else
+        consumed(self, m.frame.size);
     },
     [self](ws_closed_msg&) {
       auto& s = self->state;

@@ -28,6 +28,9 @@ public:
   virtual void post_text(std::shared_ptr<const std::string> text) = 0;
   // Closes the connection with a policy-violation status and `reason`.
   virtual void post_close(std::string reason) = 0;
+  // `bytes` of delivered frames are done with (parsed, or their request answered): the session
+  // may read again if it had stopped (server_options::max_unanswered_bytes_per_connection).
+  virtual void post_consumed(std::size_t bytes) = 0;
 };
 
 caf::actor spawn_ws_connection(std::shared_ptr<shared_state> st,

@@ -1,5 +1,7 @@
 #include "net/ws_session.hpp"
 
+#include <algorithm>
+
 #include <boost/asio/post.hpp>
 #include <boost/beast/core/bind_handler.hpp>
 #include <boost/beast/websocket.hpp>
@@ -72,11 +74,31 @@ void ws_session::on_read(beast::error_code ec, std::size_t) {
     return fail(ec, "websocket read");
   }
   auto frame = buffer_.take();
+  unanswered_bytes_ += frame.size;
   if (ws_.got_text())
     deliver_text(conn_, std::move(frame));
   else
     deliver_binary(conn_, std::move(frame));
+  if (unanswered_bytes_ > st_->opts.max_unanswered_bytes_per_connection) {
+    // Backpressure: TCP holds the client's next frames until the engine catches up.
+    read_paused_ = true;
+    paused_hold_ = shared_from_this();
+    st_->stats.reads_paused();
+    return;
+  }
   do_read();
+}
+
+void ws_session::post_consumed(std::size_t bytes) {
+  boost::asio::post(ws_.get_executor(), [self = shared_from_this(), bytes] {
+    self->unanswered_bytes_ -= std::min(bytes, self->unanswered_bytes_);
+    if (self->read_paused_ && !self->dropped_ &&
+        self->unanswered_bytes_ <= self->st_->opts.max_unanswered_bytes_per_connection) {
+      self->read_paused_ = false;
+      self->paused_hold_.reset(); // `self` keeps the session alive here
+      self->do_read();
+    }
+  });
 }
 
 void ws_session::post_text(std::shared_ptr<const std::string> text) {
@@ -142,6 +164,7 @@ void ws_session::drop_connection(const char* why) {
   beast::get_lowest_layer(ws_).socket().shutdown(boost::asio::ip::tcp::socket::shutdown_both, ignored);
   beast::get_lowest_layer(ws_).socket().close(ignored);
   tell_closed();
+  paused_hold_.reset(); // callers hold the session (posted handlers capture it)
 }
 
 void ws_session::tell_closed() {

@@ -40,6 +40,7 @@ public:
 
   void post_text(std::shared_ptr<const std::string> text) override;
   void post_close(std::string reason) override;
+  void post_consumed(std::size_t bytes) override;
   // Server shutdown: drops the TCP connection (from any thread).
   void post_shutdown();
 
@@ -58,6 +59,11 @@ private:
   message_buffer buffer_;
   std::deque<std::shared_ptr<const std::string>> queue_;
   std::size_t queued_bytes_ = 0;
+  std::size_t unanswered_bytes_ = 0; // delivered to the actor, not yet consumed
+  bool read_paused_ = false;
+  // While reading is paused no handler holds the session; this does, until reads resume or the
+  // connection is dropped.
+  std::shared_ptr<ws_session> paused_hold_;
   std::vector<std::string> tokens_;
   std::shared_ptr<link<ws_outbound>> link_;
   caf::actor conn_;

@@ -278,6 +278,31 @@ BOOST_AUTO_TEST_CASE(tensor_bytes_per_session_limit) {
   BOOST_TEST(s.engine->get_server_info().weight_version == "1");
 }
 
+BOOST_AUTO_TEST_CASE(pipelined_binary_frames_meet_backpressure_not_deadlock) {
+  net::server_options o;
+  o.max_unanswered_bytes_per_connection = 256 * 1024; // each frame below passes it alone
+  served_engine s(o);
+  auto c = s.connect();
+  std::vector<std::byte> bytes(300 * 1024, std::byte{7});
+  UpdateWeightsFromTensorReqInput req;
+  req.named_tensors = {{"bench.payload", HostTensor::copy_of(dtype::u8, {static_cast<int64_t>(bytes.size())}, bytes)}};
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 4; ++i) {
+    auto id = c->send_tensors(req);
+    BOOST_REQUIRE_MESSAGE(id.has_value(), id.error());
+    ids.push_back(*id);
+  }
+  // Every frame is answered (no session is open, so each is refused), one at a time as the
+  // server reads the next only after the previous one's reply.
+  for (auto id : ids) {
+    auto m = c->wait_for(id);
+    BOOST_REQUIRE_MESSAGE(m.has_value(), m.error());
+    BOOST_TEST(!m->ok);
+  }
+  BOOST_TEST(s.server->stats().render(nullptr).find("rlserve_ws_reads_paused_total 0") == std::string::npos);
+  BOOST_TEST(c->call("ping", json::object()).has_value());
+}
+
 BOOST_AUTO_TEST_CASE(idle_and_slow_clients_are_disconnected) {
   net::server_options o;
   o.idle_timeout = std::chrono::milliseconds(600);

@@ -4,7 +4,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "caf/actor.hpp"
+#include "caf/actor_system.hpp"
 #include "caf/deep_to_string.hpp"
+#include "caf/event_based_actor.hpp"
 #include "caf/make_message.hpp"
 #include "caf/message.hpp"
 #include "messages/enums.hpp"
@@ -44,9 +47,28 @@ expected<json> encode_as(const caf::message& msg) {
 }
 
 template <class In, class Out>
+void ask_as(caf::event_based_actor* self, const caf::actor& dest, caf::message request,
+            json_reply_callback done) {
+  if (!request.match_elements<In>()) {
+    done(fail("expected a message holding one " + std::string(short_name<In>()) + ", got " +
+              caf::to_string(request)));
+    return;
+  }
+  // The front door takes generate together with a result sink; none here (no streaming).
+  if constexpr (std::is_same_v<In, GenerateReqInput>)
+    request = caf::make_message(std::move(request.get_mutable_as<In>(0)), caf::actor{});
+  self->request(dest, caf::infinite, std::move(request))
+    .then([done](Out& out) { done(to_json(out)); },
+          [self, done](caf::error& err) {
+            done(fail("the engine did not answer: " + self->system().render(err)));
+          });
+}
+
+template <class In, class Out>
 constexpr codec_entry entry(std::string_view route, auth_level auth) {
   return codec_entry{route,           auth,          short_name<In>(), short_name<Out>(),
-                     &decode_as<In>,  &encode_as<Out>, &encode_as<In>,   &decode_as<Out>};
+                     &decode_as<In>,  &encode_as<Out>, &encode_as<In>,   &decode_as<Out>,
+                     &ask_as<In, Out>};
 }
 
 constexpr auto normal = auth_level::normal;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -25,6 +26,10 @@
 #include "messages/expected.hpp"
 
 namespace rlserve {
+
+// What `codec_entry::ask` calls with the engine's reply: the reply as JSON, or a sentence when the
+// engine did not answer.
+using json_reply_callback = std::function<void(expected<nlohmann::json>)>;
 
 // Who may call a route. normal: generation and read-only server state (api_key). admin:
 // everything that changes or reads weights, pauses or resumes generation, flushes the cache or
@@ -49,6 +54,13 @@ struct codec_entry {
   // JSON reply -> the reply struct in a message.
   expected<nlohmann::json> (*encode_request)(const caf::message& request);
   expected<caf::message> (*decode_reply)(const nlohmann::json& body);
+  // Sends `request` (a message holding request_type, as decode made it) from `self` to `dest`
+  // (the engine's front door) and calls `done` once, inside `self`, with the reply encoded as
+  // JSON. A front end needs no handler per reply type: CAF 0.17's event-based response handlers
+  // match on the reply's type, and only the entry knows it. For generate it sends no sink (the
+  // whole result comes in the reply); streaming front ends send generate themselves.
+  void (*ask)(caf::event_based_actor* self, const caf::actor& dest, caf::message request,
+              json_reply_callback done);
 };
 
 // The entry for `route`, or nullptr when there is none.

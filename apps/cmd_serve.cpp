@@ -1,0 +1,111 @@
+// `rlserve serve`: the engine behind the network front (docs/protocol.md): websocket and HTTP on
+// one port until SIGINT or SIGTERM. Prints one line "listening on HOST:PORT" to stdout when
+// ready (with --port 0 the port the system chose), so scripts and tests can wait for it.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+
+#include "actors/engine.hpp"
+#include "apps/command.hpp"
+#include "net/log.hpp"
+#include "net/server.hpp"
+
+namespace rlserve::apps {
+
+namespace {
+
+struct serve_options {
+  engine_config engine;
+  net::server_options server;
+  double request_timeout_s = 30;
+  double idle_timeout_s = 300;
+  std::string log_level;
+};
+
+void run(serve_options o) {
+  // Blocked in every thread (the engine's and the server's inherit this mask), taken by sigwait
+  // below: a signal never interrupts an actor or an I/O thread.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  if (!o.log_level.empty()) {
+    const std::pair<const char*, net::log_level> levels[] = {
+      {"debug", net::log_level::debug}, {"info", net::log_level::info}, {"warn", net::log_level::warn},
+      {"error", net::log_level::error}, {"off", net::log_level::off}};
+    bool known = false;
+    for (const auto& [name, level] : levels)
+      if (o.log_level == name) {
+        net::set_log_level(level);
+        known = true;
+      }
+    if (!known)
+      throw command_failed("--log-level: expected debug, info, warn, error or off");
+  }
+  o.server.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.request_timeout_s * 1000));
+  o.server.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.idle_timeout_s * 1000));
+
+  auto engine = Engine::start(o.engine);
+  if (!engine)
+    throw command_failed(engine.error());
+  auto srv = net::server::start(**engine, o.server);
+  if (!srv)
+    throw command_failed(srv.error());
+  auto info = (*engine)->get_server_info();
+  std::printf("rlserve serve: listening on %s (model %s, weight version %s, %zu I/O threads)\n",
+              (*srv)->address().c_str(), info.model_path.c_str(), info.weight_version.c_str(),
+              o.server.io_threads);
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&signals, &sig);
+  net::log_info(sig == SIGINT ? "interrupted; stopping" : "terminated; stopping");
+  (*srv)->stop();
+  srv->reset();
+  engine->reset();
+}
+
+void add_serve(CLI::App& app) {
+  auto o = std::make_shared<serve_options>();
+  auto* cmd = app.add_subcommand("serve", "Serve the engine over websocket and HTTP (docs/protocol.md)");
+  cmd->add_option("--model", o->engine.model_path, "Model directory (default: the built-in tiny model)");
+  cmd->add_option("--draft-model", o->engine.draft_model_path, "Draft model directory");
+  cmd->add_option("--host", o->server.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->server.port, "Port (0: any free port; the line printed says which)")
+    ->capture_default_str();
+  cmd->add_option("--api-key", o->server.keys.api_key,
+                  "Key for generation and server state (Authorization: Bearer <key>)")
+    ->envname("RLSERVE_API_KEY");
+  cmd->add_option("--admin-api-key", o->server.keys.admin_api_key,
+                  "Key for every route that changes or reads weights, pauses, resumes, flushes or aborts")
+    ->envname("RLSERVE_ADMIN_API_KEY");
+  cmd->add_option("--io-threads", o->server.io_threads, "Asio threads (sockets only; actors do the work)")
+    ->capture_default_str();
+  cmd->add_option("--max-message-bytes", o->server.max_message_bytes,
+                  "Largest websocket message or HTTP body")
+    ->capture_default_str();
+  cmd->add_option("--max-session-tensor-bytes", o->server.max_session_tensor_bytes,
+                  "Tensor bytes accepted per weight-update session")
+    ->capture_default_str();
+  cmd->add_option("--request-timeout", o->request_timeout_s,
+                  "Seconds to read an HTTP request or finish a websocket handshake")
+    ->capture_default_str();
+  cmd->add_option("--idle-timeout", o->idle_timeout_s,
+                  "Seconds a websocket peer may stay silent (pings are sent at half of it; 0: never)")
+    ->capture_default_str();
+  cmd->add_option("--max-running-requests", o->engine.max_running_requests, "Requests in one batch")
+    ->capture_default_str();
+  cmd->add_option("--kv-cache-tokens", o->engine.kv_cache_tokens, "Tokens the KV pool holds")
+    ->capture_default_str();
+  cmd->add_flag("--resume-on-disconnect", o->server.resume_on_disconnect,
+                "Continue generation when the websocket client that paused it disconnects");
+  cmd->add_option("--log-level", o->log_level, "debug, info, warn, error or off (default: info)");
+  cmd->callback([o] { run(*o); });
+}
+
+const command_registrar registrar{40, add_serve};
+
+} // namespace
+
+} // namespace rlserve::apps

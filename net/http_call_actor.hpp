@@ -1,0 +1,48 @@
+// Private to net/: the actor behind one routed HTTP request (http_session makes one per request).
+// It decodes the body through codec_registry, asks the front door, and answers in SGLang's HTTP
+// shapes through link<http_outbound>: one whole reply, or server-sent events for a streamed
+// /generate. /health, /health_generate, /metrics and /model_info are answered here too. A
+// client that hangs up (deliver_cancel) has its generate request aborted. Never blocks.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "caf/actor.hpp"
+#include "messages/codec_registry.hpp"
+#include "net/protocol.hpp"
+#include "net/shared_state.hpp"
+
+namespace rlserve::net::detail {
+
+// An HTTP response: whole, or the end of a server-sent event stream.
+struct http_reply {
+  unsigned status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  bool end_of_stream = false; // true: the SSE stream ends (body unused)
+};
+
+class http_outbound {
+public:
+  virtual ~http_outbound() = default;
+  // One server-sent event `data: <json>`; the first one starts the event stream.
+  virtual void post_event(std::shared_ptr<const std::string> data) = 0;
+  virtual void post_reply(http_reply reply) = 0;
+};
+
+// What an HTTP call asks for.
+struct http_call {
+  enum kind_t { route, metrics, model_info, server_info, health, health_generate } kind = route;
+  const codec_entry* codec = nullptr; // kind == route
+  std::string body;                   // request body (JSON text; empty: {})
+  std::map<std::string, std::string> query;
+};
+
+caf::actor spawn_http_call(std::shared_ptr<shared_state> st,
+                           std::shared_ptr<link<http_outbound>> out, http_call call);
+// The HTTP client went away: abort the call's generate request, if any.
+void deliver_cancel(const caf::actor& call);
+
+} // namespace rlserve::net::detail

@@ -1,0 +1,362 @@
+#include "net/http_session.hpp"
+
+#include <sstream>
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/beast/core/bind_handler.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/websocket/rfc6455.hpp>
+#include <fmt/format.h>
+
+#include "net/fail.hpp"
+#include "net/ws_session.hpp"
+
+namespace rlserve::net::detail {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace asio = boost::asio;
+
+namespace {
+
+std::string json_error_body(std::string_view error, std::string_view message) {
+  return dump(json{{"error", error}, {"message", message}});
+}
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}
+
+std::string url_decode(std::string_view s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '+') {
+      out += ' ';
+    } else if (s[i] == '%' && i + 2 < s.size() && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+std::map<std::string, std::string> parse_query(std::string_view q) {
+  std::map<std::string, std::string> out;
+  while (!q.empty()) {
+    auto amp = q.find('&');
+    auto item = q.substr(0, amp);
+    q = amp == std::string_view::npos ? std::string_view{} : q.substr(amp + 1);
+    if (item.empty())
+      continue;
+    auto eq = item.find('=');
+    out[url_decode(item.substr(0, eq))] =
+      eq == std::string_view::npos ? std::string() : url_decode(item.substr(eq + 1));
+  }
+  return out;
+}
+
+std::vector<std::string> request_tokens(const http::request<http::string_body>& req) {
+  auto a = req[http::field::authorization];
+  auto x = req["x-api-key"];
+  return tokens_from_headers({a.data(), a.size()}, {x.data(), x.size()});
+}
+
+} // namespace
+
+http_session::http_session(asio::ip::tcp::socket&& socket, std::shared_ptr<shared_state> st)
+  : stream_(std::move(socket)), st_(std::move(st)) {
+  st_->session_opened();
+}
+
+http_session::~http_session() {
+  if (dropper_)
+    st_->remove_dropper(dropper_);
+  if (calling_ && call_)
+    deliver_cancel(call_);
+  st_->session_closed();
+}
+
+void http_session::run() {
+  dropper_ = st_->add_dropper([weak = weak_from_this()] {
+    if (auto self = weak.lock())
+      asio::post(self->stream_.get_executor(), [self] { self->drop(); });
+  });
+  // One strand per connection (the listener made the socket on it): start there.
+  asio::dispatch(stream_.get_executor(), beast::bind_front_handler(&http_session::do_read, shared_from_this()));
+}
+
+void http_session::do_read() {
+  if (dropped_)
+    return;
+  parser_.emplace();
+  parser_->body_limit(st_->opts.max_message_bytes);
+  parser_->header_limit(64 * 1024);
+  stream_.expires_after(st_->opts.request_timeout);
+  http::async_read(stream_, buffer_, *parser_,
+                   beast::bind_front_handler(&http_session::on_read, shared_from_this()));
+}
+
+void http_session::on_read(beast::error_code ec, std::size_t) {
+  if (ec == http::error::body_limit) {
+    st_->stats.protocol_error("too_large");
+    close_after_write_ = true;
+    return answer(413, "application/json",
+                  json_error_body("Payload Too Large",
+                                  fmt::format("the request body is larger than the server's limit of "
+                                              "{} bytes (server option max_message_bytes)",
+                                              st_->opts.max_message_bytes)));
+  }
+  if (ec)
+    return fail(ec, "http read");
+  auto req = parser_->release();
+  keep_alive_ = req.keep_alive();
+  if (beast::websocket::is_upgrade(req)) {
+    auto tokens = request_tokens(req);
+    if (st_->stopping) {
+      close_after_write_ = true;
+      return answer(503, "application/json", json_error_body("Service Unavailable", "the server is stopping"));
+    }
+    if (!may_connect(st_->opts.keys, tokens)) {
+      st_->stats.connection_refused();
+      close_after_write_ = true;
+      log_info("websocket upgrade refused: no valid API key presented");
+      return answer(401, "application/json",
+                    json_error_body("Unauthorized",
+                                    refusal_message(st_->opts.keys, route_auth::normal,
+                                                    auth_result::unauthorized)));
+    }
+    // The websocket session takes the connection (and any bytes already read are the
+    // handshake's, which Beast's accept(request) does not need again).
+    stream_.expires_never();
+    std::make_shared<ws_session>(std::move(stream_), st_)->run(std::move(req), std::move(tokens));
+    return;
+  }
+  route(req);
+}
+
+void http_session::route(http::request<http::string_body>& req) {
+  std::string_view target(req.target().data(), req.target().size());
+  auto qpos = target.find('?');
+  std::string path(target.substr(0, qpos));
+  auto query = qpos == std::string_view::npos ? std::map<std::string, std::string>{}
+                                              : parse_query(target.substr(qpos + 1));
+  while (path.size() > 1 && path.back() == '/')
+    path.pop_back();
+  const auto method = req.method();
+  const bool get = method == http::verb::get || method == http::verb::head;
+  const bool post = method == http::verb::post || method == http::verb::put;
+
+  http_call call;
+  route_auth level = route_auth::normal;
+  if (path == "/health" || path == "/health_generate" || path == "/metrics" || path == "/model_info") {
+    if (!get)
+      return answer(405, "application/json",
+                    json_error_body("Method Not Allowed", "use GET for " + path));
+    call.kind = path == "/health"            ? http_call::health
+                : path == "/health_generate" ? http_call::health_generate
+                : path == "/metrics"         ? http_call::metrics
+                                             : http_call::model_info;
+  } else {
+    std::string name = path.size() > 1 ? path.substr(1) : "";
+    if (name == "server_info")
+      name = "get_server_info";
+    const codec_entry* c = find_codec(name);
+    if (!c) {
+      std::string routes = "/health, /health_generate, /metrics, /model_info";
+      for (const auto& e : all_codecs())
+        routes += ", /" + std::string(e.route);
+      return answer(404, "application/json",
+                    json_error_body("Not Found", "no route " + path + " (routes: " + routes + ")"));
+    }
+    const bool is_generate = c->route == "generate";
+    if (!(post || (get && !is_generate)))
+      return answer(405, "application/json",
+                    json_error_body("Method Not Allowed",
+                                    is_generate ? "use POST for /generate" : "use POST or GET for " + path));
+    call.kind = http_call::route;
+    call.codec = c;
+    call.body = std::move(req.body());
+    call.query = std::move(query);
+    level = to_route_auth(c->auth);
+  }
+  if (auto r = authorize(st_->opts.keys, level, request_tokens(req)); r != auth_result::ok) {
+    st_->stats.protocol_error(r == auth_result::forbidden ? "forbidden" : "unauthorized");
+    log_info("HTTP " + path + " refused: " + (r == auth_result::forbidden ? "forbidden" : "unauthorized"));
+    return answer(r == auth_result::forbidden ? 403 : 401, "application/json",
+                  json_error_body(r == auth_result::forbidden ? "Forbidden" : "Unauthorized",
+                                  refusal_message(st_->opts.keys, level, r)));
+  }
+  if (st_->stopping) {
+    close_after_write_ = true;
+    return answer(503, "application/json", json_error_body("Service Unavailable", "the server is stopping"));
+  }
+  link_ = std::make_shared<link<http_outbound>>(st_);
+  link_->attach(weak_from_this());
+  calling_ = true;
+  events_started_ = false;
+  stream_.expires_never(); // the engine takes the time it takes; the watch notices a hang-up
+  call_ = spawn_http_call(st_, link_, std::move(call));
+  watch_peer();
+}
+
+void http_session::answer(unsigned status, std::string content_type, std::string body) {
+  http::response<http::string_body> res{static_cast<http::status>(status), 11};
+  res.set(http::field::server, "rlserve");
+  res.set(http::field::content_type, content_type);
+  res.keep_alive(keep_alive_ && !close_after_write_);
+  res.body() = std::move(body);
+  res.prepare_payload();
+  if (!res.keep_alive())
+    close_after_write_ = true;
+  else
+    read_after_write_ = true;
+  std::ostringstream out;
+  out << res;
+  write(std::make_shared<const std::string>(out.str()));
+}
+
+void http_session::post_reply(http_reply reply) {
+  asio::post(stream_.get_executor(), [self = shared_from_this(), reply = std::move(reply)]() mutable {
+    if (self->dropped_ || !self->calling_)
+      return;
+    self->calling_ = false;
+    self->call_ = caf::actor{};
+    self->link_.reset();
+    if (reply.end_of_stream) {
+      // SGLang ends its /generate event stream with [DONE]; the connection then closes (the
+      // stream has no length, so its end is the end of the connection).
+      self->close_after_write_ = true;
+      return self->write(std::make_shared<const std::string>("data: [DONE]\n\n"));
+    }
+    self->answer(reply.status, std::move(reply.content_type), std::move(reply.body));
+  });
+}
+
+void http_session::post_event(std::shared_ptr<const std::string> data) {
+  asio::post(stream_.get_executor(), [self = shared_from_this(), data = std::move(data)] {
+    if (self->dropped_ || !self->calling_)
+      return;
+    std::string bytes;
+    if (!self->events_started_) {
+      self->events_started_ = true;
+      bytes = "HTTP/1.1 200 OK\r\nServer: rlserve\r\nContent-Type: text/event-stream\r\n"
+              "Cache-Control: no-cache\r\nConnection: close\r\n\r\n";
+    }
+    bytes += "data: ";
+    bytes += *data;
+    bytes += "\n\n";
+    self->write(std::make_shared<const std::string>(std::move(bytes)));
+  });
+}
+
+void http_session::write(std::shared_ptr<const std::string> bytes) {
+  if (dropped_)
+    return;
+  queued_bytes_ += bytes->size();
+  if (queued_bytes_ > st_->opts.max_queued_bytes_per_connection) {
+    st_->stats.protocol_error("slow_client");
+    log_warn("an HTTP client does not read its event stream; disconnecting it");
+    return drop();
+  }
+  queue_.push_back(std::move(bytes));
+  if (queue_.size() == 1)
+    do_write();
+}
+
+void http_session::do_write() {
+  asio::async_write(stream_, asio::buffer(*queue_.front()),
+                    beast::bind_front_handler(&http_session::on_write, shared_from_this()));
+}
+
+void http_session::on_write(beast::error_code ec, std::size_t) {
+  if (ec) {
+    drop();
+    return fail(ec, "http write");
+  }
+  queued_bytes_ -= queue_.front()->size();
+  queue_.pop_front();
+  if (!queue_.empty())
+    return do_write();
+  if (calling_)
+    return; // more events to come
+  if (close_after_write_) {
+    beast::error_code ignored;
+    stream_.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
+    // Read what the client still sends (the rest of a refused body) until it closes: closing
+    // with unread bytes would reset the connection and could destroy the reply in flight.
+    if (!watching_)
+      drain();
+    return;
+  }
+  if (read_after_write_) {
+    read_after_write_ = false;
+    if (watching_) {
+      // The watch read must end first (one read at a time); cancel it and read afterwards.
+      read_wanted_ = true;
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);
+      return;
+    }
+    do_read();
+  }
+}
+
+void http_session::drain() {
+  stream_.expires_after(st_->opts.request_timeout);
+  buffer_.clear();
+  stream_.async_read_some(buffer_.prepare(64 * 1024), [self = shared_from_this()](beast::error_code ec, std::size_t) {
+    if (!ec)
+      self->drain();
+  });
+}
+
+void http_session::watch_peer() {
+  watching_ = true;
+  stream_.async_read_some(buffer_.prepare(4096),
+                          beast::bind_front_handler(&http_session::on_watch, shared_from_this()));
+}
+
+void http_session::on_watch(beast::error_code ec, std::size_t bytes) {
+  watching_ = false;
+  if (!ec) {
+    // The client sent its next request already (pipelining); it is parsed after this reply.
+    buffer_.commit(bytes);
+  } else if (ec != asio::error::operation_aborted) {
+    // The client went away while its request ran: abort it.
+    if (calling_ && call_) {
+      deliver_cancel(call_);
+      calling_ = false;
+      call_ = caf::actor{};
+    }
+    return drop();
+  }
+  if (read_wanted_) {
+    read_wanted_ = false;
+    do_read();
+  }
+}
+
+void http_session::drop() {
+  if (dropped_)
+    return;
+  dropped_ = true;
+  if (calling_ && call_) {
+    deliver_cancel(call_);
+    calling_ = false;
+    call_ = caf::actor{};
+  }
+  beast::error_code ignored;
+  stream_.socket().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  stream_.socket().close(ignored);
+}
+
+} // namespace rlserve::net::detail

@@ -1,0 +1,96 @@
+// rlserve::net::server — the network front of an Engine (DESIGN §7, issue 6): one TCP port
+// speaking HTTP/1.1 and websocket, served by a small fixed pool of Asio threads.
+//
+//   auto engine = rlserve::Engine::start({});
+//   rlserve::net::server_options o;            // 127.0.0.1:30000, 2 I/O threads, no keys
+//   auto srv = rlserve::net::server::start(**engine, o);
+//   std::printf("listening on %s\n", (*srv)->address().c_str());
+//   ...
+//   (*srv)->stop();                             // before the engine goes away
+//
+// Websocket (any path): the protocol of docs/protocol.md — every route of
+// messages/codec_registry.hpp, multiplexed by client-chosen id, streamed generate chunks,
+// binary frames for tensors. HTTP: GET /health, /health_generate, /metrics, /model_info,
+// /get_server_info, and POST /<route> for every route with SGLang's bodies and replies
+// (POST /generate with "stream": true answers with server-sent events).
+//
+// Threads: Asio threads only read, write and hand frames to CAF actors (one per websocket
+// connection, one per HTTP call) spawned in the engine's actor system; actors answer by posting
+// to the session's strand. Neither ever blocks on the other.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "messages/expected.hpp"
+#include "net/auth.hpp"
+
+namespace rlserve {
+class Engine;
+}
+
+namespace rlserve::net {
+
+class metrics;
+
+struct server_options {
+  std::string host = "127.0.0.1"; // loopback unless asked otherwise
+  uint16_t port = 30000;          // 0: any free port (see server::port())
+  std::size_t io_threads = 2;
+  api_keys keys;
+  // Largest websocket message (text or binary) and HTTP body accepted; a bigger websocket
+  // message closes the connection with status 1009 (message too big), an HTTP body gets 413.
+  std::size_t max_message_bytes = std::size_t{1} << 30;
+  // Tensor bytes accepted per weight-update session (and per message outside one).
+  uint64_t max_session_tensor_bytes = uint64_t{64} << 30;
+  // Bytes of websocket frames a connection may have delivered and not yet answered (a binary
+  // tensor frame counts until its reply, a text frame until it is parsed); past this the server
+  // stops reading from that client until replies catch up, so a client pipelining large frames
+  // cannot fill the server's memory faster than the engine takes them.
+  std::size_t max_unanswered_bytes_per_connection = std::size_t{2} << 30;
+  // Requests in flight per websocket connection; more are refused with too_many_requests.
+  std::size_t max_inflight_per_connection = 4096;
+  // Bytes queued for a client that does not read; past this the connection is closed.
+  std::size_t max_queued_bytes_per_connection = std::size_t{256} << 20;
+  // Reading an HTTP request (headers and body) and the websocket handshake.
+  std::chrono::milliseconds request_timeout{30'000};
+  // A websocket peer that sends nothing (not even a pong to the server's keep-alive pings,
+  // sent at half this period) for this long is disconnected. 0: never.
+  std::chrono::milliseconds idle_timeout{300'000};
+  // When a websocket client that paused generation disconnects without continuing, send
+  // continue_generation for it. Off by default: a pause, unlike an update session, outlives the
+  // connection that made it (as over HTTP, and so that `rlserve client pause_generation` and a
+  // later `rlserve client continue_generation` work as two commands).
+  bool resume_on_disconnect = false;
+};
+
+class server {
+public:
+  // Binds, listens and starts the I/O threads. Fails with a sentence when the address cannot be
+  // bound (in use, no such interface) or the options make no sense.
+  static expected<std::unique_ptr<server>> start(Engine& engine, server_options options);
+  ~server(); // stop()
+  server(const server&) = delete;
+  server& operator=(const server&) = delete;
+
+  uint16_t port() const;
+  // "127.0.0.1:30000"
+  std::string address() const;
+  // Stops accepting, closes every connection (websocket: close status 1001, going away; their
+  // requests are aborted and any session they hold is aborted), waits for the connection actors
+  // to finish (a few seconds at most), and joins the I/O threads. Idempotent.
+  void stop();
+
+  const metrics& stats() const;
+
+  struct impl;
+
+private:
+  explicit server(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+} // namespace rlserve::net

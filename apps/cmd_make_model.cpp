@@ -14,7 +14,8 @@ void add_make_model(CLI::App& app) {
   auto options = std::make_shared<model::make_model_options>();
   auto* cmd = app.add_subcommand("make-model", "Write a model directory (config, seeded random "
                                                "weights, tokenizer) for tests and demos");
-  cmd->add_option("--arch", options->arch, "Architecture")->capture_default_str();
+  cmd->add_option("--arch", options->arch, "Architecture: qwen3 or qwen3-moe")
+    ->capture_default_str();
   cmd->add_option("--preset", options->preset, "Size: tiny or small")->capture_default_str();
   cmd->add_option("--out", options->out, "Output directory (new, empty, or an earlier make-model "
                                          "output)")->required();

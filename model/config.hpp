@@ -1,5 +1,5 @@
 // model_config: the Hugging Face config.json of a Qwen3 checkpoint (Qwen3ForCausalLM, and the MoE
-// fields Qwen3MoeForCausalLM adds, parsed but not run yet). Field names and defaults follow
+// fields Qwen3MoeForCausalLM adds, run by model/qwen3.hpp). Field names and defaults follow
 // transformers' Qwen3Config / Qwen3MoeConfig, so a config.json written by `save_pretrained` loads
 // as-is and `to_json` writes one transformers loads.
 #pragma once

@@ -100,11 +100,12 @@ status check_output_dir(const fs::path& out) {
 } // namespace
 
 expected<model_config> preset_config(std::string_view arch, std::string_view preset) {
-  if (arch != "qwen3")
-    return fail(fmt::format("unknown --arch '{}' (known: qwen3)", arch));
+  const bool moe = arch == "qwen3-moe";
+  if (arch != "qwen3" && !moe)
+    return fail(fmt::format("unknown --arch '{}' (known: qwen3, qwen3-moe)", arch));
   model_config c;
-  c.architecture = "Qwen3ForCausalLM";
-  c.model_type = "qwen3";
+  c.architecture = moe ? std::string(k_qwen3_moe_architecture) : "Qwen3ForCausalLM";
+  c.model_type = moe ? "qwen3_moe" : "qwen3";
   c.max_position_embeddings = 2048;
   c.rope_theta = 1000000.0;
   c.rms_norm_eps = 1e-6;
@@ -127,6 +128,16 @@ expected<model_config> preset_config(std::string_view arch, std::string_view pre
     c.intermediate_size = 512;
   } else {
     return fail(fmt::format("unknown --preset '{}' (known: tiny, small)", preset));
+  }
+  if (moe) {
+    // Every layer sparse, as Qwen3-30B-A3B; tests switch layers to dense through mlp_only_layers
+    // or decoder_sparse_step.
+    c.num_experts = preset == "tiny" ? 8 : 16;
+    c.num_experts_per_tok = preset == "tiny" ? 2 : 4;
+    c.moe_intermediate_size = preset == "tiny" ? 32 : 128;
+    c.decoder_sparse_step = 1;
+    c.norm_topk_prob = true;
+    c.mlp_only_layers = {};
   }
   return c;
 }

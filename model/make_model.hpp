@@ -1,7 +1,8 @@
 // make-model: writes a complete Hugging Face model directory with seeded random weights, so every
 // test, demo and benchmark has a real checkpoint without downloading one:
 //
-//   config.json             Qwen3ForCausalLM, HF field names (transformers loads it)
+//   config.json             Qwen3ForCausalLM or Qwen3MoeForCausalLM, HF field names (transformers
+//                           loads it)
 //   model.safetensors       seeded random weights in `dtype`; metadata marks the file as ours
 //   generation_config.json  eos_token_id and neutral sampling defaults
 //   tokenizer files         from write_tiny_tokenizer (model/tiny_tokenizer.hpp)
@@ -9,7 +10,8 @@
 // Weights (not HF's N(0, 0.02), which gives a random model with near-zero, uniform logits that
 // would hide sampler bugs):
 //   embeddings (tied to lm_head)   N(0, (2/sqrt(hidden))^2): logits spread with std ~2
-//   q/k/v, gate/up projections     N(0, 1/fan_in): activations keep unit variance
+//   q/k/v, gate/up projections     N(0, 1/fan_in): activations keep unit variance (MoE routers
+//                                  too: logits of std ~1 spread the routing over the experts)
 //   o_proj, down_proj              N(0, (3/sqrt(fan_in))^2): the residual branches dominate the
 //                                  residual stream. With tied embeddings the current token's own
 //                                  embedding adds |e|^2 / rms(x) to its logit; with a small
@@ -36,7 +38,7 @@
 namespace rlserve::model {
 
 struct make_model_options {
-  std::string arch = "qwen3";
+  std::string arch = "qwen3"; // "qwen3" | "qwen3-moe"
   std::string preset = "tiny"; // "tiny" | "small"
   std::filesystem::path out;
   uint64_t seed = 0;
@@ -50,7 +52,10 @@ status make_model(const make_model_options& options);
 // The preset's config: "tiny" (vocab 512, hidden 64, 2 layers, 4 q / 2 kv heads, head_dim 16,
 // intermediate 128) or "small" (vocab 2048, hidden 256, 4 layers, 8 / 4 heads, head_dim 32,
 // intermediate 512); both max_position_embeddings 2048, rope_theta 1e6, tied embeddings.
-// eos_token_ids is left empty (it comes from the tokenizer).
+// eos_token_ids is left empty (it comes from the tokenizer). arch "qwen3-moe" gives the same
+// shapes as Qwen3MoeForCausalLM with every layer sparse: tiny 8 experts top-2,
+// moe_intermediate_size 32; small 16 experts top-4, moe_intermediate_size 128; norm_topk_prob,
+// decoder_sparse_step 1, mlp_only_layers [].
 expected<model_config> preset_config(std::string_view arch, std::string_view preset);
 
 // The seeded random parameters described above, for every name the config implies, in `type`

@@ -11,6 +11,7 @@
 
 #include "kernels/bf16.hpp"
 #include "kernels/cpu_ops.hpp"
+#include "kernels/fused_moe.hpp"
 #include "kernels/rms_norm.hpp"
 #include "model/safetensors.hpp"
 
@@ -70,8 +71,8 @@ void to_float(const HostTensor& t, float* dst) {
   }
 }
 
-// The parameters of a dense Qwen3 config, with arena offsets chosen so q/k/v and gate/up are
-// contiguous (fused matmuls). Returns the arena size in floats.
+// The parameters a Qwen3 / Qwen3-MoE config implies, with arena offsets chosen so q/k/v and each
+// MLP's (or expert's) gate/up are contiguous (fused matmuls). Returns the arena size in floats.
 std::size_t make_layout(const model_config& c, std::vector<layout_entry>& out) {
   std::size_t offset = 0;
   auto add = [&](std::string name, std::vector<int64_t> shape) {
@@ -93,9 +94,20 @@ std::size_t make_layout(const model_config& c, std::vector<layout_entry>& out) {
     add(p + "self_attn.k_norm.weight", {D});
     add(p + "self_attn.o_proj.weight", {H, nq * D});
     add(p + "post_attention_layernorm.weight", {H});
-    add(p + "mlp.gate_proj.weight", {I, H});
-    add(p + "mlp.up_proj.weight", {I, H});
-    add(p + "mlp.down_proj.weight", {H, I});
+    if (qwen3_layer_is_sparse(c, l)) {
+      const int64_t Im = c.moe_intermediate_size;
+      add(p + "mlp.gate.weight", {c.num_experts, H});
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
+        add(x + "gate_proj.weight", {Im, H});
+        add(x + "up_proj.weight", {Im, H});
+        add(x + "down_proj.weight", {H, Im});
+      }
+    } else {
+      add(p + "mlp.gate_proj.weight", {I, H});
+      add(p + "mlp.up_proj.weight", {I, H});
+      add(p + "mlp.down_proj.weight", {H, I});
+    }
   }
   add("model.norm.weight", {H});
   if (!c.tie_word_embeddings)
@@ -111,12 +123,28 @@ bool ignorable(const model_config& c, const std::string& name) {
 }
 
 status check_supported(const model_config& c) {
-  if (c.is_moe() || c.architecture == "Qwen3MoeForCausalLM" || c.model_type == "qwen3_moe")
-    return fail(fmt::format("{} (model_type '{}') is not supported by the CPU model yet; only "
-                            "dense Qwen3ForCausalLM", c.architecture, c.model_type));
-  if (c.architecture != "Qwen3ForCausalLM")
-    return fail(fmt::format("architecture '{}' is not supported; expected Qwen3ForCausalLM",
-                            c.architecture));
+  const bool moe_arch = c.architecture == k_qwen3_moe_architecture;
+  if (c.architecture != "Qwen3ForCausalLM" && !moe_arch)
+    return fail(fmt::format("architecture '{}' is not supported; expected Qwen3ForCausalLM or "
+                            "Qwen3MoeForCausalLM", c.architecture));
+  if (!moe_arch && c.is_moe())
+    return fail(fmt::format("config sets num_experts {} but its architecture is {}; a MoE "
+                            "checkpoint says Qwen3MoeForCausalLM (model_type qwen3_moe)",
+                            c.num_experts, c.architecture));
+  if (moe_arch && c.is_moe()) {
+    // Limits of the router top-k (kernels/fused_moe.hpp), shared with the CUDA runner.
+    if (c.num_experts > 256 || c.num_experts_per_tok < 1 || c.num_experts_per_tok > 32 ||
+        c.num_experts_per_tok > c.num_experts)
+      return fail(fmt::format("Qwen3-MoE with {} experts, top-{} is not supported (at most 256 "
+                              "experts, top-k in [1, min(experts, 32)])", c.num_experts,
+                              c.num_experts_per_tok));
+    if (c.moe_intermediate_size <= 0)
+      return fail(fmt::format("Qwen3-MoE config needs a positive moe_intermediate_size, got {}",
+                              c.moe_intermediate_size));
+    if (c.decoder_sparse_step <= 0)
+      return fail(fmt::format("Qwen3-MoE config needs decoder_sparse_step >= 1, got {}",
+                              c.decoder_sparse_step));
+  }
   if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.intermediate_size <= 0 ||
       c.num_hidden_layers <= 0 || c.num_attention_heads <= 0 || c.num_key_value_heads <= 0 ||
       c.head_dim <= 0 || c.head_dim % 2 != 0 || c.num_attention_heads % c.num_key_value_heads != 0)
@@ -128,6 +156,16 @@ status check_supported(const model_config& c) {
 }
 
 } // namespace
+
+bool qwen3_layer_is_sparse(const model_config& c, int64_t layer) {
+  if (c.architecture != k_qwen3_moe_architecture || c.num_experts <= 0 ||
+      c.decoder_sparse_step <= 0)
+    return false;
+  if (std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) !=
+      c.mlp_only_layers.end())
+    return false;
+  return (layer + 1) % c.decoder_sparse_step == 0;
+}
 
 std::vector<parameter_spec> qwen3_parameter_specs(const model_config& config, dtype type) {
   std::vector<layout_entry> layout;
@@ -163,7 +201,7 @@ expected<qwen3_model> qwen3_model::load_from(const model_config& config,
     return fail(fmt::format("{}: missing {} tensor(s) the config needs: {}", where, missing.size(),
                             name_list(missing)));
   if (!extra.empty())
-    return fail(fmt::format("{}: {} tensor(s) that a dense {} with this config does not have: {}",
+    return fail(fmt::format("{}: {} tensor(s) that a {} with this config does not have: {}",
                             where, extra.size(), config.architecture, name_list(extra)));
 
   qwen3_model m;
@@ -197,14 +235,26 @@ expected<qwen3_model> qwen3_model::load_from(const model_config& config,
   m.lm_head_ = config.tie_word_embeddings ? m.embed_ : offset_of("lm_head.weight");
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
-    m.layers_.push_back({offset_of(p + "input_layernorm.weight"),
-                         offset_of(p + "self_attn.q_proj.weight"),
-                         offset_of(p + "self_attn.q_norm.weight"),
-                         offset_of(p + "self_attn.k_norm.weight"),
-                         offset_of(p + "self_attn.o_proj.weight"),
-                         offset_of(p + "post_attention_layernorm.weight"),
-                         offset_of(p + "mlp.gate_proj.weight"),
-                         offset_of(p + "mlp.down_proj.weight")});
+    layer_weights L;
+    L.input_norm = offset_of(p + "input_layernorm.weight");
+    L.qkv = offset_of(p + "self_attn.q_proj.weight");
+    L.q_norm = offset_of(p + "self_attn.q_norm.weight");
+    L.k_norm = offset_of(p + "self_attn.k_norm.weight");
+    L.o = offset_of(p + "self_attn.o_proj.weight");
+    L.post_norm = offset_of(p + "post_attention_layernorm.weight");
+    L.sparse = qwen3_layer_is_sparse(config, l);
+    if (L.sparse) {
+      L.router = offset_of(p + "mlp.gate.weight");
+      for (int64_t e = 0; e < config.num_experts; ++e) {
+        const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
+        L.expert_gate_up.push_back(offset_of(x + "gate_proj.weight"));
+        L.expert_down.push_back(offset_of(x + "down_proj.weight"));
+      }
+    } else {
+      L.gate_up = offset_of(p + "mlp.gate_proj.weight");
+      L.down = offset_of(p + "mlp.down_proj.weight");
+    }
+    m.layers_.push_back(std::move(L));
   }
   return m;
 }
@@ -316,6 +366,83 @@ status qwen3_model::forward(kv_cache& cache, std::span<const int32_t> tokens,
   return {};
 }
 
+// One sparse MoE block over T rows of h (post_attention_layernorm output), as HF's
+// Qwen3MoeSparseMoeBlock: router logits, softmax + top-k (+ renormalization) per row, then every
+// expert's SwiGLU over the rows routed to it, combined per row in slot order. Rows are grouped by
+// expert only to share the weight reads: matmul_cpu computes every output element by the same
+// dot whatever the row count, and the combine of row t reads only row t's slots, so a row's result
+// does not depend on the other rows of the batch.
+status qwen3_model::moe_block(const layer_weights& L, int64_t layer, const float* h, int64_t T,
+                              float* out, moe_scratch& s) const {
+  const model_config& c = config_;
+  const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
+  const int64_t Im = c.moe_intermediate_size;
+  using kernels::kernel_status;
+  auto kernel_failed = [&](const char* op, kernel_status st) {
+    return fail(fmt::format("forward: layer {} {} failed: {}", layer, op, kernels::to_string(st)));
+  };
+  s.router_logits.resize(T * E);
+  s.ids.resize(T * K);
+  s.weights.resize(T * K);
+  s.y.resize(T * K * H);
+  if (auto st = kernels::matmul_cpu({h, w(L.router), s.router_logits.data(), T, E, H});
+      st != kernel_status::ok)
+    return kernel_failed("router (mlp.gate)", st);
+  for (float v : s.router_logits)
+    if (!std::isfinite(v))
+      return fail(fmt::format("forward: layer {} router logits are not finite (a weight holds "
+                              "inf or nan?)", layer));
+  kernels::moe_topk_args topk;
+  topk.tokens = T;
+  topk.experts = E;
+  topk.top_k = static_cast<int32_t>(K);
+  topk.norm_topk_prob = c.norm_topk_prob;
+  topk.router_logits = s.router_logits.data();
+  topk.topk_ids = s.ids.data();
+  topk.topk_weights = s.weights.data();
+  if (auto st = kernels::moe_topk_ref(topk); st != kernel_status::ok)
+    return kernel_failed("router top-k", st);
+
+  for (int64_t e = 0; e < E; ++e) {
+    s.rows.clear(); // slots t * K + k routed to expert e, ascending
+    for (int64_t i = 0; i < T * K; ++i)
+      if (s.ids[i] == e)
+        s.rows.push_back(i);
+    if (s.rows.empty())
+      continue;
+    const auto ne = static_cast<int64_t>(s.rows.size());
+    s.xe.resize(ne * H);
+    s.gate_up.resize(ne * 2 * Im);
+    s.act.resize(ne * Im);
+    s.ye.resize(ne * H);
+    for (int64_t r = 0; r < ne; ++r)
+      std::memcpy(&s.xe[r * H], h + (s.rows[r] / K) * H, H * sizeof(float));
+    if (auto st = kernels::matmul_cpu({s.xe.data(), w(L.expert_gate_up[e]), s.gate_up.data(), ne,
+                                       2 * Im, H});
+        st != kernel_status::ok)
+      return kernel_failed("expert gate_up_proj", st);
+    if (auto st = kernels::silu_mul_cpu({s.gate_up.data(), s.act.data(), ne, Im});
+        st != kernel_status::ok)
+      return kernel_failed("expert silu_mul", st);
+    if (auto st = kernels::matmul_cpu({s.act.data(), w(L.expert_down[e]), s.ye.data(), ne, H, Im});
+        st != kernel_status::ok)
+      return kernel_failed("expert down_proj", st);
+    for (int64_t r = 0; r < ne; ++r)
+      std::memcpy(&s.y[s.rows[r] * H], &s.ye[r * H], H * sizeof(float));
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = out + t * H;
+    std::fill(o, o + H, 0.0f);
+    for (int64_t k = 0; k < K; ++k) {
+      const float wk = s.weights[t * K + k];
+      const float* y = &s.y[(t * K + k) * H];
+      for (int64_t j = 0; j < H; ++j)
+        o[j] += wk * y[j];
+    }
+  }
+  return {};
+}
+
 status qwen3_model::forward(kv_pool& pool, std::span<forward_item> items,
                             std::vector<float>& logits) const {
   const model_config& c = config_;
@@ -372,6 +499,7 @@ status qwen3_model::forward(kv_pool& pool, std::span<forward_item> items,
   std::vector<float> gate_up(T * 2 * I); // [T, 2 * intermediate]
   std::vector<float> act(T * I);         // [T, intermediate]
   std::vector<float> k_seq, v_seq;       // [past + n, nkv, head_dim] one sequence's keys/values
+  moe_scratch moe;                       // sparse layers' buffers, sized on first use
 
   for (std::size_t i = 0; i < items.size(); ++i)
     for (std::size_t t = 0; t < items[i].tokens.size(); ++t)
@@ -447,14 +575,20 @@ status qwen3_model::forward(kv_pool& pool, std::span<forward_item> items,
     if (auto s = kernels::rms_norm_ref({x.data(), w(L.post_norm), h.data(), T, H, eps});
         s != kernel_status::ok)
       return kernel_failed("post_attention_layernorm", s);
-    if (auto s = kernels::matmul_cpu({h.data(), w(L.gate_up), gate_up.data(), T, 2 * I, H});
-        s != kernel_status::ok)
-      return kernel_failed("gate_up_proj", s);
-    if (auto s = kernels::silu_mul_cpu({gate_up.data(), act.data(), T, I}); s != kernel_status::ok)
-      return kernel_failed("silu_mul", s);
-    if (auto s = kernels::matmul_cpu({act.data(), w(L.down), proj.data(), T, H, I});
-        s != kernel_status::ok)
-      return kernel_failed("down_proj", s);
+    if (L.sparse) {
+      if (auto s = moe_block(L, l, h.data(), T, proj.data(), moe); !s)
+        return s;
+    } else {
+      if (auto s = kernels::matmul_cpu({h.data(), w(L.gate_up), gate_up.data(), T, 2 * I, H});
+          s != kernel_status::ok)
+        return kernel_failed("gate_up_proj", s);
+      if (auto s = kernels::silu_mul_cpu({gate_up.data(), act.data(), T, I});
+          s != kernel_status::ok)
+        return kernel_failed("silu_mul", s);
+      if (auto s = kernels::matmul_cpu({act.data(), w(L.down), proj.data(), T, H, I});
+          s != kernel_status::ok)
+        return kernel_failed("down_proj", s);
+    }
     for (int64_t i = 0; i < T * H; ++i)
       x[i] += proj[i];
   }

@@ -1,5 +1,6 @@
-// qwen3_model: a dense Qwen3 (Hugging Face Qwen3ForCausalLM) on the CPU, fp32 compute, owned by
-// one runner. Forward, exactly as transformers defines it:
+// qwen3_model: Qwen3 on the CPU, dense (Hugging Face Qwen3ForCausalLM) or sparse
+// (Qwen3MoeForCausalLM), fp32 compute, owned by one runner. Forward, exactly as transformers
+// defines it:
 //
 //   x = embed_tokens[ids]                                              [T, hidden]
 //   per layer:
@@ -9,12 +10,18 @@
 //     q, k = rope(q), rope(k)                                          rotate_half, positions from the cache
 //     a = softmax(q k^T / sqrt(head_dim) + causal) v                   GQA: kv head = q head / (heads / kv_heads)
 //     x = x + o_proj(a)
-//     x = x + down_proj(silu(gate_proj(h')) * up_proj(h')),  h' = post_attention_layernorm(x)
+//     h' = post_attention_layernorm(x)
+//     dense layer:  x = x + down_proj(silu(gate_proj(h')) * up_proj(h'))      intermediate_size
+//     sparse layer (Qwen3MoeSparseMoeBlock; qwen3_layer_is_sparse says which):
+//       p = softmax(mlp.gate(h'))                                      over all experts, fp32
+//       (e_s, w_s) s < k = top-k of p, ties to the lower expert id; w_s /= sum w_s iff norm_topk_prob
+//       x = x + sum_s w_s * experts[e_s].down_proj(silu(gate_proj(h')) * up_proj(h'))
+//                                                                      moe_intermediate_size
 //   logits = lm_head(norm(x))                                          lm_head = embed_tokens when tied
 //
 // Weights: every parameter is held twice, in the checkpoint's own bytes and dtype (what
 // `parameter` returns and a weight update must match) and as an fp32 compute copy (q/k/v and
-// gate/up rows laid out back to back, so each pair is one fused matmul).
+// gate/up rows laid out back to back, per MLP and per expert, so each pair is one fused matmul).
 //
 // Thread safety: forward and forward_all are const and may run concurrently with each other
 // (each call owns its scratch); assign must not overlap any of them.
@@ -52,8 +59,19 @@ struct parameter_spec {
   std::vector<int64_t> shape;
 };
 
-// The parameters a dense Qwen3 config implies, every one of dtype `type`, sorted by name (what
-// qwen3_model::parameters() returns for a checkpoint saved in `type`; make-model writes these).
+inline constexpr std::string_view k_qwen3_moe_architecture = "Qwen3MoeForCausalLM";
+
+// Whether decoder layer `layer` has a sparse MoE block, as Qwen3MoeDecoderLayer decides: the
+// architecture is Qwen3MoeForCausalLM, num_experts > 0, the layer is not in mlp_only_layers and
+// (layer + 1) % decoder_sparse_step == 0. Sparse layers own model.layers.L.mlp.gate.weight
+// [experts, hidden] (the router) and model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight
+// ([moe_intermediate, hidden], [moe_intermediate, hidden], [hidden, moe_intermediate]); the
+// others own the dense mlp.{gate,up,down}_proj.weight of intermediate_size.
+bool qwen3_layer_is_sparse(const model_config& config, int64_t layer);
+
+// The parameters a Qwen3 / Qwen3-MoE config implies, every one of dtype `type`, sorted by name
+// (what qwen3_model::parameters() returns for a checkpoint saved in `type`; make-model writes
+// these).
 std::vector<parameter_spec> qwen3_parameter_specs(const model_config& config, dtype type);
 
 class qwen3_model {
@@ -62,7 +80,8 @@ public:
   // missing, has another shape, has a dtype other than bf16/f16/f32, or when the checkpoint holds
   // tensors the model does not own. Tolerated and ignored, as transformers and vLLM do:
   // lm_head.weight when the config ties embeddings, and legacy rotary_emb.inv_freq buffers.
-  // Refuses configs it would run wrong (MoE architectures, for now).
+  // Refuses configs it would run wrong (another architecture, MoE fields on a dense architecture,
+  // more than 256 experts or top-k above 32).
   static expected<qwen3_model> load(const model_config& config, const checkpoint& ckpt);
   // The same from tensors in memory (tests, and weights that never touched a file).
   static expected<qwen3_model> load(const model_config& config, std::span<const NamedTensor> tensors);
@@ -111,9 +130,24 @@ private:
     std::size_t k_norm;      // [head_dim]
     std::size_t o;           // [hidden, heads * head_dim]
     std::size_t post_norm;   // [hidden]
-    std::size_t gate_up;     // [2 * intermediate, hidden]: gate_proj rows, then up_proj rows
-    std::size_t down;        // [hidden, intermediate]
+    bool sparse = false;     // a MoE block (qwen3_layer_is_sparse) instead of the dense MLP
+    std::size_t gate_up = 0; // dense: [2 * intermediate, hidden]: gate_proj rows, then up_proj rows
+    std::size_t down = 0;    // dense: [hidden, intermediate]
+    std::size_t router = 0;  // sparse: [experts, hidden]
+    std::vector<std::size_t> expert_gate_up; // sparse, per expert: [2 * moe_intermediate, hidden]
+    std::vector<std::size_t> expert_down;    // sparse, per expert: [hidden, moe_intermediate]
   };
+  // A sparse block's buffers, owned by one forward call.
+  struct moe_scratch {
+    std::vector<float> router_logits;        // [T, experts]
+    std::vector<int32_t> ids;                // [T, top_k] chosen experts, by descending weight
+    std::vector<float> weights;              // [T, top_k]
+    std::vector<float> y;                    // [T * top_k, hidden] each slot's expert output
+    std::vector<int64_t> rows;               // slots routed to the current expert
+    std::vector<float> xe, gate_up, act, ye; // the current expert's gathered rows
+  };
+  status moe_block(const layer_weights& L, int64_t layer, const float* h, int64_t T, float* out,
+                   moe_scratch& scratch) const;
 
   template <class Lookup>
   static expected<qwen3_model> load_from(const model_config& config,

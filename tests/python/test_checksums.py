@@ -32,9 +32,14 @@ def tensor_bytes(path):
 
 
 def main():
+    for arch in ("qwen3", "qwen3-moe"):
+        check_arch(arch)
+
+
+def check_arch(arch):
     with t.temp_dir() as tmp:
         model = os.path.join(tmp, "m")
-        t.run("make-model", "--arch", "qwen3", "--preset", "tiny", "--out", model, "--seed", "77")
+        t.run("make-model", "--arch", arch, "--preset", "tiny", "--out", model, "--seed", "77")
         report = json.loads(t.run("check-weights", "--model", model, "--json").stdout)
         t.check(report["success"], report)
         payload = report["payload"]
@@ -53,7 +58,7 @@ def main():
         skipped = json.loads(t.run("check-weights", "--model", model, "--json", "--skip", "norm").stdout)
         names = skipped["payload"][0]["checksums"]
         t.check(names and all("norm" not in n for n in names), "skip_tensor_list not honoured")
-        print(f"ok: {len(tensors)} tensor checksums and the role checksum match xxhash")
+        print(f"ok: {arch}: {len(tensors)} tensor checksums and the role checksum match xxhash")
 
 
 if __name__ == "__main__":

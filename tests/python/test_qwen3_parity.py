@@ -1,10 +1,12 @@
-"""Qwen3 forward parity: `rlserve forward` against an independent numpy Qwen3.
+"""Qwen3 and Qwen3-MoE forward parity: `rlserve forward` against an independent numpy Qwen3.
 
 The reference below is written from the Hugging Face `Qwen3ForCausalLM` definition (modeling_qwen3:
 Qwen3RMSNorm, rotate_half / apply_rotary_pos_emb, repeat_kv, eager attention with a causal mask,
-Qwen3MLP), in float64, reading the checkpoint with the `safetensors` package. It shares no code
-with the engine. For each weight dtype it builds the tiny model with `rlserve make-model`, runs
-prompts of several lengths through `rlserve forward`, and compares the logits of every position.
+Qwen3MLP) and `Qwen3MoeForCausalLM` (Qwen3MoeSparseMoeBlock: softmax router, top-k, norm_topk_prob;
+decoder_sparse_step and mlp_only_layers), in float64, reading the checkpoint with the `safetensors`
+package. It shares no code with the engine. For each weight dtype it builds the tiny model with
+`rlserve make-model`, runs prompts of several lengths through `rlserve forward`, and compares the
+logits of every position.
 
 Also checks make-model's contract: same seed -> byte-identical files, another seed -> other
 weights, and no overwriting of a directory it did not write.
@@ -78,6 +80,42 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
+def swiglu(w, prefix, h):
+    # Qwen3MLP / Qwen3MoeMLP: down_proj(silu(gate_proj(h)) * up_proj(h)).
+    gate = h @ w[prefix + "gate_proj.weight"].T
+    up = h @ w[prefix + "up_proj.weight"].T
+    return (silu(gate) * up) @ w[prefix + "down_proj.weight"].T
+
+
+def layer_is_sparse(cfg, layer):
+    # Qwen3MoeDecoderLayer: a sparse block unless the layer is in mlp_only_layers, when
+    # num_experts > 0 and (layer_idx + 1) % decoder_sparse_step == 0.
+    if cfg["architectures"][0] != "Qwen3MoeForCausalLM":
+        return False
+    return (layer not in cfg.get("mlp_only_layers", []) and cfg.get("num_experts", 0) > 0
+            and (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0)
+
+
+def sparse_moe_block(cfg, w, prefix, h):
+    # Qwen3MoeSparseMoeBlock: softmax over all router logits, top-k (stable sort: ties to the
+    # lower expert id), renormalized iff norm_topk_prob, weighted sum of the chosen experts.
+    k = cfg["num_experts_per_tok"]
+    logits = h @ w[prefix + "gate.weight"].T  # [T, E]
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    probs = np.exp(logits)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :k]  # [T, k]
+    weights = np.take_along_axis(probs, chosen, axis=-1)
+    if cfg.get("norm_topk_prob", False):
+        weights = weights / weights.sum(axis=-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        for s in range(k):
+            expert = f"{prefix}experts.{chosen[t, s]}."
+            out[t] += weights[t, s] * swiglu(w, expert, h[t:t + 1])[0]
+    return out
+
+
 def reference_logits(cfg, w, ids):
     T = len(ids)
     nq, nkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -106,9 +144,10 @@ def reference_logits(cfg, w, ids):
         attn = np.einsum("hqk,khd->qhd", probs, v).reshape(T, nq * d)
         x = x + attn @ w[p + "self_attn.o_proj.weight"].T
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
-        gate = h @ w[p + "mlp.gate_proj.weight"].T
-        up = h @ w[p + "mlp.up_proj.weight"].T
-        x = x + (silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+        if layer_is_sparse(cfg, layer):
+            x = x + sparse_moe_block(cfg, w, p + "mlp.", h)
+        else:
+            x = x + swiglu(w, p + "mlp.", h)
     x = rms_norm(x, w["model.norm.weight"], eps)
     lm_head = w["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else w["lm_head.weight"]
     return x @ lm_head.T  # [T, vocab]
@@ -196,6 +235,82 @@ def test_parity_untied_lm_head():
         compare(model, "untied float32", [1, 12], tmp)
 
 
+def make_moe(tmp, preset, seed, dtype):
+    model = os.path.join(tmp, "moe")
+    run("make-model", "--arch", "qwen3-moe", "--preset", preset, "--out", model, "--seed", seed,
+        "--dtype", dtype)
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    check(cfg["architectures"] == ["Qwen3MoeForCausalLM"], f"architectures {cfg['architectures']}")
+    check(cfg["model_type"] == "qwen3_moe", f"model_type {cfg['model_type']}")
+    for field in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                  "decoder_sparse_step", "norm_topk_prob", "mlp_only_layers"):
+        check(field in cfg, f"config.json lacks {field}")
+    names = set(load_weights(model))
+    E, L = cfg["num_experts"], cfg["num_hidden_layers"]
+    for layer in range(L):
+        p = f"model.layers.{layer}.mlp."
+        check(p + "gate.weight" in names, f"no router {p}gate.weight")
+        for e in range(E):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                check(f"{p}experts.{e}.{proj}.weight" in names, f"no {p}experts.{e}.{proj}.weight")
+        check(p + "gate_proj.weight" not in names, f"sparse layer {layer} has a dense MLP")
+    return model, cfg
+
+
+def test_moe_parity(dtype):
+    with temp_dir() as tmp:
+        model, cfg = make_moe(tmp, "tiny", 11, dtype)
+        check(cfg["norm_topk_prob"] is True and cfg["decoder_sparse_step"] == 1, cfg)
+        return compare(model, f"moe tiny {dtype}", PROMPT_LENGTHS, tmp)
+
+
+def test_moe_small_preset():
+    with temp_dir() as tmp:
+        model, _ = make_moe(tmp, "small", 2, "bfloat16")
+        return compare(model, "moe small bf16", [1, 19], tmp)
+
+
+def test_moe_dense_layers(label, changes, dense_layers):
+    """Edits a float32 tiny MoE checkpoint: `changes` into config.json, and `dense_layers` get a
+    dense MLP (random, written by the Python package) in place of their router and experts."""
+    with temp_dir() as tmp:
+        model, cfg = make_moe(tmp, "tiny", 13, "float32")
+        path = os.path.join(model, "model.safetensors")
+        with safe_open(path, framework="numpy") as f:
+            arrays = {k: f.get_tensor(k) for k in f.keys()}
+        rng = np.random.RandomState(13)
+        H, I = cfg["hidden_size"], cfg["intermediate_size"]
+        for layer in dense_layers:
+            p = f"model.layers.{layer}.mlp."
+            arrays = {k: v for k, v in arrays.items() if not k.startswith(p)}
+            arrays[p + "gate_proj.weight"] = (rng.randn(I, H) / np.sqrt(H)).astype(np.float32)
+            arrays[p + "up_proj.weight"] = (rng.randn(I, H) / np.sqrt(H)).astype(np.float32)
+            arrays[p + "down_proj.weight"] = (rng.randn(H, I) * 3 / np.sqrt(I)).astype(np.float32)
+        safetensors.numpy.save_file(arrays, path, metadata={"format": "pt"})
+        cfg.update(changes)
+        with open(os.path.join(model, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        sparse = [layer_is_sparse(cfg, l) for l in range(cfg["num_hidden_layers"])]
+        check(sparse == [l not in dense_layers for l in range(cfg["num_hidden_layers"])],
+              f"{label}: layers sparse {sparse}, dense expected {dense_layers}")
+        return compare(model, label, [1, 9, 31], tmp)
+
+
+def test_moe_refuses_a_dense_checkpoint():
+    with temp_dir() as tmp:
+        model, cfg = make_moe(tmp, "tiny", 1, "float32")
+        cfg["mlp_only_layers"] = [0]
+        with open(os.path.join(model, "config.json"), "w") as f:
+            json.dump(cfg, f)
+        proc = run("forward", "--model", model, "--input-ids", "1,2", "--out",
+                   os.path.join(tmp, "x.npy"), check=False)
+        err = proc.stdout + proc.stderr
+        check(proc.returncode != 0, "a MoE checkpoint whose layer 0 should be dense loaded")
+        check("missing" in err and "model.layers.0.mlp.gate_proj.weight" in err,
+              f"unclear load error: {err!r}")
+
+
 def read_all(directory):
     files = {}
     for name in sorted(os.listdir(directory)):
@@ -248,6 +363,12 @@ def main():
         test_parity(dtype)
     test_parity_small_preset()
     test_parity_untied_lm_head()
+    moe = [test_moe_parity("bfloat16"), test_moe_parity("float32"), test_moe_small_preset(),
+           test_moe_dense_layers("moe step 2, no norm", {"decoder_sparse_step": 2,
+                                                         "norm_topk_prob": False}, [0]),
+           test_moe_dense_layers("moe mlp_only [1]", {"mlp_only_layers": [1]}, [1])]
+    print(f"Qwen3-MoE parity: worst max abs diff {max(moe):.3e} over {len(moe)} checkpoints")
+    test_moe_refuses_a_dense_checkpoint()
     print("test_qwen3_parity: all passed")
 
 

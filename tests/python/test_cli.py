@@ -2,7 +2,8 @@
 
 Checks the demo's whole cycle passes (its own verification exits non-zero on a mismatch) and
 that `generate --json` emits SGLang's response shape, one object per request, with bad input
-refused by a clear message.
+refused by a clear message. The same for a Qwen3-MoE checkpoint from `make-model --arch qwen3-moe`:
+greedy generate (batched and alone, equal), and the demo's weight-update cycle over every expert.
 """
 import json
 import os
@@ -52,6 +53,12 @@ def main():
         again = t.run_json_lines("generate", "--model", moe, "--input-ids", "4,5,6", "--max-new-tokens", "6",
                                  "--temperature", "0", "--ignore-eos", "--json")
         t.check(again[0]["output_ids"] == lines[1]["output_ids"], "greedy MoE output depends on the batch")
+        # The demo's whole weight-update cycle through the engine: every tensor, the router and
+        # each expert included, updated in buckets and verified by per-tensor XXH3 checksums.
+        out = t.run("demo", "--model", moe, "--rollouts", "2", "--max-new-tokens", "8").stdout
+        for needle in ("68 new tensors", "68/68 tensors match", "-> match", "completions changed",
+                       "ok: the update landed"):
+            t.check(needle in out, f"MoE demo output lacks {needle!r}:\n{out}")
         print("ok: demo and generate work from the command line (qwen3 and qwen3-moe)")
 
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/bf16.hpp"
+#include "model/kv_pool.hpp"
 #include "model/make_model.hpp"
 #include "model/qwen3.hpp"
 
@@ -315,6 +316,46 @@ BOOST_AUTO_TEST_CASE(decode_equals_full_forward) {
     want.assign(full->begin() + t * V, full->begin() + (t + 1) * V);
     BOOST_TEST(max_abs_diff(logits, want) <= k_decode_vs_full_max_abs, "position " << t);
   }
+}
+
+BOOST_AUTO_TEST_CASE(rows_do_not_depend_on_the_batch) {
+  // Three sequences in one pool forward (a prefill of 9, a prefill of 4, a decode after 5): the
+  // experts see other row groups than alone, yet every logit row equals the one-sequence forward
+  // to the bit (moe_block's batch-invariance argument).
+  const auto c = tiny_moe_config();
+  auto m = load(c, random_parameters(c, 8, dtype::bf16));
+  const int64_t V = c.vocab_size, bs = 4;
+  const std::vector<std::vector<int32_t>> seqs{some_tokens(9, 1), some_tokens(4, 2), some_tokens(6, 3)};
+  std::vector<std::vector<float>> alone;
+  for (const auto& ids : seqs) {
+    auto full = m.forward_all(ids);
+    BOOST_REQUIRE_MESSAGE(full, why(full));
+    alone.push_back(*full);
+  }
+  kv_pool pool(c, bs, 16);
+  std::vector<kv_sequence> kv(3);
+  int32_t next = 0;
+  for (auto& s : kv)
+    for (int b = 0; b < 4; ++b)
+      s.blocks.push_back(next++);
+  std::vector<float> logits;
+  // The third sequence's first 5 tokens first, alone.
+  forward_item first{&kv[2], std::span(seqs[2]).first(5), 0};
+  auto st = m.forward(pool, std::span(&first, 1), logits);
+  BOOST_REQUIRE_MESSAGE(st, why(st));
+  std::vector<forward_item> items{{&kv[0], seqs[0], 9}, {&kv[1], seqs[1], 1},
+                                  {&kv[2], std::span(seqs[2]).subspan(5, 1), 1}};
+  st = m.forward(pool, items, logits);
+  BOOST_REQUIRE_MESSAGE(st, why(st));
+  BOOST_REQUIRE_EQUAL(logits.size(), std::size_t(11 * V));
+  auto row = [&](std::size_t r) { return std::vector<float>(logits.begin() + r * V, logits.begin() + (r + 1) * V); };
+  auto alone_row = [&](int s, int64_t t) {
+    return std::vector<float>(alone[s].begin() + t * V, alone[s].begin() + (t + 1) * V);
+  };
+  for (int64_t t = 0; t < 9; ++t)
+    BOOST_TEST((row(t) == alone_row(0, t)), "sequence 0 position " << t);
+  BOOST_TEST((row(9) == alone_row(1, 3)));
+  BOOST_TEST((row(10) == alone_row(2, 5)));
 }
 
 BOOST_AUTO_TEST_CASE(updating_one_expert_changes_its_checksum_and_output) {

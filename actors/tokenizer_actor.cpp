@@ -50,9 +50,20 @@ struct tokenizer_state {
   policy::update_gate gate;
   uint64_t next_ticket = 1;
   std::unordered_map<uint64_t, std::function<void()>> starters; // ticket -> start it
-  // Continue calls still waiting for an answer, by ticket: answers "cancelled" when a later
-  // pause cancels them.
-  std::unordered_map<uint64_t, std::function<void()>> resume_cancellers;
+  // Continue calls whose resume has not run yet, by ticket. Each is answered exactly once:
+  // when generation resumes, when a session opens before that (then the resume is deferred to
+  // the session's end and the caller is told so, never left waiting on a session), or when a
+  // later pause cancels it.
+  struct pending_resume {
+    caf::typed_response_promise<ContinueGenerationReqOutput> promise;
+    bool answered = false;
+    void answer(ContinueGenerationReqOutput out) {
+      if (!answered)
+        promise.deliver(std::move(out));
+      answered = true;
+    }
+  };
+  std::unordered_map<uint64_t, std::shared_ptr<pending_resume>> pending_resumes;
   std::unordered_map<std::string, queued_generate> queued;      // rid -> waiting at the gate
   std::unordered_map<std::string, active_request> active;       // rid -> running
   std::vector<caf::typed_response_promise<PauseGenerationReqOutput>> pause_abort_waiters;
@@ -74,6 +85,18 @@ GenerateReqOutput failed_output(std::string rid, std::string message) {
 }
 
 // Starts whatever the gate lets through now.
+ContinueGenerationReqOutput deferred_continue() {
+  return {true, "a weight-update session is open: generation continues when end_weight_update "
+                "closes it"};
+}
+
+// A session opened while continue calls were waiting: their resume now waits for the session's
+// end, and their callers are answered now (a trainer must not wait on its own session).
+void defer_pending_resumes(tokenizer_pointer self) {
+  for (auto& [ticket, pending] : self->state.pending_resumes)
+    pending->answer(deferred_continue());
+}
+
 void pump(tokenizer_pointer self) {
   auto& st = self->state;
   for (auto& s : st.gate.ready()) {
@@ -245,6 +268,8 @@ auto locked_update(tokenizer_pointer self, gate_op op) {
         .then(
           [self, op, rp](Out& out) mutable {
             self->state.gate.finished(op, out.success);
+            if (self->state.gate.session_open())
+              defer_pending_resumes(self);
             rp.deliver(std::move(out));
             pump(self);
           },
@@ -352,10 +377,11 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       auto& st = self->state;
       for (auto ticket : st.gate.pause()) {
         // A continue that had not taken effect yet: this later pause wins.
-        auto it = st.resume_cancellers.find(ticket);
-        if (it != st.resume_cancellers.end()) {
-          it->second();
-          st.resume_cancellers.erase(it);
+        auto it = st.pending_resumes.find(ticket);
+        if (it != st.pending_resumes.end()) {
+          it->second->answer(ContinueGenerationReqOutput{
+            false, "continue_generation was cancelled by a later pause_generation"});
+          st.pending_resumes.erase(it);
         }
         st.starters.erase(ticket);
       }
@@ -387,34 +413,25 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       auto& st = self->state;
       if (!st.gate.paused())
         return ContinueGenerationReqOutput{true, "generation was not paused"};
-      auto rp = self->make_response_promise<ContinueGenerationReqOutput>();
+      auto pending = std::make_shared<tokenizer_state::pending_resume>();
+      pending->promise = self->make_response_promise<ContinueGenerationReqOutput>();
+      auto rp = pending->promise;
       auto ticket = st.next_ticket++;
       // Inside an open session the continue is deferred to the session's end and answered now;
-      // otherwise it is answered when generation has resumed.
-      bool deferred = st.gate.session_open();
-      if (deferred)
-        rp.deliver(ContinueGenerationReqOutput{
-          true, "a weight-update session is open: generation continues when end_weight_update "
-                "closes it"});
+      // otherwise it is answered when generation has resumed (or when a session opens first).
+      if (st.gate.session_open())
+        pending->answer(deferred_continue());
       else
-        st.resume_cancellers.emplace(ticket, [rp]() mutable {
-          rp.deliver(ContinueGenerationReqOutput{
-            false, "continue_generation was cancelled by a later pause_generation"});
-        });
-      st.starters.emplace(ticket, [self, rp, req, deferred, ticket]() mutable {
-        self->state.resume_cancellers.erase(ticket);
+        st.pending_resumes.emplace(ticket, pending);
+      st.starters.emplace(ticket, [self, pending, req, ticket]() mutable {
+        self->state.pending_resumes.erase(ticket);
         self->state.pause_mode_name.clear();
         self->request(self->state.scheduler, caf::infinite, req)
-          .then(
-            [rp, deferred](ContinueGenerationReqOutput& out) mutable {
-              if (!deferred)
-                rp.deliver(std::move(out));
-            },
-            [self, rp, deferred](caf::error& err) mutable {
-              if (!deferred)
-                rp.deliver(ContinueGenerationReqOutput{
-                  false, "the scheduler failed: " + self->system().render(err)});
-            });
+          .then([pending](ContinueGenerationReqOutput& out) { pending->answer(std::move(out)); },
+                [self, pending](caf::error& err) {
+                  pending->answer(ContinueGenerationReqOutput{
+                    false, "the scheduler failed: " + self->system().render(err)});
+                });
       });
       st.gate.submit(ticket, gate_op::resume);
       pump(self);

@@ -211,20 +211,25 @@ void emit(scheduler_pointer self, request_state& r, std::optional<FinishReason> 
   st.outbox.emplace_back(r.sink, std::move(c));
 }
 
-// Gives a request's KV back: its blocks to the block manager, its sequence on the runner.
+// Forgets the request's sequence on the draft runner; it starts afresh when it next proposes.
+void release_draft(scheduler_pointer self, request_state& r) {
+  if (r.on_draft)
+    self->send(self->state.draft, ReleaseSequences{{r.seq_id}});
+  r.on_draft = false;
+  r.draft_kv = 0;
+  r.draft_blocks = 0;
+}
+
+// Gives a request's KV back: its blocks to the block manager, its sequences on the runners.
 void release_kv(scheduler_pointer self, request_state& r) {
   auto& st = self->state;
   if (r.on_runner)
     self->send(st.target, ReleaseSequences{{r.seq_id}});
-  if (r.on_draft)
-    self->send(st.draft, ReleaseSequences{{r.seq_id}});
+  release_draft(self, r);
   st.blocks->release(r.blocks);
   r.blocks.clear();
   r.kv_tokens = 0;
   r.on_runner = false;
-  r.on_draft = false;
-  r.draft_kv = 0;
-  r.draft_blocks = 0;
 }
 
 void check_flushes(scheduler_pointer self);
@@ -448,11 +453,7 @@ void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBa
     auto& r = *it->second;
     r.draft_failed = true;
     r.in_batch_proposals = 0;
-    if (r.on_draft)
-      self->send(st.draft, ReleaseSequences{{r.seq_id}});
-    r.on_draft = false;
-    r.draft_kv = 0;
-    r.draft_blocks = 0;
+    release_draft(self, r);
     for (auto& w : batch.work)
       if (w.seq_id == seq_id) {
         w.draft_tokens.clear();

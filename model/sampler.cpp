@@ -23,6 +23,70 @@ constexpr float k_neg_inf = -std::numeric_limits<float>::infinity();
 // Below this temperature sampling is argmax (dividing by it would overflow to inf anyway).
 constexpr float k_greedy_temperature = 1e-6f;
 
+float logit_at(std::span<const float> logits, std::size_t i) {
+  return std::isnan(logits[i]) ? k_neg_inf : logits[i];
+}
+
+// probs = softmax(logits * inv_t), in double up to the final rounding, given m, the largest
+// scaled logit (finite). Returns the log of the normalizer.
+double scaled_softmax(std::span<const float> logits, double inv_t, double m,
+                      std::vector<float>& probs) {
+  const auto V = logits.size();
+  double sum = 0.0;
+  for (std::size_t i = 0; i < V; ++i)
+    sum += std::exp(double(logit_at(logits, i)) * inv_t - m);
+  const double lse = m + std::log(sum);
+  probs.resize(V);
+  for (std::size_t i = 0; i < V; ++i)
+    probs[i] = static_cast<float>(std::exp(double(logit_at(logits, i)) * inv_t - lse));
+  return lse;
+}
+
+// The candidates top-k, then top-p, then min-p leave of `probs`, written to order[0, n); returns
+// n. Most probable first where an order is needed, ties to the lower id. `p_max` is the largest
+// probability (min-p's reference). sample() and distribution() share it, so the draft's q and
+// the target's p in speculative decoding are exactly what plain sampling draws from.
+std::size_t keep_candidates(const std::vector<float>& probs, std::vector<int32_t>& order,
+                            const sampling_config& cfg, float p_max) {
+  const auto V = probs.size();
+  order.resize(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::size_t n = V;
+  auto more_probable = [&](int32_t a, int32_t b) {
+    return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+  };
+  const bool top_k = cfg.top_k > 0 && static_cast<std::size_t>(cfg.top_k) < V;
+  const bool top_p = cfg.top_p < 1.0f;
+  if (top_k) {
+    std::partial_sort(order.begin(), order.begin() + cfg.top_k, order.end(), more_probable);
+    n = static_cast<std::size_t>(cfg.top_k);
+  } else if (top_p) {
+    std::sort(order.begin(), order.end(), more_probable);
+  }
+  if (top_p) {
+    // Keep tokens while the probability of those before them is below top_p: the smallest
+    // prefix reaching top_p (the first token always stays).
+    double before = 0.0;
+    std::size_t keep = 0;
+    while (keep < n && (keep == 0 || before < double(cfg.top_p)))
+      before += probs[order[keep++]];
+    n = keep;
+  }
+  if (cfg.min_p > 0.0f) {
+    const float threshold = cfg.min_p * p_max;
+    const auto last = order.begin() + static_cast<std::ptrdiff_t>(n);
+    const int32_t top = *std::min_element(order.begin(), last, more_probable);
+    auto end = std::stable_partition(order.begin(), last,
+                                     [&](int32_t id) { return probs[id] >= threshold; });
+    n = static_cast<std::size_t>(end - order.begin());
+    if (n == 0) { // min_p > 1: nothing reaches the bar; keep the most probable token
+      order[0] = top;
+      n = 1;
+    }
+  }
+  return n;
+}
+
 } // namespace
 
 rng::rng(uint64_t seed) {
@@ -66,7 +130,6 @@ sampled_token sampler::sample(std::span<const float> logits, const sampling_conf
     return {static_cast<int32_t>(best), static_cast<float>(m - (m + std::log(sum)))};
   }
 
-  // probs = softmax(logits / T), in double up to the final rounding.
   const double inv_t = 1.0 / double(cfg.temperature);
   double m = -std::numeric_limits<double>::infinity();
   for (int64_t i = 0; i < V; ++i)
@@ -74,49 +137,9 @@ sampled_token sampler::sample(std::span<const float> logits, const sampling_conf
   const float u = rng_.uniform(); // drawn before any early return: one draw per call
   if (!std::isfinite(m))
     return {0, k_neg_inf};
-  double sum = 0.0;
-  for (int64_t i = 0; i < V; ++i)
-    sum += std::exp(double(logit(i)) * inv_t - m);
-  const double lse = m + std::log(sum);
-  probs_.resize(static_cast<std::size_t>(V));
-  for (int64_t i = 0; i < V; ++i)
-    probs_[i] = static_cast<float>(std::exp(double(logit(i)) * inv_t - lse));
-
-  order_.resize(static_cast<std::size_t>(V));
-  std::iota(order_.begin(), order_.end(), 0);
-  int64_t n = V; // candidates are order_[0, n)
-  auto more_probable = [&](int32_t a, int32_t b) {
-    return probs_[a] > probs_[b] || (probs_[a] == probs_[b] && a < b);
-  };
-  const bool top_k = cfg.top_k > 0 && cfg.top_k < V;
-  const bool top_p = cfg.top_p < 1.0f;
-  if (top_k) {
-    std::partial_sort(order_.begin(), order_.begin() + cfg.top_k, order_.end(), more_probable);
-    n = cfg.top_k;
-  } else if (top_p) {
-    std::sort(order_.begin(), order_.end(), more_probable);
-  }
-  if (top_p) {
-    // Keep tokens while the probability of those before them is below top_p: the smallest
-    // prefix reaching top_p (the first token always stays).
-    double before = 0.0;
-    int64_t keep = 0;
-    while (keep < n && (keep == 0 || before < double(cfg.top_p)))
-      before += probs_[order_[keep++]];
-    n = keep;
-  }
-  if (cfg.min_p > 0.0f) {
-    const float p_max = static_cast<float>(std::exp(m - lse));
-    const float threshold = cfg.min_p * p_max;
-    const int32_t top = *std::min_element(order_.begin(), order_.begin() + n, more_probable);
-    auto end = std::stable_partition(order_.begin(), order_.begin() + n,
-                                     [&](int32_t id) { return probs_[id] >= threshold; });
-    n = end - order_.begin();
-    if (n == 0) { // min_p > 1: nothing reaches the bar; keep the most probable token
-      order_[0] = top;
-      n = 1;
-    }
-  }
+  const double lse = scaled_softmax(logits, inv_t, m, probs_);
+  const auto n = static_cast<int64_t>(
+    keep_candidates(probs_, order_, cfg, static_cast<float>(std::exp(m - lse))));
 
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i)
@@ -159,46 +182,10 @@ void sampler::distribution(std::span<const float> logits, const sampling_config&
     probs[0] = 1.0f;
     return;
   }
-  double sum = 0.0;
-  for (std::size_t i = 0; i < V; ++i)
-    sum += std::exp(double(logit(i)) * inv_t - m);
-  const double lse = m + std::log(sum);
-  std::vector<float> full(V);
-  for (std::size_t i = 0; i < V; ++i)
-    full[i] = static_cast<float>(std::exp(double(logit(i)) * inv_t - lse));
-  // The same survivors as sample(): most probable first, ties to the lower id.
-  std::vector<int32_t> order(V);
-  std::iota(order.begin(), order.end(), 0);
-  auto more_probable = [&](int32_t a, int32_t b) {
-    return full[a] > full[b] || (full[a] == full[b] && a < b);
-  };
-  std::size_t n = V;
-  const bool top_k = cfg.top_k > 0 && static_cast<std::size_t>(cfg.top_k) < V;
-  const bool top_p = cfg.top_p < 1.0f;
-  if (top_k) {
-    std::partial_sort(order.begin(), order.begin() + cfg.top_k, order.end(), more_probable);
-    n = static_cast<std::size_t>(cfg.top_k);
-  } else if (top_p) {
-    std::sort(order.begin(), order.end(), more_probable);
-  }
-  if (top_p) {
-    double before = 0.0;
-    std::size_t keep = 0;
-    while (keep < n && (keep == 0 || before < double(cfg.top_p)))
-      before += full[order[keep++]];
-    n = keep;
-  }
-  if (cfg.min_p > 0.0f) {
-    const float threshold = cfg.min_p * static_cast<float>(std::exp(m - lse));
-    const int32_t top = *std::min_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), more_probable);
-    auto end = std::stable_partition(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n),
-                                     [&](int32_t id) { return full[id] >= threshold; });
-    n = static_cast<std::size_t>(end - order.begin());
-    if (n == 0) {
-      order[0] = top;
-      n = 1;
-    }
-  }
+  std::vector<float> full;
+  const double lse = scaled_softmax(logits, inv_t, m, full);
+  std::vector<int32_t> order;
+  const auto n = keep_candidates(full, order, cfg, static_cast<float>(std::exp(m - lse)));
   double total = 0.0;
   for (std::size_t i = 0; i < n; ++i)
     total += full[order[i]];

@@ -128,28 +128,40 @@ status int4_module::load_gate_up(int64_t expert, const int4_load_tensors& gate,
   return load_expert(expert, {packed, scale, zp});
 }
 
+// Runs `permute(out_weight, out_scale, out_zero_point)` into scratch buffers and copies the
+// result back into the module's own: the buffers keep their addresses across transitions.
+template <class Permute>
+status rewrite_in_place(std::vector<int32_t>& weight, std::vector<uint16_t>& scale,
+                        std::vector<int32_t>& zero_point, Permute&& permute) {
+  std::vector<int32_t> w(weight.size());
+  std::vector<uint16_t> sc(scale.size());
+  std::vector<int32_t> zp(zero_point.size());
+  if (auto ok = permute(w.data(), sc.data(), zp.empty() ? nullptr : zp.data()); !ok)
+    return ok;
+  std::copy(w.begin(), w.end(), weight.begin());
+  std::copy(sc.begin(), sc.end(), scale.begin());
+  std::copy(zp.begin(), zp.end(), zero_point.begin());
+  return {};
+}
+
 expected<std::string> int4_module::post_process() {
   if (state_ == weight_layout_state::serving)
     return spec_.name + ": already in the serving layout (nothing done)";
-  // Repack into scratch, then copy back into the same buffers: their addresses never change.
-  std::vector<int32_t> weight(weight_.size());
-  std::vector<uint16_t> scale(scale_.size());
-  std::vector<int32_t> zp(zero_point_.size());
-  k::serving_repack_args a;
-  a.shape = spec_.shape;
-  a.has_zero_point = !spec_.symmetric;
-  a.zp_layout = spec_.zp_layout;
-  a.weight_packed = weight_.data();
-  a.weight_scale = scale_.data();
-  a.weight_zero_point = spec_.symmetric ? nullptr : zero_point_.data();
-  a.serving_weight = weight.data();
-  a.serving_scale = scale.data();
-  a.serving_zero_point = spec_.symmetric ? nullptr : zp.data();
-  if (auto ok = k::serving_repack(a, spec_.name); !ok)
+  auto ok = rewrite_in_place(weight_, scale_, zero_point_, [&](int32_t* w, uint16_t* sc, int32_t* zp) {
+    k::serving_repack_args a;
+    a.shape = spec_.shape;
+    a.has_zero_point = !spec_.symmetric;
+    a.zp_layout = spec_.zp_layout;
+    a.weight_packed = weight_.data();
+    a.weight_scale = scale_.data();
+    a.weight_zero_point = spec_.symmetric ? nullptr : zero_point_.data();
+    a.serving_weight = w;
+    a.serving_scale = sc;
+    a.serving_zero_point = zp;
+    return k::serving_repack(a, spec_.name);
+  });
+  if (!ok)
     return std::move(ok).take_failure();
-  std::copy(weight.begin(), weight.end(), weight_.begin());
-  std::copy(scale.begin(), scale.end(), scale_.begin());
-  std::copy(zp.begin(), zp.end(), zero_point_.begin());
   state_ = weight_layout_state::serving;
   return spec_.name + ": repacked to the serving layout";
 }
@@ -157,24 +169,21 @@ expected<std::string> int4_module::post_process() {
 expected<std::string> int4_module::restore() {
   if (state_ == weight_layout_state::load_format)
     return spec_.name + ": already in the load format (nothing done)";
-  std::vector<int32_t> weight(weight_.size());
-  std::vector<uint16_t> scale(scale_.size());
-  std::vector<int32_t> zp(zero_point_.size());
-  k::serving_restore_args a;
-  a.shape = spec_.shape;
-  a.has_zero_point = !spec_.symmetric;
-  a.zp_layout = spec_.zp_layout;
-  a.serving_weight = weight_.data();
-  a.serving_scale = scale_.data();
-  a.serving_zero_point = spec_.symmetric ? nullptr : zero_point_.data();
-  a.weight_packed = weight.data();
-  a.weight_scale = scale.data();
-  a.weight_zero_point = spec_.symmetric ? nullptr : zp.data();
-  if (auto ok = k::serving_restore(a, spec_.name); !ok)
+  auto ok = rewrite_in_place(weight_, scale_, zero_point_, [&](int32_t* w, uint16_t* sc, int32_t* zp) {
+    k::serving_restore_args a;
+    a.shape = spec_.shape;
+    a.has_zero_point = !spec_.symmetric;
+    a.zp_layout = spec_.zp_layout;
+    a.serving_weight = weight_.data();
+    a.serving_scale = scale_.data();
+    a.serving_zero_point = spec_.symmetric ? nullptr : zero_point_.data();
+    a.weight_packed = w;
+    a.weight_scale = sc;
+    a.weight_zero_point = zp;
+    return k::serving_restore(a, spec_.name);
+  });
+  if (!ok)
     return std::move(ok).take_failure();
-  std::copy(weight.begin(), weight.end(), weight_.begin());
-  std::copy(scale.begin(), scale.end(), scale_.begin());
-  std::copy(zp.begin(), zp.end(), zero_point_.begin());
   state_ = weight_layout_state::load_format;
   return spec_.name + ": restored to the load format";
 }

@@ -37,21 +37,6 @@ struct scenario_result {
   std::vector<GenerateReqOutput> outputs;
 };
 
-std::unique_ptr<model::qwen3_model> load_model(const fs::path& dir,
-                                               const std::vector<NamedTensor>* weights = nullptr) {
-  auto cfg = model::load_model_config(dir);
-  BOOST_REQUIRE(cfg.has_value());
-  if (weights) {
-    auto m = model::qwen3_model::load(*cfg, *weights);
-    BOOST_REQUIRE(m.has_value());
-    return std::make_unique<model::qwen3_model>(std::move(*m));
-  }
-  auto ckpt = model::checkpoint::open(dir);
-  auto m = model::qwen3_model::load(*cfg, *ckpt);
-  BOOST_REQUIRE(m.has_value());
-  return std::make_unique<model::qwen3_model>(std::move(*m));
-}
-
 int32_t argmax(std::span<const float> row) {
   return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
 }

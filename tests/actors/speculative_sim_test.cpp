@@ -146,14 +146,11 @@ BOOST_AUTO_TEST_CASE(sampling_with_a_draft_matches_the_target_distribution) {
   constexpr int n = 3000;
 
   // The exact distribution of the first three tokens under target-only top-4 sampling.
-  auto cfg = model::load_model_config(target);
-  auto ckpt = model::checkpoint::open(target);
-  auto m = model::qwen3_model::load(*cfg, *ckpt);
-  BOOST_REQUIRE(m.has_value());
+  auto m = load_model(target);
   auto next = [&](std::vector<int32_t> seq) {
     auto all = m->forward_all(seq);
     BOOST_REQUIRE(all.has_value());
-    auto V = static_cast<std::size_t>(cfg->vocab_size);
+    auto V = static_cast<std::size_t>(m->config().vocab_size);
     std::vector<float> last(all->end() - static_cast<std::ptrdiff_t>(V), all->end());
     return top_k_distribution(last, k_top, temperature);
   };
@@ -233,14 +230,12 @@ BOOST_AUTO_TEST_CASE(logprobs_with_a_draft_are_the_targets) {
   BOOST_REQUIRE_EQUAL(out.output_token_logprobs.size(), 12u);
   BOOST_TEST(out.spec_verify_ct > 0);
   // log_softmax(logits / T) of the target at each position, from the model run directly.
-  auto cfg = model::load_model_config(target);
-  auto ckpt = model::checkpoint::open(target);
-  auto m = model::qwen3_model::load(*cfg, *ckpt);
+  auto m = load_model(target);
   auto seq = *r.input_ids;
   seq.insert(seq.end(), out.output_ids.begin(), out.output_ids.end());
   auto all = m->forward_all(seq);
   BOOST_REQUIRE(all.has_value());
-  auto V = static_cast<std::size_t>(cfg->vocab_size);
+  auto V = static_cast<std::size_t>(m->config().vocab_size);
   for (std::size_t i = 0; i < out.output_ids.size(); ++i) {
     auto row = all->data() + (r.input_ids->size() - 1 + i) * V;
     double mx = -1e30, z = 0;

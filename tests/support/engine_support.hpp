@@ -118,12 +118,27 @@ inline bool contains(const std::string& haystack, const std::string& needle) {
   return ok;
 }
 
-// Greedy decoding with the model library directly: the reference for the pipeline.
-inline std::vector<int32_t> reference_greedy(const fs::path& dir, std::vector<int32_t> prompt, int n) {
+// The model of `dir` loaded by the model library directly (the tests' reference), with its
+// checkpoint's weights or, when given, `weights` instead.
+inline std::unique_ptr<model::qwen3_model> load_model(const fs::path& dir,
+                                                      const std::vector<NamedTensor>* weights = nullptr) {
   auto cfg = model::load_model_config(dir);
+  BOOST_REQUIRE(cfg.has_value());
+  if (weights) {
+    auto m = model::qwen3_model::load(*cfg, *weights);
+    BOOST_REQUIRE(m.has_value());
+    return std::make_unique<model::qwen3_model>(std::move(*m));
+  }
   auto ckpt = model::checkpoint::open(dir);
+  BOOST_REQUIRE(ckpt.has_value());
   auto m = model::qwen3_model::load(*cfg, *ckpt);
   BOOST_REQUIRE(m.has_value());
+  return std::make_unique<model::qwen3_model>(std::move(*m));
+}
+
+// Greedy decoding with the model library directly: the reference for the pipeline.
+inline std::vector<int32_t> reference_greedy(const fs::path& dir, std::vector<int32_t> prompt, int n) {
+  auto m = load_model(dir);
   auto cache = m->make_cache();
   std::vector<float> logits;
   std::vector<int32_t> out;

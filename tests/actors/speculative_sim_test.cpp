@@ -325,4 +325,14 @@ BOOST_AUTO_TEST_CASE(speculation_respects_stops_and_max_new_tokens) {
   BOOST_TEST(chunks < ref.size()); // several tokens per step
 }
 
+BOOST_AUTO_TEST_CASE(a_negative_number_of_draft_tokens_is_refused_at_start) {
+  engine_config cfg;
+  cfg.model_path = tiny_model("target", 21);
+  cfg.draft_model_path = cfg.model_path;
+  cfg.speculative_num_draft_tokens = -1;
+  auto e = Engine::start(cfg);
+  BOOST_REQUIRE(!e.has_value());
+  BOOST_TEST(contains(e.error(), "speculative_num_draft_tokens must be 0 (off) or more, got -1"));
+}
+
 BOOST_AUTO_TEST_SUITE_END()

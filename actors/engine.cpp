@@ -1,8 +1,10 @@
 #include "actors/engine.hpp"
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 
 #include "actors/runner_actor.hpp"
 #include "actors/scheduler_actor.hpp"
@@ -14,6 +16,7 @@
 #include "model/config.hpp"
 #include "model/make_model.hpp"
 #include "model/qwen3.hpp"
+#include "model/qwen3_gpu.hpp"
 
 namespace rlserve {
 
@@ -155,6 +158,33 @@ Engine::~Engine() {
   impl_->sys.reset(); // waits for every actor, detached runners included
 }
 
+// "auto" -> the first CUDA device when there is one, else the CPU (-1); "cpu" -> -1;
+// "cuda" / "cuda:N" -> N, failing when this build or machine has no such device.
+static expected<int> resolve_device(const std::string& device) {
+  if (device == "cpu")
+    return -1;
+  if (device == "auto" || device.empty())
+    return model::gpu_available() ? 0 : -1;
+  if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
+    int n = 0;
+    if (device.size() > 5) {
+      try {
+        std::size_t used = 0;
+        n = std::stoi(device.substr(5), &used);
+        if (used != device.size() - 5 || n < 0)
+          throw std::invalid_argument(device);
+      } catch (...) {
+        return fail("device '" + device + "': expected cuda:N with N a device number");
+      }
+    }
+    if (!model::gpu_available())
+      return fail("device '" + device + "': no CUDA device is visible, or this build has no CUDA "
+                  "support; use --device cpu");
+    return n;
+  }
+  return fail("device '" + device + "': expected auto, cpu, cuda or cuda:N");
+}
+
 expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   auto path = config.model_path;
   if (path.empty()) {
@@ -178,6 +208,48 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
     draft = std::move(*d);
   }
 
+  // Every check of the configuration before anything is spawned.
+  if (config.kv_block_size < 1 || config.kv_cache_tokens < config.kv_block_size)
+    return fail("kv_cache_tokens (" + std::to_string(config.kv_cache_tokens) +
+                ") must hold at least one block of kv_block_size (" +
+                std::to_string(config.kv_block_size) + ") tokens");
+  if (config.max_running_requests < 1 || config.max_batch_tokens < 1)
+    return fail("max_running_requests and max_batch_tokens must be at least 1");
+  auto device = resolve_device(config.device);
+  if (!device)
+    return std::move(device).take_failure();
+  auto kv_blocks = config.kv_cache_tokens / config.kv_block_size;
+  // GPU runners: the device copy of each model, made here so a device problem is an error of
+  // start. A batch holds at most max_batch_tokens of prefill and decodes, plus the draft
+  // tokens of every running request when the target verifies them.
+  std::shared_ptr<model::qwen3_gpu_model> target_gpu, draft_gpu;
+  if (*device >= 0) {
+    model::gpu_options g;
+    g.device = *device;
+    g.kv_block_size = config.kv_block_size;
+    g.kv_num_blocks = kv_blocks;
+    g.max_sequences = config.max_running_requests;
+    g.max_batch_tokens = config.max_batch_tokens +
+                         int64_t{config.max_running_requests} *
+                           (1 + std::max(0, config.speculative_num_draft_tokens));
+    g.cuda_graphs = config.cuda_graphs;
+    auto t = model::qwen3_gpu_model::create(*target->model, g);
+    expected<std::unique_ptr<model::qwen3_gpu_model>> d = std::unique_ptr<model::qwen3_gpu_model>{};
+    if (t && draft)
+      d = model::qwen3_gpu_model::create(*draft->model, g);
+    if (t && d) {
+      target_gpu = std::move(*t);
+      draft_gpu = std::move(*d);
+    } else {
+      auto why = !t ? "target model on the GPU: " + t.error() : "draft model on the GPU: " + d.error();
+      // An explicit cuda device must run there; "auto" serves on the CPU instead, and says why.
+      if (config.device != "auto" && !config.device.empty())
+        return fail(why);
+      std::fprintf(stderr, "rlserve: %s; serving on the CPU (pass --device cuda to make this an "
+                           "error)\n", why.c_str());
+    }
+  }
+
   auto p = std::make_unique<impl>();
   p->model_path = path;
   p->cfg.add_message_types<caf::id_block::rlserve>();
@@ -186,19 +258,15 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   p->sys = std::make_unique<caf::actor_system>(p->cfg);
   auto& sys = *p->sys;
 
-  if (config.kv_block_size < 1 || config.kv_cache_tokens < config.kv_block_size)
-    return fail("kv_cache_tokens (" + std::to_string(config.kv_cache_tokens) +
-                ") must hold at least one block of kv_block_size (" +
-                std::to_string(config.kv_block_size) + ") tokens");
-  if (config.max_running_requests < 1 || config.max_batch_tokens < 1)
-    return fail("max_running_requests and max_batch_tokens must be at least 1");
-  auto kv_blocks = config.kv_cache_tokens / config.kv_block_size;
-  p->runners.push_back(spawn_cpu_runner(
-    sys, runner_options{"target", 0, 1, path, config.kv_block_size, kv_blocks}, target->model));
+  auto spawn = [&](const char* role, const fs::path& dir, std::shared_ptr<model::qwen3_model> m,
+                   std::shared_ptr<model::qwen3_gpu_model> gpu) {
+    runner_options o{role, 0, 1, dir, config.kv_block_size, kv_blocks};
+    return gpu ? spawn_gpu_runner(sys, std::move(o), std::move(m), std::move(gpu))
+               : spawn_cpu_runner(sys, std::move(o), std::move(m));
+  };
+  p->runners.push_back(spawn("target", path, target->model, std::move(target_gpu)));
   if (draft)
-    p->runners.push_back(spawn_cpu_runner(
-      sys, runner_options{"draft", 0, 1, draft->path, config.kv_block_size, kv_blocks},
-      draft->model));
+    p->runners.push_back(spawn("draft", draft->path, draft->model, std::move(draft_gpu)));
 
   std::vector<runner_handle> handles;
   caf::scoped_actor self{sys};

@@ -47,6 +47,11 @@ struct engine_config {
   int64_t kv_cache_tokens = 32768;
   int64_t kv_block_size = 16;
   std::string initial_weight_version = "0";
+  // Where the runners run: "auto" (the GPU when this build has CUDA and a device is visible,
+  // else the CPU), "cpu", or "cuda" / "cuda:N" (fails at start when there is no such device).
+  std::string device = "auto";
+  // GPU runners: capture decode steps as CUDA graphs (one per batch bucket).
+  bool cuda_graphs = true;
   // CAF worker threads for the cooperative actors; 0: CAF's default (one per core).
   std::size_t worker_threads = 0;
 };

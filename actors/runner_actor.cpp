@@ -13,6 +13,7 @@
 #include "messages/registration_check.hpp"
 #include "kernels/bf16.hpp"
 #include "model/qwen3.hpp"
+#include "model/qwen3_gpu.hpp"
 #include "model/sampler.hpp"
 #include "model/speculative.hpp"
 #include "model/tensor_values.hpp"
@@ -37,8 +38,10 @@ struct runner_state {
   runner_state() = default;
 
   runner_options options;
-  std::shared_ptr<model::qwen3_model> model;
-  std::unique_ptr<model::kv_pool> pool; // shared by all sequences; blocks chosen by the scheduler
+  std::shared_ptr<model::qwen3_model> model; // parameters in load format (the source of truth)
+  std::unique_ptr<model::kv_pool> pool; // CPU runner: shared by all sequences; blocks chosen by the scheduler
+  // GPU runner: the device copy of `model` (weights, KV pool, graphs); null on the CPU runner.
+  std::shared_ptr<model::qwen3_gpu_model> gpu;
   std::unordered_map<uint64_t, sequence_state> sequences;
   std::map<std::string, NamedTensor> staged; // by canonical name; a later bucket overwrites
   std::optional<std::map<std::string, HostTensor>> snapshot;
@@ -88,14 +91,15 @@ bool skipped(const std::string& name, const std::vector<std::string>& skip_list)
   return false;
 }
 
-RunnerManifest make_manifest(const runner_options& options, const model::qwen3_model& m) {
+RunnerManifest make_manifest(const runner_options& options, const model::qwen3_model& m,
+                             const model::qwen3_gpu_model* gpu) {
   RunnerManifest out;
   out.role = options.role;
   out.tp_rank = options.tp_rank;
   out.tp_size = options.tp_size;
   out.model_path = options.model_path.string();
   out.architecture = m.config().architecture;
-  out.device = "cpu";
+  out.device = gpu ? gpu->device_name() : "cpu";
   out.vocab_size = m.config().vocab_size;
   out.max_context_length = m.config().max_position_embeddings;
   out.eos_token_ids = m.config().eos_token_ids;
@@ -126,7 +130,10 @@ status run_items(runner_state& st, std::vector<model::forward_item>& items,
   rows();
   if (items.empty())
     return {};
-  if (auto ok = st.model->forward(*st.pool, items, logits); ok)
+  auto forward = [&](std::span<model::forward_item> batch, std::vector<float>& out) {
+    return st.gpu ? st.gpu->forward(batch, out) : st.model->forward(*st.pool, batch, out);
+  };
+  if (auto ok = forward(items, logits); ok)
     return ok;
   std::vector<model::forward_item> good;
   std::vector<std::size_t> good_owners;
@@ -134,7 +141,7 @@ status run_items(runner_state& st, std::vector<model::forward_item>& items,
   for (std::size_t j = 0; j < items.size(); ++j) {
     auto probe = *items[j].kv; // a copy: checking must not advance the sequence
     model::forward_item single{&probe, items[j].tokens, items[j].logit_rows};
-    if (auto s = st.model->forward(*st.pool, std::span(&single, 1), scratch); !s) {
+    if (auto s = forward(std::span(&single, 1), scratch); !s) {
       errors[owners[j]] = s.error();
     } else {
       good.push_back(items[j]);
@@ -146,13 +153,76 @@ status run_items(runner_state& st, std::vector<model::forward_item>& items,
   rows();
   if (items.empty())
     return {};
-  return st.model->forward(*st.pool, items, logits);
+  return forward(items, logits);
+}
+
+// A decode-only batch on the GPU runner: forward and sampling on the device, only tokens and
+// logprobs come back. Besides the flat plain decodes, work items that are one sampled token
+// (a decode that just got a new KV block, say) qualify; anything else (prefill, speculation,
+// top logprobs) takes the general path with logits on the host. Uniforms are peeked from each
+// request's sampler and consumed only when the step ran, so a refused batch (which then takes
+// the general path) draws nothing twice.
+bool run_gpu_decodes(runner_state& st, ForwardBatch& batch, ForwardBatchOutput& out) {
+  const auto W = batch.work.size();
+  const auto D = batch.decode_seq_ids.size();
+  for (const auto& w : batch.work)
+    if (w.new_sequence || w.tokens.size() != 1 || !w.sample || w.propose > 0 ||
+        !w.draft_tokens.empty() || w.top_logprobs_num > 0 || w.kv_length >= 0 ||
+        st.sequences.count(w.seq_id) == 0)
+      return false;
+  for (auto id : batch.decode_seq_ids)
+    if (st.sequences.count(id) == 0)
+      return false; // the general path reports it
+  std::vector<model::forward_item> items;
+  std::vector<model::gpu_sample_row> rows;
+  std::vector<sequence_state*> seqs;
+  items.reserve(W + D);
+  rows.reserve(W + D);
+  auto add = [&](sequence_state& seq, const int32_t* token) {
+    items.push_back({&seq.kv, std::span<const int32_t>(token, 1), 1});
+    const bool greedy = model::is_greedy(seq.sampling);
+    rows.push_back({greedy ? 0.0f : seq.sampling.temperature, seq.sampling.top_k,
+                    seq.sampling.top_p, seq.sampling.min_p,
+                    greedy ? 0.0f : seq.sampler.peek_uniform()});
+    seqs.push_back(&seq);
+  };
+  std::vector<std::size_t> blocks_before(W);
+  for (std::size_t i = 0; i < W; ++i) {
+    auto& seq = st.sequences.at(batch.work[i].seq_id);
+    blocks_before[i] = seq.kv.blocks.size();
+    seq.kv.blocks.insert(seq.kv.blocks.end(), batch.work[i].new_blocks.begin(),
+                         batch.work[i].new_blocks.end());
+    add(seq, batch.work[i].tokens.data());
+  }
+  for (std::size_t d = 0; d < D; ++d)
+    add(st.sequences.at(batch.decode_seq_ids[d]), &batch.decode_tokens[d]);
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  if (!st.gpu->forward_sample(items, rows, tokens, logprobs)) {
+    for (std::size_t i = 0; i < W; ++i) // the general path appends the new blocks itself
+      st.sequences.at(batch.work[i].seq_id).kv.blocks.resize(blocks_before[i]);
+    return false;
+  }
+  for (std::size_t j = 0; j < seqs.size(); ++j)
+    if (!model::is_greedy(seqs[j]->sampling))
+      seqs[j]->sampler.consume_uniform();
+  for (std::size_t i = 0; i < W; ++i) {
+    out.results[i].seq_id = batch.work[i].seq_id;
+    out.results[i].tokens = {tokens[i]};
+    out.results[i].logprobs = {logprobs[i]};
+  }
+  out.decode_tokens.assign(tokens.begin() + static_cast<std::ptrdiff_t>(W), tokens.end());
+  out.decode_logprobs.assign(logprobs.begin() + static_cast<std::ptrdiff_t>(W), logprobs.end());
+  return true;
 }
 
 ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
   ForwardBatchOutput out;
   out.step = batch.step;
   out.results.resize(batch.work.size());
+  if (st.gpu && (!batch.work.empty() || !batch.decode_seq_ids.empty()) &&
+      run_gpu_decodes(st, batch, out))
+    return out;
   const auto vocab = static_cast<std::size_t>(st.model->config().vocab_size);
   // Entries 0 .. W - 1 are batch.work, W .. W + D - 1 the plain decodes.
   const auto W = batch.work.size();
@@ -348,8 +418,21 @@ RunnerReply commit(runner_state& st) {
   if (auto ok = st.model->assign(tensors); !ok)
     return {false, st.options.role + " runner could not commit: " + ok.error()};
   auto n = st.staged.size();
+  std::string device;
+  if (st.gpu) {
+    std::vector<std::string> names;
+    for (auto& [name, t] : st.staged)
+      names.push_back(name);
+    if (auto ok = st.gpu->upload(*st.model, names); !ok)
+      return {false, st.options.role + " runner could not copy the update to " +
+                       st.gpu->device_name() + ": " + ok.error()};
+    auto pp = st.gpu->post_process();
+    if (!pp)
+      return {false, st.options.role + " runner could not post-process: " + pp.error()};
+    device = "; " + *pp;
+  }
   st.staged.clear();
-  return {true, "committed " + std::to_string(n) + " tensors"};
+  return {true, "committed " + std::to_string(n) + " tensors" + device};
 }
 
 // Random values of the tensor's own dtype: uniform floats in [-1, 1) for float types, random
@@ -468,6 +551,15 @@ RunnerCheckOutput check(runner_state& st, const CheckWeightsReqInput& req) {
       }
       if (auto ok = st.model->assign(poisoned); !ok)
         return check_failed(ok.error());
+      if (st.gpu) {
+        std::vector<std::string> names;
+        for (auto& t : poisoned)
+          names.push_back(t.name);
+        if (auto ok = st.gpu->upload(*st.model, names); !ok)
+          return check_failed(ok.error());
+        if (auto pp = st.gpu->post_process(); !pp)
+          return check_failed(pp.error());
+      }
       out.message = "overwrote " + std::to_string(poisoned.size()) + " tensors with random values";
       return out;
     }
@@ -497,23 +589,38 @@ GetWeightsByNameReqOutput get_weights(runner_state& st, const GetWeightsByNameRe
 }
 
 runner_actor::behavior_type runner(runner_pointer self, runner_options options,
-                                   std::shared_ptr<model::qwen3_model> m) {
+                                   std::shared_ptr<model::qwen3_model> m,
+                                   std::shared_ptr<model::qwen3_gpu_model> gpu) {
   self->state.options = std::move(options);
   self->state.model = std::move(m);
-  self->state.pool = std::make_unique<model::kv_pool>(self->state.model->config(),
-                                                      self->state.options.kv_block_size,
-                                                      self->state.options.kv_num_blocks);
+  if (gpu) {
+    self->state.gpu = std::move(gpu); // its methods make its device current on this thread
+  } else {
+    self->state.pool = std::make_unique<model::kv_pool>(self->state.model->config(),
+                                                        self->state.options.kv_block_size,
+                                                        self->state.options.kv_num_blocks);
+  }
   return {
-    [self](manifest_atom) { return make_manifest(self->state.options, *self->state.model); },
+    [self](manifest_atom) {
+      return make_manifest(self->state.options, *self->state.model, self->state.gpu.get());
+    },
     [self](ForwardBatch& batch) { return run_batch(self->state, batch); },
     [self](ReleaseSequences& msg) {
       for (auto id : msg.seq_ids)
         self->state.sequences.erase(id);
     },
     [self](restore_atom) {
+      self->state.staged.clear();
+      if (auto& gpu = self->state.gpu) {
+        // INT4 modules back to the load format on the device, so updated tensors can be written
+        // in; the repack at commit (or discard) brings every module back to serving.
+        auto r = gpu->restore();
+        if (!r)
+          return RunnerReply{false, self->state.options.role + " runner could not restore: " + r.error()};
+        return RunnerReply{true, self->state.options.role + " runner ready for new weights; " + *r};
+      }
       // BF16 modules have no serving layout to undo; quantized modules (a later issue) restore
       // here. Either way the staging area starts empty.
-      self->state.staged.clear();
       return RunnerReply{true, self->state.options.role + " runner ready for new weights"};
     },
     [self](StageTensors& msg) { return stage(self->state, msg); },
@@ -521,6 +628,11 @@ runner_actor::behavior_type runner(runner_pointer self, runner_options options,
     [self](discard_atom) {
       auto n = self->state.staged.size();
       self->state.staged.clear();
+      if (auto& gpu = self->state.gpu) {
+        // Restore is an exact inverse, so repacking gives back the serving bytes of before.
+        if (auto pp = gpu->post_process(); !pp)
+          return RunnerReply{false, self->state.options.role + " runner: " + pp.error()};
+      }
       return RunnerReply{true, "dropped " + std::to_string(n) + " staged tensors"};
     },
     [self](CheckWeightsReqInput& req) { return check(self->state, req); },
@@ -532,7 +644,14 @@ runner_actor::behavior_type runner(runner_pointer self, runner_options options,
 
 runner_actor spawn_cpu_runner(caf::actor_system& sys, runner_options options,
                               std::shared_ptr<model::qwen3_model> model) {
-  return sys.spawn<caf::detached>(runner, std::move(options), std::move(model));
+  return sys.spawn<caf::detached>(runner, std::move(options), std::move(model),
+                                  std::shared_ptr<model::qwen3_gpu_model>{});
+}
+
+runner_actor spawn_gpu_runner(caf::actor_system& sys, runner_options options,
+                              std::shared_ptr<model::qwen3_model> model,
+                              std::shared_ptr<model::qwen3_gpu_model> gpu) {
+  return sys.spawn<caf::detached>(runner, std::move(options), std::move(model), std::move(gpu));
 }
 
 } // namespace rlserve

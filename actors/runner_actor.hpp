@@ -1,4 +1,4 @@
-// runner: one per (role, tensor-parallel rank). Owns one device (here: the CPU), one model's
+// runner: one per (role, tensor-parallel rank). Owns one device (the CPU or a CUDA GPU), one model's
 // parameters, the per-sequence KV and samplers. Runs forward batches for the scheduler and
 // weight operations for the weight_updater. Spawned detached: its long work runs on its own
 // thread, never on CAF's shared workers (and a GPU runner's CUDA context is per-thread state).
@@ -53,11 +53,20 @@ struct runner_options {
 
 namespace model {
 class qwen3_model;
-}
+class qwen3_gpu_model;
+} // namespace model
 
 // Spawns a CPU runner over an already loaded model (loading happens before the actor graph
 // exists, so a bad checkpoint is an error of Engine::start, not a dead actor).
 runner_actor spawn_cpu_runner(caf::actor_system& sys, runner_options options,
                               std::shared_ptr<model::qwen3_model> model);
+
+// Spawns a GPU runner: `model` keeps the parameters in load format (checksums, validation, the
+// staging rules), `gpu` their device copy, the device KV pool and the CUDA graphs. Forward
+// batches run on the device; plain decode batches also sample there. Commits write the updated
+// tensors into the device buffers in place and repack INT4 modules (graphs stay valid).
+runner_actor spawn_gpu_runner(caf::actor_system& sys, runner_options options,
+                              std::shared_ptr<model::qwen3_model> model,
+                              std::shared_ptr<model::qwen3_gpu_model> gpu);
 
 } // namespace rlserve

@@ -19,12 +19,14 @@ struct check_options {
   std::filesystem::path draft_model;
   std::vector<std::string> skip;
   bool json = false;
+  std::string device = "auto";
 };
 
 void run(const check_options& o) {
   engine_config cfg;
   cfg.model_path = o.model;
   cfg.draft_model_path = o.draft_model;
+  cfg.device = o.device;
   auto engine = Engine::start(cfg);
   if (!engine)
     throw command_failed(engine.error());
@@ -52,6 +54,7 @@ void add_check_weights(CLI::App& app) {
                                                   "of each tensor's load-format bytes)");
   cmd->add_option("--model", o->model, "Model directory (default: the built-in tiny model)");
   cmd->add_option("--draft-model", o->draft_model, "Draft model directory");
+  cmd->add_option("--device", o->device, "Where to run: auto (the GPU when one is visible), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--skip", o->skip, "Leave out tensors whose name contains this (repeatable)");
   cmd->add_flag("--json", o->json, "The CheckWeightsReqOutput as JSON");
   cmd->callback([o] { run(*o); });

@@ -42,6 +42,7 @@ std::string shorten(const std::string& s, std::size_t n = 48) {
 }
 
 struct demo_options {
+  std::string device = "auto";
   std::filesystem::path model;
   int32_t rollouts = 4;
   int32_t max_new_tokens = 24;
@@ -178,6 +179,7 @@ void run(const demo_options& o) {
   t = clock_type::now();
   engine_config cfg;
   cfg.model_path = path;
+  cfg.device = o.device;
   auto started = Engine::start(cfg);
   check(started.has_value(), started ? "" : started.error());
   auto& engine = **started;
@@ -330,6 +332,7 @@ void add_demo(CLI::App& app) {
   auto* cmd = app.add_subcommand("demo", "The RL weight-update cycle end to end (what `make run` "
                                          "shows)");
   cmd->add_option("--model", o->model, "Model directory (default: the built-in tiny model)");
+  cmd->add_option("--device", o->device, "Where to run: auto (the GPU when one is visible), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--rollouts", o->rollouts, "Rollouts per round")->capture_default_str();
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens per rollout")->capture_default_str();
   cmd->add_option("--buckets", o->buckets, "Update buckets")->capture_default_str();

@@ -17,6 +17,7 @@ namespace rlserve::apps {
 namespace {
 
 struct generate_options {
+  std::string device = "auto";
   std::filesystem::path model;
   std::filesystem::path draft_model;
   int32_t draft_tokens = 4;
@@ -103,6 +104,7 @@ void run(const generate_options& o) {
   cfg.model_path = o.model;
   cfg.draft_model_path = o.draft_model;
   cfg.speculative_num_draft_tokens = o.draft_tokens;
+  cfg.device = o.device;
   auto engine = Engine::start(cfg);
   if (!engine)
     throw command_failed(engine.error());
@@ -137,7 +139,8 @@ void run(const generate_options& o) {
 
 void add_generate(CLI::App& app) {
   auto o = std::make_shared<generate_options>();
-  auto* cmd = app.add_subcommand("generate", "Generate completions through the engine (CPU)");
+  auto* cmd = app.add_subcommand("generate", "Generate completions through the engine");
+  cmd->add_option("--device", o->device, "Where to run: auto (the GPU when one is visible), cpu, cuda or cuda:N")->capture_default_str();
   cmd->add_option("--model", o->model, "Model directory (default: the built-in tiny model)");
   cmd->add_option("--draft-model", o->draft_model,
                   "Draft model directory: speculative decoding (same vocabulary as the target)");

@@ -126,15 +126,25 @@ expected<model_config> preset_config(std::string_view arch, std::string_view pre
     c.num_key_value_heads = 4;
     c.head_dim = 32;
     c.intermediate_size = 512;
+  } else if (preset == "medium") {
+    // The smallest shapes the GPU kernels run (head_dim 64, INT4 group 128 dividing every
+    // quantized dimension): GPU tests and transformers parity.
+    c.vocab_size = 4096;
+    c.hidden_size = 512;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 2;
+    c.head_dim = 64;
+    c.intermediate_size = 1024;
   } else {
-    return fail(fmt::format("unknown --preset '{}' (known: tiny, small)", preset));
+    return fail(fmt::format("unknown --preset '{}' (known: tiny, small, medium)", preset));
   }
   if (moe) {
     // Every layer sparse, as Qwen3-30B-A3B; tests switch layers to dense through mlp_only_layers
     // or decoder_sparse_step.
-    c.num_experts = preset == "tiny" ? 8 : 16;
+    c.num_experts = preset == "tiny" ? 8 : preset == "small" ? 16 : 32;
     c.num_experts_per_tok = preset == "tiny" ? 2 : 4;
-    c.moe_intermediate_size = preset == "tiny" ? 32 : 128;
+    c.moe_intermediate_size = preset == "tiny" ? 32 : preset == "small" ? 128 : 256;
     c.decoder_sparse_step = 1;
     c.norm_topk_prob = true;
     c.mlp_only_layers = {};

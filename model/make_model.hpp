@@ -39,7 +39,7 @@ namespace rlserve::model {
 
 struct make_model_options {
   std::string arch = "qwen3"; // "qwen3" | "qwen3-moe"
-  std::string preset = "tiny"; // "tiny" | "small"
+  std::string preset = "tiny"; // "tiny" | "small" | "medium"
   std::filesystem::path out;
   uint64_t seed = 0;
   std::string dtype = "bfloat16"; // "bfloat16" | "float16" | "float32"
@@ -51,10 +51,13 @@ status make_model(const make_model_options& options);
 
 // The preset's config: "tiny" (vocab 512, hidden 64, 2 layers, 4 q / 2 kv heads, head_dim 16,
 // intermediate 128) or "small" (vocab 2048, hidden 256, 4 layers, 8 / 4 heads, head_dim 32,
-// intermediate 512); both max_position_embeddings 2048, rope_theta 1e6, tied embeddings.
+// intermediate 512) or "medium" (vocab 4096, hidden 512, 4 layers, 8 / 2 heads, head_dim 64,
+// intermediate 1024: the smallest the GPU kernels run); all max_position_embeddings 2048,
+// rope_theta 1e6, tied embeddings.
 // eos_token_ids is left empty (it comes from the tokenizer). arch "qwen3-moe" gives the same
 // shapes as Qwen3MoeForCausalLM with every layer sparse: tiny 8 experts top-2,
-// moe_intermediate_size 32; small 16 experts top-4, moe_intermediate_size 128; norm_topk_prob,
+// moe_intermediate_size 32; small 16 experts top-4, moe_intermediate_size 128; medium 32 experts
+// top-4, moe_intermediate_size 256; norm_topk_prob,
 // decoder_sparse_step 1, mlp_only_layers [].
 expected<model_config> preset_config(std::string_view arch, std::string_view preset);
 

@@ -259,6 +259,10 @@ expected<qwen3_model> qwen3_model::load_from(const model_config& config,
   return m;
 }
 
+std::optional<int4_linear_view> qwen3_model::int4_linear(std::string_view) const {
+  return std::nullopt; // BF16 checkpoints only, for now
+}
+
 expected<qwen3_model> qwen3_model::load(const model_config& config, const checkpoint& ckpt) {
   auto get = [&](const std::string& name) -> std::optional<HostTensor> {
     auto t = ckpt.tensor(name);

@@ -29,12 +29,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/int4_format.hpp"
 #include "messages/dtype.hpp"
 #include "messages/expected.hpp"
 #include "messages/tensor.hpp"
@@ -60,6 +62,16 @@ struct parameter_spec {
 };
 
 inline constexpr std::string_view k_qwen3_moe_architecture = "Qwen3MoeForCausalLM";
+
+// The load-format (compressed-tensors) tensors of one quantized Linear module.
+struct int4_linear_view {
+  kernels::int4_shape shape;        // batch 1, n, k, group_size
+  bool symmetric = false;
+  kernels::zero_point_layout zp_layout = kernels::zero_point_layout::standard;
+  std::span<const int32_t> weight_packed;     // [n, k/8]
+  std::span<const uint16_t> weight_scale;     // [n, k/G] bf16 bits
+  std::span<const int32_t> weight_zero_point; // asym only, in zp_layout; empty when symmetric
+};
 
 // Whether decoder layer `layer` has a sparse MoE block, as Qwen3MoeDecoderLayer decides: the
 // architecture is Qwen3MoeForCausalLM, num_experts > 0, the layer is not in mlp_only_layers and
@@ -112,6 +124,10 @@ public:
   // Logits of every position, [tokens.size() * vocab_size] row-major, from an empty cache
   // (parity tests and `rlserve forward`). Row t equals what forward() returns after token t.
   expected<std::vector<float>> forward_all(std::span<const int32_t> tokens) const;
+
+  // The load-format tensors of quantized Linear `prefix` ("model.layers.3.mlp.experts.17.gate_proj"),
+  // or nullopt when that module is BF16. Valid until the next assign().
+  std::optional<int4_linear_view> int4_linear(std::string_view prefix) const;
 
   // An empty cache shaped for this model.
   kv_cache make_cache() const { return kv_cache(config_); }

@@ -65,6 +65,14 @@ public:
   // uniform, walking ids in order. -1 when nothing is positive.
   int32_t draw(std::span<const float> probs);
   float uniform() { return rng_.uniform(); }
+  // The uniform the next draw will use, without using it, and the step that uses it: a GPU
+  // runner samples on the device with the request's own uniform and advances the generator only
+  // when the step ran, so the stream of draws is the one sample() would make.
+  float peek_uniform() const {
+    rng copy = rng_;
+    return copy.uniform();
+  }
+  void consume_uniform() { rng_.uniform(); }
 
 private:
   rng rng_;

@@ -51,6 +51,8 @@ inline std::unique_ptr<Engine> start(const fs::path& model, const fs::path& draf
                                      engine_config cfg = {}) {
   cfg.model_path = model;
   cfg.draft_model_path = draft;
+  if (cfg.device == "auto")
+    cfg.device = "cpu"; // the simulation tests hold the CPU runner to the CPU model, on any machine
   auto e = Engine::start(cfg);
   BOOST_REQUIRE_MESSAGE(e.has_value(), (e ? std::string() : e.error()));
   return std::move(*e);

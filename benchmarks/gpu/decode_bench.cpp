@@ -1,0 +1,283 @@
+// decode_bench: decode step time and tokens/s of the GPU model (model/qwen3_gpu) at a
+// Qwen3-30B-A3B shape with random weights generated on the device (48 layers, hidden 2048, 128
+// experts top-8, moe_intermediate 768, 32 q / 4 kv heads, head_dim 128, vocab 151936), INT4-asym
+// g128 experts and BF16 experts in the same run, against the memory roofline
+//
+//   roofline step = (active weight bytes + KV bytes read) / measured device-to-device copy bandwidth
+//
+// active weights per step: attention (q, k, v, o), routers, norms, lm_head, and the experts the
+// batch touches: with routing spread over E experts, a layer touches E (1 - (1 - k/E)^B) of them
+// in expectation for B tokens (exactly k at B = 1). KV bytes: every sequence's cached keys and
+// values, all layers.
+//
+// Each batch size: B fresh sequences prefilled with `--prompt` random tokens (chunked, eager),
+// `--warmup` decode steps (the CUDA graph of the bucket is captured there), then `--steps` timed
+// greedy decode steps through forward_sample (forward + sampling on the device, tokens back to the
+// host, as the runner does). Prints a table and, with --json, writes the numbers.
+//
+//   decode_bench [--batches 1,8,32,128] [--prompt 128] [--steps 32] [--mode both|int4|bf16]
+//                [--layers 48] [--no-graphs] [--json FILE]
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/qwen3.hpp"
+#include "model/qwen3_gpu.hpp"
+
+using namespace rlserve;
+using namespace rlserve::model;
+
+namespace {
+
+struct options {
+  std::vector<int64_t> batches{1, 8, 32, 128};
+  int64_t prompt = 128;
+  int64_t steps = 32;
+  int64_t warmup = 3;
+  int64_t layers = 48;
+  std::string mode = "both";
+  bool graphs = true;
+  std::string json;
+};
+
+model_config qwen3_30b_a3b(int64_t layers) {
+  model_config c;
+  c.architecture = "Qwen3MoeForCausalLM";
+  c.model_type = "qwen3_moe";
+  c.vocab_size = 151936;
+  c.hidden_size = 2048;
+  c.intermediate_size = 6144;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 4;
+  c.head_dim = 128;
+  c.max_position_embeddings = 40960;
+  c.rope_theta = 1e6;
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = false;
+  c.num_experts = 128;
+  c.num_experts_per_tok = 8;
+  c.moe_intermediate_size = 768;
+  c.decoder_sparse_step = 1;
+  c.norm_topk_prob = true;
+  return c;
+}
+
+struct row {
+  std::string mode;
+  int64_t batch = 0;
+  double step_ms = 0, tokens_per_s = 0, roofline_ms = 0, weight_gb = 0, kv_gb = 0;
+};
+
+// Bytes a decode step must read at batch B with `context` cached tokens per sequence.
+void step_bytes(const model_config& c, bool int4, int64_t B, int64_t context, double& weights,
+                double& kv) {
+  const double H = double(c.hidden_size), D = double(c.head_dim), E = double(c.num_experts);
+  const double k = double(c.num_experts_per_tok), I = double(c.moe_intermediate_size);
+  const double L = double(c.num_hidden_layers);
+  const double attention = (double(c.num_attention_heads + 2 * c.num_key_value_heads) * D * H +
+                            H * double(c.num_attention_heads) * D) * 2.0;
+  const double router = E * H * 2.0, norms = (2 * H + 2 * D) * 2.0;
+  const double expert_params = 3.0 * H * I;
+  // asym g128: 4 bits + a bf16 scale and a 4-bit zero point per 128 weights.
+  const double expert_bytes = int4 ? expert_params * (4.0 + 16.0 / 128 + 4.0 / 128) / 8.0 : expert_params * 2.0;
+  const double touched = E * (1.0 - std::pow(1.0 - k / E, double(B)));
+  weights = L * (attention + router + norms + touched * expert_bytes) +
+            double(c.vocab_size) * H * 2.0 /* lm_head */ + B * H * 2.0 /* embedding rows */;
+  kv = double(B) * double(context) * L * 2.0 * double(c.num_key_value_heads) * D * 2.0;
+}
+
+std::vector<int64_t> parse_list(const char* s) {
+  std::vector<int64_t> out;
+  std::string text(s);
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    auto comma = text.find(',', pos);
+    if (comma == std::string::npos)
+      comma = text.size();
+    out.push_back(std::stoll(text.substr(pos, comma - pos)));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& rows) {
+  const auto c = qwen3_30b_a3b(o.layers);
+  int64_t max_b = 1;
+  for (auto b : o.batches)
+    max_b = std::max(max_b, b);
+  gpu_options g;
+  g.kv_block_size = 16;
+  const int64_t per_seq_blocks = (o.prompt + o.warmup + o.steps + 16) / 16 + 1;
+  g.kv_num_blocks = max_b * per_seq_blocks + 1;
+  g.max_batch_tokens = 2048;
+  g.max_sequences = max_b;
+  g.cuda_graphs = o.graphs;
+  auto t0 = std::chrono::steady_clock::now();
+  auto made = qwen3_gpu_model::create_random(c, int4 ? std::optional<random_int4>(random_int4{128, false})
+                                                     : std::nullopt,
+                                             42, g);
+  if (!made) {
+    std::fprintf(stderr, "decode_bench: %s\n", made.error().c_str());
+    return false;
+  }
+  auto& m = **made;
+  std::printf("%s model on %s: %.1f GB of weights, %.2f GB of KV, made in %.1f s\n",
+              int4 ? "INT4-asym g128 experts" : "BF16", m.device_name().c_str(),
+              double(m.weight_bytes()) / 1e9, double(m.kv_bytes()) / 1e9,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  std::mt19937_64 rng(7);
+  for (auto B : o.batches) {
+    std::vector<kv_sequence> kv(static_cast<std::size_t>(B));
+    int32_t next = 0;
+    for (auto& s : kv)
+      for (int64_t b = 0; b < per_seq_blocks; ++b)
+        s.blocks.push_back(next++);
+    std::vector<std::vector<int32_t>> prompts(static_cast<std::size_t>(B));
+    for (auto& p : prompts)
+      for (int64_t t = 0; t < o.prompt; ++t)
+        p.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab_size)));
+    // Prefill, as many whole prompts per forward as the token budget holds.
+    std::vector<float> logits;
+    for (int64_t first = 0; first < B;) {
+      std::vector<forward_item> items;
+      int64_t tokens = 0;
+      while (first < B && tokens + o.prompt <= g.max_batch_tokens) {
+        items.push_back({&kv[first], prompts[first], 1});
+        tokens += o.prompt;
+        ++first;
+      }
+      if (auto s = m.forward(items, logits); !s) {
+        std::fprintf(stderr, "decode_bench: prefill: %s\n", s.error().c_str());
+        return false;
+      }
+    }
+    std::vector<int32_t> current(static_cast<std::size_t>(B));
+    for (int64_t i = 0; i < B; ++i)
+      current[i] = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()) % 1000;
+    std::vector<gpu_sample_row> sample(static_cast<std::size_t>(B)); // greedy
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    auto step = [&]() {
+      std::vector<forward_item> items;
+      for (int64_t i = 0; i < B; ++i)
+        items.push_back({&kv[i], std::span<const int32_t>(&current[i], 1), 1});
+      if (auto s = m.forward_sample(items, sample, tokens, logprobs); !s) {
+        std::fprintf(stderr, "decode_bench: decode: %s\n", s.error().c_str());
+        std::exit(1);
+      }
+      current = tokens;
+    };
+    for (int64_t i = 0; i < o.warmup; ++i)
+      step();
+    const int64_t context_mid = o.prompt + o.warmup + o.steps / 2;
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < o.steps; ++i)
+      step();
+    const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+      double(o.steps);
+    row r;
+    r.mode = int4 ? "int4" : "bf16";
+    r.batch = B;
+    r.step_ms = ms;
+    r.tokens_per_s = double(B) / (ms * 1e-3);
+    double wb = 0, kb = 0;
+    step_bytes(c, int4, B, context_mid, wb, kb);
+    r.weight_gb = wb / 1e9;
+    r.kv_gb = kb / 1e9;
+    r.roofline_ms = (wb + kb) / copy_bw * 1e3;
+    rows.push_back(r);
+    std::printf("  %-4s B=%-4lld step %8.3f ms  %9.1f tok/s  roofline %7.3f ms (%.0f%%)  weights %.2f GB  KV %.3f GB\n",
+                r.mode.c_str(), static_cast<long long>(B), r.step_ms, r.tokens_per_s, r.roofline_ms,
+                100.0 * r.roofline_ms / r.step_ms, r.weight_gb, r.kv_gb);
+    std::fflush(stdout);
+  }
+  return true;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    auto arg = std::string(argv[i]);
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "decode_bench: %s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--batches")
+      o.batches = parse_list(value());
+    else if (arg == "--prompt")
+      o.prompt = std::stoll(value());
+    else if (arg == "--steps")
+      o.steps = std::stoll(value());
+    else if (arg == "--layers")
+      o.layers = std::stoll(value());
+    else if (arg == "--mode")
+      o.mode = value();
+    else if (arg == "--no-graphs")
+      o.graphs = false;
+    else if (arg == "--json")
+      o.json = value();
+    else {
+      std::fprintf(stderr, "decode_bench: unknown argument %s\n", arg.c_str());
+      return 2;
+    }
+  }
+  auto bw = gpu_copy_bandwidth(0, std::size_t{1} << 30, 20);
+  if (!bw) {
+    std::fprintf(stderr, "decode_bench: %s\n", bw.error().c_str());
+    return 1;
+  }
+  std::printf("device-to-device copy: %.2f TB/s (read + write)\n", *bw / 1e12);
+  std::vector<row> rows;
+  if (o.mode == "both" || o.mode == "int4")
+    if (!run_mode(o, true, *bw, rows))
+      return 1;
+  if (o.mode == "both" || o.mode == "bf16")
+    if (!run_mode(o, false, *bw, rows))
+      return 1;
+  std::printf("\n| batch | INT4 step ms | INT4 tok/s | INT4 %% of roofline | BF16 step ms | BF16 tok/s | INT4 / BF16 |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (auto B : o.batches) {
+    const row *a = nullptr, *b = nullptr;
+    for (const auto& r : rows)
+      if (r.batch == B)
+        (r.mode == "int4" ? a : b) = &r;
+    auto cell = [](const row* r, double v, const char* f) {
+      char buf[32];
+      if (!r)
+        return std::string("-");
+      std::snprintf(buf, sizeof buf, f, v);
+      return std::string(buf);
+    };
+    std::printf("| %lld | %s | %s | %s | %s | %s | %s |\n", static_cast<long long>(B),
+                cell(a, a ? a->step_ms : 0, "%.3f").c_str(), cell(a, a ? a->tokens_per_s : 0, "%.0f").c_str(),
+                cell(a, a ? 100.0 * a->roofline_ms / a->step_ms : 0, "%.0f%%").c_str(),
+                cell(b, b ? b->step_ms : 0, "%.3f").c_str(), cell(b, b ? b->tokens_per_s : 0, "%.0f").c_str(),
+                (a && b) ? cell(a, b->step_ms / a->step_ms, "%.2fx").c_str() : "-");
+  }
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    f << "{\"copy_bandwidth_bytes_per_s\": " << *bw << ", \"rows\": [";
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const auto& r = rows[i];
+      f << (i ? ", " : "") << "{\"mode\": \"" << r.mode << "\", \"batch\": " << r.batch
+        << ", \"step_ms\": " << r.step_ms << ", \"tokens_per_s\": " << r.tokens_per_s
+        << ", \"roofline_ms\": " << r.roofline_ms << ", \"weight_gb\": " << r.weight_gb
+        << ", \"kv_gb\": " << r.kv_gb << "}";
+    }
+    f << "]}\n";
+  }
+  return 0;
+}

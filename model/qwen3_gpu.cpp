@@ -1,0 +1,1376 @@
+#include "model/qwen3_gpu.hpp"
+
+#if RLSERVE_HAVE_CUDA
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include "kernels/bf16.hpp"
+#include "kernels/decoder_ops.hpp"
+#include "kernels/fill_random.hpp"
+#include "kernels/fused_moe.hpp"
+#include "kernels/gemm_w4a16.hpp"
+#include "kernels/serving_layout.hpp"
+#include "model/quant/int4_method.hpp"
+
+namespace rlserve::model {
+
+namespace {
+
+using kernels::kernel_status;
+
+std::string cuda_text(cudaError_t e) { return cudaGetErrorString(e); }
+
+#define GPU_TRY(call)                                                                              \
+  do {                                                                                             \
+    cudaError_t gpu_err_ = (call);                                                                 \
+    if (gpu_err_ != cudaSuccess)                                                                   \
+      return fail(fmt::format("CUDA: {} failed: {}", #call, cuda_text(gpu_err_)));                 \
+  } while (0)
+
+#define KERNEL_TRY(what, call)                                                                     \
+  do {                                                                                             \
+    kernel_status k_st_ = (call);                                                                  \
+    if (k_st_ != kernel_status::ok)                                                                \
+      return fail(fmt::format("{} failed: {}", what, kernels::to_string(k_st_)));                  \
+  } while (0)
+
+// One device allocation, freed with its owner.
+struct device_block {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  device_block() = default;
+  device_block(const device_block&) = delete;
+  device_block& operator=(const device_block&) = delete;
+  ~device_block() {
+    if (ptr)
+      cudaFree(ptr);
+  }
+};
+
+// A Linear layer on the device: BF16 [n, k] (cuBLAS) or an INT4 module (W4A16 GEMM).
+struct gpu_linear {
+  int64_t n = 0, k = 0;
+  uint16_t* bf16 = nullptr;
+  int int4 = -1; // index into impl::int4_modules
+};
+
+// One INT4 module: E experts (1 for a Linear) of [n, k], pointer-stable device buffers holding
+// the serving layout (SERVING) or the load format (LOAD_FORMAT).
+struct gpu_int4_module {
+  std::string name;
+  kernels::int4_shape shape;
+  bool symmetric = false;
+  kernels::zero_point_layout zp_layout = kernels::zero_point_layout::standard;
+  bool serving = false;
+  int32_t* weight = nullptr;   // [E, n*k/8] words
+  uint16_t* scale = nullptr;   // [E, n*k/G]
+  int32_t* zero_point = nullptr; // asym: [E, n/8*k/G]
+  // Where each expert's tensors come from in the checkpoint: gate+up (w13) or one Linear.
+  std::vector<std::string> gate_prefix, up_prefix, prefix; // per expert; gate/up or prefix
+  int64_t weight_words() const { return shape.n * shape.k / 8; }
+  int64_t scale_words() const { return shape.n * kernels::int4_groups(shape); }
+  int64_t zp_words() const { return symmetric ? 0 : shape.n / 8 * kernels::int4_groups(shape); }
+};
+
+struct gpu_layer {
+  uint16_t *input_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+  gpu_linear q, k, v, o;
+  uint16_t* qkv_fused = nullptr; // BF16 [qkv_cols, H] when q, k, v are all BF16
+  bool sparse = false;
+  gpu_linear gate, up, down;      // dense MLP
+  uint16_t* gate_up_fused = nullptr; // BF16 [2I, H]
+  int gate_up_int4 = -1;          // dense MLP gate/up as one INT4 w13 module
+  uint16_t* router = nullptr;     // sparse: BF16 [E, H]
+  int w13 = -1, w2 = -1;          // sparse INT4 experts
+  uint16_t *w13_bf16 = nullptr, *w2_bf16 = nullptr; // sparse BF16 experts
+};
+
+// The per-step data the host fills and copies to the device before a step.
+struct step_meta {
+  int32_t *ids, *positions, *slots, *row_seq, *row_pos, *logit_rows, *top_k, *block_table;
+  float *temperature, *top_p, *min_p, *uniform;
+};
+
+const int64_t k_buckets[] = {1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256};
+
+} // namespace
+
+struct qwen3_gpu_model::impl {
+  model_config config;
+  gpu_options options;
+  int device = 0;
+  std::string device_name;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  std::vector<std::unique_ptr<device_block>> blocks; // every allocation
+  std::size_t weight_bytes = 0, kv_bytes = 0;
+
+  // weights
+  uint16_t *embed = nullptr, *lm_head = nullptr, *final_norm = nullptr;
+  std::vector<gpu_layer> layers;
+  std::vector<gpu_int4_module> int4_modules;
+  std::unordered_map<std::string, std::pair<uint16_t*, int64_t>> bf16_slots; // name -> (dst, elements)
+  std::unordered_map<std::string, std::pair<int, int64_t>> int4_slots;       // prefix -> (module, expert)
+  float *rope_cos = nullptr, *rope_sin = nullptr;
+  int64_t rope_positions = 0;
+
+  // KV pool: per layer [slots, kv_heads, head_dim] bf16
+  std::vector<uint16_t*> k_cache, v_cache;
+  int64_t num_slots = 0, max_blocks = 0;
+
+  // scratch
+  int64_t max_tokens = 0, max_rows = 0, max_seqs = 0;
+  float* residual = nullptr;
+  uint16_t *h = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr, *delta = nullptr,
+           *gate_up = nullptr, *act = nullptr, *h_rows = nullptr;
+  float *router_logits = nullptr, *logits = nullptr, *out_logprob = nullptr;
+  int32_t* out_token = nullptr;
+  void *attn_ws = nullptr, *moe_ws = nullptr, *gemm_ws = nullptr, *sample_ws = nullptr,
+       *cublas_ws = nullptr, *int4_scratch = nullptr;
+  std::size_t int4_scratch_bytes = 0;
+  // per-step metadata: device and pinned host mirrors of one contiguous region
+  void* meta_dev = nullptr;
+  void* meta_host = nullptr;
+  std::size_t meta_bytes = 0;
+  step_meta dev{}, host{};
+  // graphs per bucket
+  std::map<int64_t, cudaGraphExec_t> graphs;
+
+  ~impl() {
+    for (auto& [b, g] : graphs)
+      cudaGraphExecDestroy(g);
+    if (meta_host)
+      cudaFreeHost(meta_host);
+    if (cublas)
+      cublasDestroy(cublas);
+    if (stream)
+      cudaStreamDestroy(stream);
+  }
+
+  template <class T>
+  expected<T*> alloc(int64_t count, std::size_t* account = nullptr) {
+    auto b = std::make_unique<device_block>();
+    b->bytes = static_cast<std::size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
+    if (auto e = cudaMalloc(&b->ptr, b->bytes); e != cudaSuccess)
+      return fail(fmt::format("CUDA: cannot allocate {} MiB on {}: {}", b->bytes >> 20,
+                              device_name, cuda_text(e)));
+    if (account)
+      *account += b->bytes;
+    T* p = static_cast<T*>(b->ptr);
+    blocks.push_back(std::move(b));
+    return p;
+  }
+
+  // ---- setup ----
+  status init_device();
+  status allocate_weights(std::optional<random_int4> int4_experts, const qwen3_model* host);
+  status allocate_runtime();
+  status build_rope_table();
+  int add_int4(std::string name, kernels::int4_shape shape, bool symmetric,
+               kernels::zero_point_layout layout);
+
+  // ---- INT4 state machine ----
+  status restore_module(gpu_int4_module& m);
+  status post_process_module(gpu_int4_module& m);
+  status write_expert(const qwen3_model& host, gpu_int4_module& m, int64_t expert);
+
+  // ---- forward ----
+  status gemm(const gpu_linear& w, const uint16_t* x, int64_t m, void* y, int64_t ldy, bool f32_out);
+  status gemm_bf16(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t m, void* y,
+                   int64_t ldy, bool f32_out);
+  status run_step(int64_t T, int64_t S, int64_t R);
+  status prepare(std::span<forward_item> items, int64_t& T, int64_t& S, int64_t& R, bool padded);
+  status launch(int64_t T, int64_t S, int64_t R, bool graph_ok);
+  bool any_load_format() const {
+    return std::any_of(int4_modules.begin(), int4_modules.end(),
+                       [](const gpu_int4_module& m) { return !m.serving; });
+  }
+};
+
+// ---------------------------------------------------------------------------------------------------
+// setup
+
+status qwen3_gpu_model::impl::init_device() {
+  int count = 0;
+  if (auto e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0)
+    return fail("no CUDA device is visible" + (e != cudaSuccess ? ": " + cuda_text(e) : ""));
+  if (options.device < 0 || options.device >= count)
+    return fail(fmt::format("CUDA device {} does not exist ({} visible)", options.device, count));
+  device = options.device;
+  GPU_TRY(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  GPU_TRY(cudaGetDeviceProperties(&prop, device));
+  device_name = fmt::format("cuda:{} ({})", device, prop.name);
+  if (prop.major < 8)
+    return fail(fmt::format("{}: compute capability {}.{}; the kernels need 8.0 or newer",
+                            device_name, prop.major, prop.minor));
+  GPU_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS)
+    return fail(device_name + ": cublasCreate failed");
+  cublasSetStream(cublas, stream);
+  // A fixed workspace: cuBLAS must not allocate while a graph is being captured.
+  const std::size_t ws = 32u << 20;
+  auto w = alloc<std::byte>(static_cast<int64_t>(ws));
+  if (!w)
+    return std::move(w).take_failure();
+  cublas_ws = *w;
+  if (cublasSetWorkspace(cublas, cublas_ws, ws) != CUBLAS_STATUS_SUCCESS)
+    return fail(device_name + ": cublasSetWorkspace failed");
+  return {};
+}
+
+int qwen3_gpu_model::impl::add_int4(std::string name, kernels::int4_shape shape, bool symmetric,
+                                    kernels::zero_point_layout layout) {
+  gpu_int4_module m;
+  m.name = std::move(name);
+  m.shape = shape;
+  m.symmetric = symmetric;
+  m.zp_layout = layout;
+  int4_modules.push_back(std::move(m));
+  return static_cast<int>(int4_modules.size() - 1);
+}
+
+status qwen3_gpu_model::impl::build_rope_table() {
+  const auto& c = config;
+  const int64_t half = c.head_dim / 2;
+  rope_positions = std::min<int64_t>(c.max_position_embeddings, max_blocks * options.kv_block_size);
+  std::vector<float> cs(static_cast<std::size_t>(rope_positions * half));
+  std::vector<float> sn(cs.size());
+  for (int64_t p = 0; p < rope_positions; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      // As kernels::rope_cpu: the angle and its sin/cos in double, rounded to float once.
+      const double inv_freq = std::pow(c.rope_theta, -2.0 * double(i) / double(c.head_dim));
+      const double angle = double(p) * inv_freq;
+      cs[p * half + i] = static_cast<float>(std::cos(angle));
+      sn[p * half + i] = static_cast<float>(std::sin(angle));
+    }
+  auto a = alloc<float>(static_cast<int64_t>(cs.size()), &weight_bytes);
+  auto b = alloc<float>(static_cast<int64_t>(cs.size()), &weight_bytes);
+  if (!a || !b)
+    return fail(device_name + ": cannot allocate the RoPE table");
+  rope_cos = *a;
+  rope_sin = *b;
+  GPU_TRY(cudaMemcpy(rope_cos, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
+  GPU_TRY(cudaMemcpy(rope_sin, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
+  return {};
+}
+
+status qwen3_gpu_model::impl::allocate_weights(std::optional<random_int4> int4_experts,
+                                               const qwen3_model* host) {
+  const auto& c = config;
+  const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size;
+  const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t I = c.intermediate_size, E = c.num_experts, MI = c.moe_intermediate_size;
+  auto bf16 = [&](const std::string& name, int64_t elements) -> expected<uint16_t*> {
+    auto p = alloc<uint16_t>(elements, &weight_bytes);
+    if (p && !name.empty())
+      bf16_slots[name] = {*p, elements};
+    return p;
+  };
+  // Whether `prefix` is an INT4 module in the host model (and its view).
+  auto int4_of = [&](const std::string& prefix) -> std::optional<int4_linear_view> {
+    if (!host)
+      return std::nullopt;
+    return host->int4_linear(prefix);
+  };
+  auto make_linear = [&](const std::string& prefix, int64_t n, int64_t k, uint16_t* fused_rows,
+                         gpu_linear& out) -> status {
+    out.n = n;
+    out.k = k;
+    if (auto v = int4_of(prefix)) {
+      int idx = add_int4(prefix, {1, n, k, v->shape.group_size}, v->symmetric, v->zp_layout);
+      int4_modules[idx].prefix = {prefix};
+      int4_slots[prefix] = {idx, 0};
+      out.int4 = idx;
+      return {};
+    }
+    if (fused_rows) {
+      out.bf16 = fused_rows;
+      bf16_slots[prefix + ".weight"] = {fused_rows, n * k};
+      return {};
+    }
+    auto p = bf16(prefix + ".weight", n * k);
+    if (!p)
+      return std::move(p).take_failure();
+    out.bf16 = *p;
+    return {};
+  };
+
+  auto e = bf16("model.embed_tokens.weight", V * H);
+  if (!e)
+    return std::move(e).take_failure();
+  embed = *e;
+  if (c.tie_word_embeddings) {
+    lm_head = embed;
+  } else {
+    auto l = bf16("lm_head.weight", V * H);
+    if (!l)
+      return std::move(l).take_failure();
+    lm_head = *l;
+  }
+  auto fn = bf16("model.norm.weight", H);
+  if (!fn)
+    return std::move(fn).take_failure();
+  final_norm = *fn;
+
+  layers.resize(static_cast<std::size_t>(c.num_hidden_layers));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    auto& L = layers[l];
+    const std::string p = fmt::format("model.layers.{}.", l);
+    for (auto [dst, name, n] : {std::tuple{&L.input_norm, "input_layernorm.weight", H},
+                                std::tuple{&L.post_norm, "post_attention_layernorm.weight", H},
+                                std::tuple{&L.q_norm, "self_attn.q_norm.weight", D},
+                                std::tuple{&L.k_norm, "self_attn.k_norm.weight", D}}) {
+      auto b = bf16(p + name, n);
+      if (!b)
+        return std::move(b).take_failure();
+      *dst = *b;
+    }
+    const bool qkv_bf16 = !int4_of(p + "self_attn.q_proj") && !int4_of(p + "self_attn.k_proj") &&
+                          !int4_of(p + "self_attn.v_proj");
+    if (qkv_bf16) {
+      auto f = bf16("", (nq + 2 * nkv) * D * H);
+      if (!f)
+        return std::move(f).take_failure();
+      L.qkv_fused = *f;
+    }
+    auto rows = [&](int64_t r) { return L.qkv_fused ? L.qkv_fused + r * H : nullptr; };
+    if (auto s = make_linear(p + "self_attn.q_proj", nq * D, H, rows(0), L.q); !s)
+      return s;
+    if (auto s = make_linear(p + "self_attn.k_proj", nkv * D, H, rows(nq * D), L.k); !s)
+      return s;
+    if (auto s = make_linear(p + "self_attn.v_proj", nkv * D, H, rows((nq + nkv) * D), L.v); !s)
+      return s;
+    if (auto s = make_linear(p + "self_attn.o_proj", H, nq * D, nullptr, L.o); !s)
+      return s;
+    L.sparse = qwen3_layer_is_sparse(c, l);
+    if (!L.sparse) {
+      auto g = int4_of(p + "mlp.gate_proj"), u = int4_of(p + "mlp.up_proj");
+      if (bool(g) != bool(u))
+        return fail(fmt::format("{}mlp: gate_proj and up_proj must both be INT4 or both BF16 on "
+                                "the GPU (they run as one GEMM)", p));
+      if (g) {
+        int idx = add_int4(p + "mlp.gate_up_proj", {1, 2 * I, H, g->shape.group_size},
+                           g->symmetric, g->zp_layout);
+        int4_modules[idx].gate_prefix = {p + "mlp.gate_proj"};
+        int4_modules[idx].up_prefix = {p + "mlp.up_proj"};
+        int4_slots[p + "mlp.gate_proj"] = {idx, 0};
+        int4_slots[p + "mlp.up_proj"] = {idx, 0};
+        L.gate_up_int4 = idx;
+      } else {
+        auto f = bf16("", 2 * I * H);
+        if (!f)
+          return std::move(f).take_failure();
+        L.gate_up_fused = *f;
+        bf16_slots[p + "mlp.gate_proj.weight"] = {*f, I * H};
+        bf16_slots[p + "mlp.up_proj.weight"] = {*f + I * H, I * H};
+      }
+      if (auto s = make_linear(p + "mlp.down_proj", H, I, nullptr, L.down); !s)
+        return s;
+      continue;
+    }
+    auto r = bf16(p + "mlp.gate.weight", E * H);
+    if (!r)
+      return std::move(r).take_failure();
+    L.router = *r;
+    const std::string x0 = p + "mlp.experts.0.";
+    auto g0 = int4_of(x0 + "gate_proj");
+    auto d0 = int4_of(x0 + "down_proj");
+    const bool int4 = int4_experts.has_value() || g0.has_value();
+    if (int4) {
+      int32_t gs = int4_experts ? int4_experts->group_size : g0->shape.group_size;
+      bool sym = int4_experts ? int4_experts->symmetric : g0->symmetric;
+      auto layout = g0 ? g0->zp_layout : kernels::zero_point_layout::standard;
+      if (!int4_experts && (!d0 || d0->shape.group_size != gs || d0->symmetric != sym))
+        return fail(fmt::format("{}: the fused MoE kernel needs gate/up and down quantized alike "
+                                "(same group size and symmetry)", x0));
+      L.w13 = add_int4(p + "mlp.experts.w13", {E, 2 * MI, H, gs}, sym, layout);
+      L.w2 = add_int4(p + "mlp.experts.w2", {E, H, MI, gs}, sym, layout);
+      for (int64_t x = 0; x < E; ++x) {
+        const std::string xp = fmt::format("{}mlp.experts.{}.", p, x);
+        int4_modules[L.w13].gate_prefix.push_back(xp + "gate_proj");
+        int4_modules[L.w13].up_prefix.push_back(xp + "up_proj");
+        int4_modules[L.w2].prefix.push_back(xp + "down_proj");
+        int4_slots[xp + "gate_proj"] = {L.w13, x};
+        int4_slots[xp + "up_proj"] = {L.w13, x};
+        int4_slots[xp + "down_proj"] = {L.w2, x};
+      }
+    } else {
+      auto a = bf16("", E * 2 * MI * H);
+      auto b = bf16("", E * H * MI);
+      if (!a || !b)
+        return fail(device_name + ": cannot allocate BF16 experts");
+      L.w13_bf16 = *a;
+      L.w2_bf16 = *b;
+      for (int64_t x = 0; x < E; ++x) {
+        const std::string xp = fmt::format("{}mlp.experts.{}.", p, x);
+        bf16_slots[xp + "gate_proj.weight"] = {*a + x * 2 * MI * H, MI * H};
+        bf16_slots[xp + "up_proj.weight"] = {*a + x * 2 * MI * H + MI * H, MI * H};
+        bf16_slots[xp + "down_proj.weight"] = {*b + x * H * MI, H * MI};
+      }
+    }
+  }
+  // INT4 buffers, and one scratch as large as the largest module (repack is out of place).
+  for (auto& m : int4_modules) {
+    auto why = kernels::int4_check_serving_shape(m.shape);
+    if (!why.empty())
+      return fail(fmt::format("INT4 module '{}' cannot run on the GPU: {}", m.name, why));
+    const int64_t B = m.shape.batch;
+    auto w = alloc<int32_t>(B * m.weight_words(), &weight_bytes);
+    auto s = alloc<uint16_t>(B * m.scale_words(), &weight_bytes);
+    if (!w || !s)
+      return fail(fmt::format("{}: cannot allocate INT4 module '{}'", device_name, m.name));
+    m.weight = *w;
+    m.scale = *s;
+    if (!m.symmetric) {
+      auto z = alloc<int32_t>(B * m.zp_words(), &weight_bytes);
+      if (!z)
+        return std::move(z).take_failure();
+      m.zero_point = *z;
+    }
+    int4_scratch_bytes = std::max<std::size_t>(
+      int4_scratch_bytes, static_cast<std::size_t>(B * (m.weight_words() * 4 + m.scale_words() * 2 +
+                                                        m.zp_words() * 4)) + 64);
+  }
+  if (int4_scratch_bytes > 0) {
+    auto s = alloc<std::byte>(static_cast<int64_t>(int4_scratch_bytes));
+    if (!s)
+      return std::move(s).take_failure();
+    int4_scratch = *s;
+  }
+  return {};
+}
+
+status qwen3_gpu_model::impl::allocate_runtime() {
+  const auto& c = config;
+  const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size;
+  const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads;
+  max_tokens = options.max_batch_tokens;
+  max_rows = options.max_logit_rows > 0 ? options.max_logit_rows : max_tokens;
+  max_seqs = std::min(options.max_sequences, max_tokens);
+  if (max_tokens < 1 || max_seqs < 1 || options.kv_block_size < 1 || options.kv_num_blocks < 1)
+    return fail("GPU model options: max_batch_tokens, max_sequences, kv_block_size and "
+                "kv_num_blocks must be positive");
+  num_slots = options.kv_num_blocks * options.kv_block_size;
+  max_blocks = std::min<int64_t>(options.kv_num_blocks,
+                                 (c.max_position_embeddings + options.kv_block_size - 1) /
+                                   options.kv_block_size);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    auto k = alloc<uint16_t>(num_slots * nkv * D, &kv_bytes);
+    auto v = alloc<uint16_t>(num_slots * nkv * D, &kv_bytes);
+    if (!k || !v)
+      return fail(fmt::format("{}: cannot allocate the KV pool ({} blocks of {} tokens)",
+                              device_name, options.kv_num_blocks, options.kv_block_size));
+    GPU_TRY(cudaMemset(*k, 0, num_slots * nkv * D * 2));
+    GPU_TRY(cudaMemset(*v, 0, num_slots * nkv * D * 2));
+    k_cache.push_back(*k);
+    v_cache.push_back(*v);
+  }
+  int64_t I_max = std::max(c.intermediate_size, c.moe_intermediate_size);
+  const int64_t T = max_tokens;
+  bool ok = true;
+  auto grab = [&](auto*& p, int64_t n) {
+    using T_ = std::remove_pointer_t<std::remove_reference_t<decltype(p)>>;
+    using E_ = std::conditional_t<std::is_void_v<T_>, std::byte, T_>; // workspaces: bytes
+    auto a = alloc<E_>(n);
+    if (!a)
+      ok = false;
+    else
+      p = *a;
+  };
+  grab(residual, T * H);
+  grab(h, T * H);
+  grab(qkv, T * (nq + 2 * nkv) * D);
+  grab(q, T * nq * D);
+  grab(attn, T * nq * D);
+  grab(delta, T * H);
+  grab(gate_up, T * 2 * I_max);
+  grab(act, T * I_max);
+  grab(h_rows, max_rows * H);
+  grab(router_logits, T * std::max<int64_t>(c.num_experts, 1));
+  grab(logits, max_rows * V);
+  grab(out_token, max_rows);
+  grab(out_logprob, max_rows);
+  if (!ok)
+    return fail(fmt::format("{}: cannot allocate activation scratch for {} tokens", device_name, T));
+
+  // Workspaces, sized for the largest launch (the graphs and eager steps share them: one stream).
+  kernels::paged_attention_args pa;
+  pa.tokens = T;
+  pa.sequences = max_seqs;
+  pa.max_blocks = max_blocks;
+  pa.block_size = options.kv_block_size;
+  pa.q_heads = nq;
+  pa.kv_heads = nkv;
+  pa.head_dim = D;
+  pa.max_context = max_blocks * options.kv_block_size;
+  if (auto b = kernels::paged_attention_workspace_bytes(pa); b > 0) {
+    grab(attn_ws, static_cast<int64_t>(b));
+  }
+  kernels::sample_args sa;
+  sa.rows = max_rows;
+  sa.vocab = V;
+  if (auto b = kernels::sample_workspace_bytes(sa); b > 0)
+    grab(sample_ws, static_cast<int64_t>(b));
+  std::size_t moe_bytes = 0;
+  bool any_int4_moe = false, any_bf16_moe = false;
+  for (auto& L : layers) {
+    if (!L.sparse)
+      continue;
+    if (L.w13 >= 0)
+      any_int4_moe = true;
+    else
+      any_bf16_moe = true;
+  }
+  if (any_int4_moe) {
+    const auto first = std::find_if(layers.begin(), layers.end(),
+                                    [](const gpu_layer& L) { return L.sparse && L.w13 >= 0; });
+    const auto& m = int4_modules[first->w13];
+    kernels::fused_moe_args f;
+    f.tokens = T;
+    f.max_tokens = T;
+    f.hidden = H;
+    f.intermediate = c.moe_intermediate_size;
+    f.experts = c.num_experts;
+    f.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+    f.group_size = m.shape.group_size;
+    f.has_zero_point = !m.symmetric;
+    moe_bytes = std::max(moe_bytes, kernels::fused_moe_workspace_bytes(f));
+  }
+  if (any_bf16_moe) {
+    kernels::moe_bf16_args f;
+    f.tokens = T;
+    f.max_tokens = T;
+    f.hidden = H;
+    f.intermediate = c.moe_intermediate_size;
+    f.experts = c.num_experts;
+    f.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+    moe_bytes = std::max(moe_bytes, kernels::moe_bf16_workspace_bytes(f));
+  }
+  if (moe_bytes > 0)
+    grab(moe_ws, static_cast<int64_t>(moe_bytes));
+  std::size_t gemm_bytes = 0;
+  for (auto& m : int4_modules) {
+    if (m.shape.batch != 1)
+      continue;
+    kernels::gemm_w4a16_args g;
+    g.m = T;
+    g.n = m.shape.n;
+    g.k = m.shape.k;
+    g.group_size = m.shape.group_size;
+    g.has_zero_point = !m.symmetric;
+    gemm_bytes = std::max(gemm_bytes, kernels::gemm_w4a16_workspace_bytes(g));
+  }
+  if (gemm_bytes > 0)
+    grab(gemm_ws, static_cast<int64_t>(gemm_bytes));
+  if (!ok)
+    return fail(fmt::format("{}: cannot allocate kernel workspaces", device_name));
+  // Zero the workspaces once (their counters must start at zero; launches leave them so).
+  for (auto& b : blocks)
+    if (b->ptr == moe_ws || b->ptr == gemm_ws || b->ptr == attn_ws || b->ptr == sample_ws)
+      GPU_TRY(cudaMemset(b->ptr, 0, b->bytes));
+
+  // Per-step metadata: int32 x (5 T + 2 R + S * max_blocks) then float x 4 R.
+  const int64_t ints = 5 * T + 2 * max_rows + max_seqs * max_blocks;
+  const int64_t floats = 4 * max_rows;
+  meta_bytes = static_cast<std::size_t>(ints + floats) * 4;
+  auto md = alloc<std::byte>(static_cast<int64_t>(meta_bytes));
+  if (!md)
+    return std::move(md).take_failure();
+  meta_dev = *md;
+  GPU_TRY(cudaMallocHost(&meta_host, meta_bytes));
+  auto carve = [&](void* base, step_meta& m) {
+    auto* i = static_cast<int32_t*>(base);
+    m.ids = i;
+    m.positions = i + T;
+    m.slots = i + 2 * T;
+    m.row_seq = i + 3 * T;
+    m.row_pos = i + 4 * T;
+    m.logit_rows = i + 5 * T;
+    m.top_k = m.logit_rows + max_rows;
+    m.block_table = m.top_k + max_rows;
+    auto* f = reinterpret_cast<float*>(m.block_table + max_seqs * max_blocks);
+    m.temperature = f;
+    m.top_p = f + max_rows;
+    m.min_p = f + 2 * max_rows;
+    m.uniform = f + 3 * max_rows;
+  };
+  carve(meta_dev, dev);
+  carve(meta_host, host);
+  return build_rope_table();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// INT4 state machine on the device
+
+status qwen3_gpu_model::impl::restore_module(gpu_int4_module& m) {
+  if (!m.serving)
+    return {};
+  const int64_t B = m.shape.batch;
+  auto* sw = static_cast<int32_t*>(int4_scratch);
+  auto* ss = reinterpret_cast<uint16_t*>(sw + B * m.weight_words());
+  auto* sz = reinterpret_cast<int32_t*>(ss + B * m.scale_words() + (B * m.scale_words()) % 2);
+  kernels::serving_restore_args a;
+  a.shape = m.shape;
+  a.has_zero_point = !m.symmetric;
+  a.zp_layout = m.zp_layout;
+  a.serving_weight = m.weight;
+  a.serving_scale = m.scale;
+  a.serving_zero_point = m.zero_point;
+  a.weight_packed = sw;
+  a.weight_scale = ss;
+  a.weight_zero_point = m.symmetric ? nullptr : sz;
+  if (auto s = kernels::serving_restore_device(a, m.name, stream); !s)
+    return s;
+  GPU_TRY(cudaMemcpyAsync(m.weight, sw, B * m.weight_words() * 4, cudaMemcpyDeviceToDevice, stream));
+  GPU_TRY(cudaMemcpyAsync(m.scale, ss, B * m.scale_words() * 2, cudaMemcpyDeviceToDevice, stream));
+  if (!m.symmetric)
+    GPU_TRY(cudaMemcpyAsync(m.zero_point, sz, B * m.zp_words() * 4, cudaMemcpyDeviceToDevice, stream));
+  m.serving = false;
+  return {};
+}
+
+status qwen3_gpu_model::impl::post_process_module(gpu_int4_module& m) {
+  if (m.serving)
+    return {};
+  const int64_t B = m.shape.batch;
+  auto* sw = static_cast<int32_t*>(int4_scratch);
+  auto* ss = reinterpret_cast<uint16_t*>(sw + B * m.weight_words());
+  auto* sz = reinterpret_cast<int32_t*>(ss + B * m.scale_words() + (B * m.scale_words()) % 2);
+  kernels::serving_repack_args a;
+  a.shape = m.shape;
+  a.has_zero_point = !m.symmetric;
+  a.zp_layout = m.zp_layout;
+  a.weight_packed = m.weight;
+  a.weight_scale = m.scale;
+  a.weight_zero_point = m.zero_point;
+  a.serving_weight = sw;
+  a.serving_scale = ss;
+  a.serving_zero_point = m.symmetric ? nullptr : sz;
+  if (auto s = kernels::serving_repack_device(a, m.name, stream); !s)
+    return s;
+  GPU_TRY(cudaMemcpyAsync(m.weight, sw, B * m.weight_words() * 4, cudaMemcpyDeviceToDevice, stream));
+  GPU_TRY(cudaMemcpyAsync(m.scale, ss, B * m.scale_words() * 2, cudaMemcpyDeviceToDevice, stream));
+  if (!m.symmetric)
+    GPU_TRY(cudaMemcpyAsync(m.zero_point, sz, B * m.zp_words() * 4, cudaMemcpyDeviceToDevice, stream));
+  m.serving = true;
+  return {};
+}
+
+// Writes expert `expert` of `m` (in LOAD_FORMAT) from the host model's load-format tensors,
+// through the host int4_module, which concatenates gate and up along n exactly as the loader
+// rules say (zero points never transposed).
+status qwen3_gpu_model::impl::write_expert(const qwen3_model& host, gpu_int4_module& m,
+                                           int64_t expert) {
+  quant::int4_module_spec spec{m.name, {1, m.shape.n, m.shape.k, m.shape.group_size}, m.symmetric,
+                               m.zp_layout};
+  auto one = quant::int4_module::create(spec);
+  if (!one)
+    return std::move(one).take_failure();
+  auto tensors = [&](const std::string& prefix) -> expected<quant::int4_load_tensors> {
+    auto v = host.int4_linear(prefix);
+    if (!v)
+      return fail(fmt::format("'{}' is not an INT4 module in the host model", prefix));
+    return quant::int4_load_tensors{v->weight_packed, v->weight_scale, v->weight_zero_point};
+  };
+  if (!m.gate_prefix.empty()) {
+    auto g = tensors(m.gate_prefix[expert]);
+    auto u = tensors(m.up_prefix[expert]);
+    if (!g)
+      return std::move(g).take_failure();
+    if (!u)
+      return std::move(u).take_failure();
+    if (auto s = one->load_gate_up(0, *g, *u); !s)
+      return s;
+  } else {
+    auto t = tensors(m.prefix[expert]);
+    if (!t)
+      return std::move(t).take_failure();
+    if (auto s = one->load_expert(0, *t); !s)
+      return s;
+  }
+  GPU_TRY(cudaMemcpyAsync(m.weight + expert * m.weight_words(), one->weight_words().data(),
+                          m.weight_words() * 4, cudaMemcpyHostToDevice, stream));
+  GPU_TRY(cudaMemcpyAsync(m.scale + expert * m.scale_words(), one->scale_words().data(),
+                          m.scale_words() * 2, cudaMemcpyHostToDevice, stream));
+  if (!m.symmetric)
+    GPU_TRY(cudaMemcpyAsync(m.zero_point + expert * m.zp_words(), one->zero_point_words().data(),
+                            m.zp_words() * 4, cudaMemcpyHostToDevice, stream));
+  // The host buffers die with `one`: wait before returning.
+  GPU_TRY(cudaStreamSynchronize(stream));
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------------
+// forward
+
+status qwen3_gpu_model::impl::gemm_bf16(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x,
+                                        int64_t m, void* y, int64_t ldy, bool f32_out) {
+  // Row-major y[m, n] = x[m, k] w[n, k]^T is column-major y^T[n, m] = w^T... : cuBLAS sees w as a
+  // column-major [k, n] matrix (op T gives [n, k]) and x as column-major [k, m].
+  const float alpha = 1.0f, beta = 0.0f;
+  auto st = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                         static_cast<int>(k), &alpha, w, CUDA_R_16BF, static_cast<int>(k), x,
+                         CUDA_R_16BF, static_cast<int>(k), &beta, y,
+                         f32_out ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(ldy),
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return fail(fmt::format("cuBLAS GEMM [{} x {}] x [{} x {}]^T failed (status {})", m, k, n, k,
+                            static_cast<int>(st)));
+  return {};
+}
+
+status qwen3_gpu_model::impl::gemm(const gpu_linear& w, const uint16_t* x, int64_t m, void* y,
+                                   int64_t ldy, bool f32_out) {
+  if (w.int4 < 0)
+    return gemm_bf16(w.bf16, w.n, w.k, x, m, y, ldy, f32_out);
+  const auto& mod = int4_modules[w.int4];
+  kernels::gemm_w4a16_args g;
+  g.m = m;
+  g.n = w.n;
+  g.k = w.k;
+  g.group_size = mod.shape.group_size;
+  g.has_zero_point = !mod.symmetric;
+  g.a = x;
+  g.b = mod.weight;
+  g.scale = mod.scale;
+  g.zero_point = mod.zero_point;
+  g.c = static_cast<uint16_t*>(y);
+  g.ldc = ldy;
+  KERNEL_TRY(fmt::format("W4A16 GEMM of '{}'", mod.name), kernels::gemm_w4a16_launch(g, gemm_ws, stream));
+  return {};
+}
+
+// Enqueues one step over the metadata already in `dev`: T token rows, S sequences (the
+// attention's block-table rows), R logits rows. Captured into graphs as is.
+status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
+  const auto& c = config;
+  const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size;
+  const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t qkv_cols = (nq + 2 * nkv) * D;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+
+  KERNEL_TRY("embedding", kernels::embed_launch({dev.ids, embed, residual, T, V, H}, stream));
+  const uint16_t* pending = nullptr; // the last sublayer's output, added at the next norm
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const auto& L = layers[l];
+    kernels::add_rms_norm_args n1{residual, pending, L.input_norm, nullptr, h, T, H, eps};
+    KERNEL_TRY("input_layernorm", kernels::add_rms_norm_launch(n1, stream));
+    if (L.qkv_fused) {
+      if (auto s = gemm_bf16(L.qkv_fused, qkv_cols, H, h, T, qkv, qkv_cols, false); !s)
+        return s;
+    } else {
+      if (auto s = gemm(L.q, h, T, qkv, qkv_cols, false); !s)
+        return s;
+      if (auto s = gemm(L.k, h, T, qkv + nq * D, qkv_cols, false); !s)
+        return s;
+      if (auto s = gemm(L.v, h, T, qkv + (nq + nkv) * D, qkv_cols, false); !s)
+        return s;
+    }
+    kernels::qk_norm_rope_kv_args r;
+    r.qkv = qkv;
+    r.q_norm = L.q_norm;
+    r.k_norm = L.k_norm;
+    r.rope_cos = rope_cos;
+    r.rope_sin = rope_sin;
+    r.positions = dev.positions;
+    r.slots = dev.slots;
+    r.q_out = q;
+    r.k_cache = k_cache[l];
+    r.v_cache = v_cache[l];
+    r.tokens = T;
+    r.q_heads = nq;
+    r.kv_heads = nkv;
+    r.head_dim = D;
+    r.max_positions = rope_positions;
+    r.num_slots = num_slots;
+    r.eps = eps;
+    KERNEL_TRY("q/k norm + RoPE + KV write", kernels::qk_norm_rope_kv_launch(r, stream));
+    kernels::paged_attention_args a;
+    a.q = q;
+    a.k_cache = k_cache[l];
+    a.v_cache = v_cache[l];
+    a.block_table = dev.block_table;
+    a.row_seq = dev.row_seq;
+    a.row_pos = dev.row_pos;
+    a.out = attn;
+    a.tokens = T;
+    a.sequences = S;
+    a.max_blocks = max_blocks;
+    a.block_size = options.kv_block_size;
+    a.q_heads = nq;
+    a.kv_heads = nkv;
+    a.head_dim = D;
+    a.max_context = max_blocks * options.kv_block_size;
+    a.scale = static_cast<float>(1.0 / std::sqrt(double(D)));
+    KERNEL_TRY("paged attention", kernels::paged_attention_launch(a, attn_ws, stream));
+    if (auto s = gemm(L.o, attn, T, delta, H, false); !s)
+      return s;
+    kernels::add_rms_norm_args n2{residual, delta, L.post_norm, nullptr, h, T, H, eps};
+    KERNEL_TRY("post_attention_layernorm", kernels::add_rms_norm_launch(n2, stream));
+    if (!L.sparse) {
+      const int64_t I = c.intermediate_size;
+      if (L.gate_up_fused) {
+        if (auto s = gemm_bf16(L.gate_up_fused, 2 * I, H, h, T, gate_up, 2 * I, false); !s)
+          return s;
+      } else {
+        gpu_linear gu{2 * I, H, nullptr, L.gate_up_int4};
+        if (auto s = gemm(gu, h, T, gate_up, 2 * I, false); !s)
+          return s;
+      }
+      KERNEL_TRY("SiLU-mul", kernels::silu_mul_bf16_launch({gate_up, act, T, I}, stream));
+      if (auto s = gemm(L.down, act, T, delta, H, false); !s)
+        return s;
+    } else {
+      const int64_t E = c.num_experts;
+      if (auto s = gemm_bf16(L.router, E, H, h, T, router_logits, E, true); !s)
+        return s;
+      if (L.w13 >= 0) {
+        const auto& w13 = int4_modules[L.w13];
+        const auto& w2 = int4_modules[L.w2];
+        kernels::fused_moe_args f;
+        f.tokens = T;
+        f.max_tokens = max_tokens;
+        f.hidden = H;
+        f.intermediate = c.moe_intermediate_size;
+        f.experts = E;
+        f.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+        f.norm_topk_prob = c.norm_topk_prob;
+        f.group_size = w13.shape.group_size;
+        f.has_zero_point = !w13.symmetric;
+        f.router_logits = router_logits;
+        f.x = h;
+        f.w13 = w13.weight;
+        f.w13_scale = w13.scale;
+        f.w13_zero_point = w13.zero_point;
+        f.w2 = w2.weight;
+        f.w2_scale = w2.scale;
+        f.w2_zero_point = w2.zero_point;
+        f.out = delta;
+        KERNEL_TRY("fused MoE (INT4)", kernels::fused_moe_launch(f, moe_ws, stream));
+      } else {
+        kernels::moe_bf16_args f;
+        f.tokens = T;
+        f.max_tokens = max_tokens;
+        f.hidden = H;
+        f.intermediate = c.moe_intermediate_size;
+        f.experts = E;
+        f.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+        f.norm_topk_prob = c.norm_topk_prob;
+        f.router_logits = router_logits;
+        f.x = h;
+        f.w13 = L.w13_bf16;
+        f.w2 = L.w2_bf16;
+        f.out = delta;
+        KERNEL_TRY("fused MoE (BF16)", kernels::moe_bf16_launch(f, moe_ws, stream));
+      }
+    }
+    pending = delta;
+  }
+  // The last delta joins the residual, then only the rows that want logits are normed.
+  kernels::add_rms_norm_args last{residual, pending, final_norm, nullptr, h, T, H, eps};
+  KERNEL_TRY("final residual add", kernels::add_rms_norm_launch(last, stream));
+  kernels::add_rms_norm_args fin{residual, nullptr, final_norm, dev.logit_rows, h_rows, R, H, eps};
+  KERNEL_TRY("final norm", kernels::add_rms_norm_launch(fin, stream));
+  return gemm_bf16(lm_head, V, H, h_rows, R, logits, V, true);
+}
+
+// Checks the items and fills the host metadata. With `padded`, T / S / R are rounded up to the
+// graph bucket (rows past the batch are padding).
+status qwen3_gpu_model::impl::prepare(std::span<forward_item> items, int64_t& T, int64_t& S,
+                                      int64_t& R, bool padded) {
+  const auto& c = config;
+  const int64_t bs = options.kv_block_size, V = c.vocab_size;
+  if (items.empty())
+    return fail("forward: no sequences to run");
+  if (any_load_format())
+    return fail("forward: INT4 weights are in load format (a weight update is open on this "
+                "runner); post-process them before running batches");
+  T = 0;
+  R = 0;
+  S = static_cast<int64_t>(items.size());
+  for (const auto& it : items) {
+    const auto n = static_cast<int64_t>(it.tokens.size());
+    if (n == 0)
+      return fail("forward: no tokens to run");
+    for (int64_t t = 0; t < n; ++t)
+      if (it.tokens[t] < 0 || it.tokens[t] >= V)
+        return fail(fmt::format("forward: token id {} at index {} is outside the vocabulary [0, {})",
+                                it.tokens[t], t, V));
+    const int64_t past = it.kv->length;
+    if (past + n > std::min<int64_t>(c.max_position_embeddings, rope_positions))
+      return fail(fmt::format("forward: {} cached + {} new tokens exceed the context limit {}",
+                              past, n, std::min<int64_t>(c.max_position_embeddings, rope_positions)));
+    if (static_cast<int64_t>(it.kv->blocks.size()) * bs < past + n)
+      return fail(fmt::format("forward: {} KV blocks of {} tokens cannot hold {} positions",
+                              it.kv->blocks.size(), bs, past + n));
+    for (auto b : it.kv->blocks)
+      if (b < 0 || b >= options.kv_num_blocks)
+        return fail(fmt::format("forward: KV block {} is outside the pool (0 .. {})", b,
+                                options.kv_num_blocks - 1));
+    if (it.logit_rows < 0 || it.logit_rows > n)
+      return fail(fmt::format("forward: {} logit rows asked of {} tokens", it.logit_rows, n));
+    T += n;
+    R += it.logit_rows;
+  }
+  if (T > max_tokens || S > max_seqs || R > max_rows)
+    return fail(fmt::format("forward: a batch of {} tokens / {} sequences / {} logits rows exceeds "
+                            "the GPU runner's limits ({} / {} / {})",
+                            T, S, R, max_tokens, max_seqs, max_rows));
+  const int64_t T_real = T, S_real = S, R_real = R;
+  if (padded) { // the smallest bucket that holds the batch and fits every buffer
+    for (auto b : k_buckets)
+      if (b >= T && b <= max_seqs && b <= max_rows && b <= max_tokens) {
+        T = S = R = b;
+        break;
+      }
+  }
+  std::fill(host.block_table, host.block_table + S * max_blocks, 0);
+  int64_t row = 0, lrow = 0;
+  for (int64_t s = 0; s < S_real; ++s) {
+    const auto& it = items[s];
+    const auto n = static_cast<int64_t>(it.tokens.size());
+    const int64_t past = it.kv->length;
+    const auto nb = std::min<int64_t>(static_cast<int64_t>(it.kv->blocks.size()), max_blocks);
+    std::copy(it.kv->blocks.begin(), it.kv->blocks.begin() + nb, host.block_table + s * max_blocks);
+    for (int64_t t = 0; t < n; ++t, ++row) {
+      const int64_t pos = past + t;
+      host.ids[row] = it.tokens[t];
+      host.positions[row] = static_cast<int32_t>(pos);
+      host.slots[row] = static_cast<int32_t>(it.kv->blocks[pos / bs] * bs + pos % bs);
+      host.row_seq[row] = static_cast<int32_t>(s);
+      host.row_pos[row] = static_cast<int32_t>(pos);
+      if (t >= n - it.logit_rows)
+        host.logit_rows[lrow++] = static_cast<int32_t>(row);
+    }
+  }
+  for (; row < T; ++row) { // padding rows
+    host.ids[row] = -1;
+    host.positions[row] = 0;
+    host.slots[row] = -1;
+    host.row_seq[row] = -1;
+    host.row_pos[row] = 0;
+  }
+  for (; lrow < R; ++lrow)
+    host.logit_rows[lrow] = -1;
+  (void) T_real;
+  (void) R_real;
+  return {};
+}
+
+status qwen3_gpu_model::impl::launch(int64_t T, int64_t S, int64_t R, bool graph_ok) {
+  // The metadata in three copies: per-row ints, the S block-table rows in use (rows past S are
+  // never read), the per-row floats.
+  const auto head = reinterpret_cast<std::byte*>(host.block_table) - static_cast<std::byte*>(meta_host);
+  GPU_TRY(cudaMemcpyAsync(meta_dev, meta_host, static_cast<std::size_t>(head), cudaMemcpyHostToDevice, stream));
+  GPU_TRY(cudaMemcpyAsync(dev.block_table, host.block_table, static_cast<std::size_t>(S * max_blocks) * 4,
+                          cudaMemcpyHostToDevice, stream));
+  GPU_TRY(cudaMemcpyAsync(dev.temperature, host.temperature, static_cast<std::size_t>(4 * max_rows) * 4,
+                          cudaMemcpyHostToDevice, stream));
+  if (!graph_ok || !options.cuda_graphs)
+    return run_step(T, S, R);
+  auto it = graphs.find(T);
+  if (it == graphs.end()) {
+    // Warm up eagerly once (cuBLAS picks its kernels, lazy module loading happens), then capture.
+    if (auto s = run_step(T, S, R); !s)
+      return s;
+    GPU_TRY(cudaStreamSynchronize(stream));
+    cudaGraph_t graph = nullptr;
+    GPU_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    auto s = run_step(T, S, R);
+    auto e = cudaStreamEndCapture(stream, &graph);
+    if (!s)
+      return s;
+    if (e != cudaSuccess)
+      return fail("CUDA graph capture failed: " + cuda_text(e));
+    cudaGraphExec_t exec = nullptr;
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess)
+      return fail("CUDA graph instantiation failed: " + cuda_text(e));
+    it = graphs.emplace(T, exec).first;
+    // The warm-up already ran this step's work; running the graph again would write the same
+    // KV slots with the same values, so it is harmless, and keeps one code path.
+  }
+  GPU_TRY(cudaGraphLaunch(it->second, stream));
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------------
+// the class
+
+qwen3_gpu_model::qwen3_gpu_model(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+qwen3_gpu_model::~qwen3_gpu_model() = default;
+
+expected<std::unique_ptr<qwen3_gpu_model>> qwen3_gpu_model::create(const qwen3_model& host,
+                                                                   const gpu_options& options) {
+  auto p = std::make_unique<impl>();
+  p->config = host.config();
+  p->options = options;
+  if (auto s = p->init_device(); !s)
+    return std::move(s).take_failure();
+  if (auto s = p->allocate_weights(std::nullopt, &host); !s)
+    return std::move(s).take_failure();
+  if (auto s = p->allocate_runtime(); !s)
+    return std::move(s).take_failure();
+  std::unique_ptr<qwen3_gpu_model> m(new qwen3_gpu_model(std::move(p)));
+  std::vector<std::string> names;
+  for (const auto& spec : host.parameters())
+    names.push_back(spec.name);
+  if (auto s = m->upload(host, names); !s)
+    return std::move(s).take_failure();
+  auto pp = m->post_process();
+  if (!pp)
+    return std::move(pp).take_failure();
+  return m;
+}
+
+expected<std::unique_ptr<qwen3_gpu_model>>
+qwen3_gpu_model::create_random(const model_config& config, std::optional<random_int4> int4,
+                               uint64_t seed, const gpu_options& options) {
+  auto p = std::make_unique<impl>();
+  p->config = config;
+  p->options = options;
+  if (auto s = p->init_device(); !s)
+    return std::move(s).take_failure();
+  if (auto s = p->allocate_weights(int4, nullptr); !s)
+    return std::move(s).take_failure();
+  if (auto s = p->allocate_runtime(); !s)
+    return std::move(s).take_failure();
+  // Values of the scale a trained model has: weights ~ U(-a, a) with a = 1/sqrt(in features),
+  // norms 1; INT4 codes random, scales so dequantized weights have the same range.
+  uint64_t n = 0;
+  auto fill = [&](void* ptr, int64_t count, float lo, float hi, bool words) -> status {
+    kernels::fill_random_args f;
+    f.out = ptr;
+    f.count = count;
+    f.seed = seed * 1000003ull + n++;
+    f.kind = words ? kernels::fill_random_args::word32 : kernels::fill_random_args::bf16_uniform;
+    f.lo = lo;
+    f.hi = hi;
+    KERNEL_TRY("random fill", kernels::fill_random_launch(f, p->stream));
+    return {};
+  };
+  const auto H = config.hidden_size;
+  for (auto& [name, slot] : p->bf16_slots) {
+    const bool norm = name.find("norm") != std::string::npos;
+    float a = norm ? 1.0f : 1.0f / std::sqrt(float(H));
+    if (auto s = fill(slot.first, slot.second, norm ? 1.0f : -a, a, false); !s)
+      return std::move(s).take_failure();
+  }
+  for (auto& L : p->layers) { // fused buffers have no slot name of their own
+    const int64_t D = config.head_dim;
+    const float a = 1.0f / std::sqrt(float(H));
+    if (L.qkv_fused)
+      if (auto s = fill(L.qkv_fused, (config.num_attention_heads + 2 * config.num_key_value_heads) * D * H, -a, a, false); !s)
+        return std::move(s).take_failure();
+  }
+  for (auto& m : p->int4_modules) {
+    const float step = 1.0f / std::sqrt(float(m.shape.k)) / 8.0f;
+    if (auto s = fill(m.weight, m.shape.batch * m.weight_words(), 0, 0, true); !s)
+      return std::move(s).take_failure();
+    if (auto s = fill(m.scale, m.shape.batch * m.scale_words(), 0.5f * step, 1.5f * step, false); !s)
+      return std::move(s).take_failure();
+    if (!m.symmetric)
+      if (auto s = fill(m.zero_point, m.shape.batch * m.zp_words(), 0, 0, true); !s)
+        return std::move(s).take_failure();
+    m.serving = true; // random bits are valid in any layout
+  }
+  if (auto e = cudaStreamSynchronize(p->stream); e != cudaSuccess)
+    return fail("CUDA: random init failed: " + cuda_text(e));
+  return std::unique_ptr<qwen3_gpu_model>(new qwen3_gpu_model(std::move(p)));
+}
+
+const model_config& qwen3_gpu_model::config() const { return impl_->config; }
+const gpu_options& qwen3_gpu_model::options() const { return impl_->options; }
+std::string qwen3_gpu_model::device_name() const { return impl_->device_name; }
+std::size_t qwen3_gpu_model::weight_bytes() const { return impl_->weight_bytes; }
+std::size_t qwen3_gpu_model::kv_bytes() const { return impl_->kv_bytes; }
+int64_t qwen3_gpu_model::graphs_captured() const { return static_cast<int64_t>(impl_->graphs.size()); }
+
+status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float>& logits) {
+  auto& p = *impl_;
+  GPU_TRY(cudaSetDevice(p.device)); // the runner's thread may not be the creating one
+  int64_t T = 0, S = 0, R = 0;
+  bool decode = std::all_of(items.begin(), items.end(), [](const forward_item& it) {
+    return it.tokens.size() == 1 && it.logit_rows == 1;
+  });
+  const bool graph = decode && static_cast<int64_t>(items.size()) <= std::min<int64_t>(p.max_seqs, 256);
+  if (auto s = p.prepare(items, T, S, R, graph); !s)
+    return s;
+  if (auto s = p.launch(T, S, R, graph); !s)
+    return s;
+  int64_t R_real = 0;
+  for (const auto& it : items)
+    R_real += it.logit_rows;
+  logits.resize(static_cast<std::size_t>(R_real * p.config.vocab_size));
+  if (R_real > 0)
+    GPU_TRY(cudaMemcpyAsync(logits.data(), p.logits, logits.size() * 4, cudaMemcpyDeviceToHost, p.stream));
+  GPU_TRY(cudaStreamSynchronize(p.stream));
+  for (auto& it : items)
+    it.kv->length += static_cast<int64_t>(it.tokens.size());
+  return {};
+}
+
+status qwen3_gpu_model::forward_sample(std::span<forward_item> items,
+                                       std::span<const gpu_sample_row> rows,
+                                       std::vector<int32_t>& tokens, std::vector<float>& logprobs) {
+  auto& p = *impl_;
+  GPU_TRY(cudaSetDevice(p.device)); // the runner's thread may not be the creating one
+  if (rows.size() != items.size())
+    return fail(fmt::format("forward_sample: {} sampling rows for {} sequences", rows.size(), items.size()));
+  for (const auto& it : items)
+    if (it.tokens.size() != 1 || it.logit_rows != 1)
+      return fail("forward_sample: every sequence must run one token and ask for one logits row");
+  int64_t T = 0, S = 0, R = 0;
+  const bool graph = static_cast<int64_t>(items.size()) <= std::min<int64_t>(p.max_seqs, 256);
+  if (auto s = p.prepare(items, T, S, R, graph); !s)
+    return s;
+  for (int64_t r = 0; r < R; ++r) {
+    const bool real = r < static_cast<int64_t>(rows.size());
+    p.host.temperature[r] = real ? rows[r].temperature : -1.0f;
+    p.host.top_k[r] = real ? rows[r].top_k : -1;
+    p.host.top_p[r] = real ? rows[r].top_p : 1.0f;
+    p.host.min_p[r] = real ? rows[r].min_p : 0.0f;
+    p.host.uniform[r] = real ? rows[r].uniform : 0.0f;
+  }
+  if (auto s = p.launch(T, S, R, graph); !s)
+    return s;
+  kernels::sample_args sa;
+  sa.logits = p.logits;
+  sa.temperature = p.dev.temperature;
+  sa.top_k = p.dev.top_k;
+  sa.top_p = p.dev.top_p;
+  sa.min_p = p.dev.min_p;
+  sa.uniform = p.dev.uniform;
+  sa.token = p.out_token;
+  sa.logprob = p.out_logprob;
+  sa.rows = R;
+  sa.vocab = p.config.vocab_size;
+  KERNEL_TRY("sampler", kernels::sample_launch(sa, p.sample_ws, p.stream));
+  tokens.resize(items.size());
+  logprobs.resize(items.size());
+  GPU_TRY(cudaMemcpyAsync(tokens.data(), p.out_token, items.size() * 4, cudaMemcpyDeviceToHost, p.stream));
+  GPU_TRY(cudaMemcpyAsync(logprobs.data(), p.out_logprob, items.size() * 4, cudaMemcpyDeviceToHost, p.stream));
+  GPU_TRY(cudaStreamSynchronize(p.stream));
+  for (auto& it : items)
+    it.kv->length += 1;
+  return {};
+}
+
+expected<std::string> qwen3_gpu_model::restore() {
+  auto& p = *impl_;
+  GPU_TRY(cudaSetDevice(p.device)); // the runner's thread may not be the creating one
+  int64_t done = 0, already = 0;
+  for (auto& m : p.int4_modules) {
+    if (!m.serving) {
+      ++already;
+      continue;
+    }
+    if (auto s = p.restore_module(m); !s)
+      return std::move(s).take_failure();
+    ++done;
+  }
+  GPU_TRY(cudaStreamSynchronize(p.stream));
+  return fmt::format("restored {} INT4 module(s) to load format on {}{}", done, p.device_name,
+                     already ? fmt::format(" ({} already in load format)", already) : "");
+}
+
+expected<std::string> qwen3_gpu_model::post_process() {
+  auto& p = *impl_;
+  GPU_TRY(cudaSetDevice(p.device)); // the runner's thread may not be the creating one
+  int64_t done = 0, already = 0;
+  for (auto& m : p.int4_modules) {
+    if (m.serving) {
+      ++already;
+      continue;
+    }
+    if (auto s = p.post_process_module(m); !s)
+      return std::move(s).take_failure();
+    ++done;
+  }
+  GPU_TRY(cudaStreamSynchronize(p.stream));
+  return fmt::format("repacked {} INT4 module(s) to the serving layout on {}{}", done,
+                     p.device_name, already ? fmt::format(" ({} already serving)", already) : "");
+}
+
+status qwen3_gpu_model::upload(const qwen3_model& host, std::span<const std::string> names) {
+  auto& p = *impl_;
+  GPU_TRY(cudaSetDevice(p.device)); // the runner's thread may not be the creating one
+  static constexpr std::string_view k_int4_suffixes[] = {".weight_packed", ".weight_scale",
+                                                         ".weight_zero_point", ".weight_shape",
+                                                         ".weight"};
+  std::set<std::pair<int, int64_t>> experts; // INT4 (module, expert) to rewrite
+  std::vector<uint16_t> staging;
+  for (const auto& name : names) {
+    if (auto it = p.bf16_slots.find(name); it != p.bf16_slots.end()) {
+      auto t = host.parameter(name);
+      if (!t)
+        return std::move(t).take_failure();
+      auto [dst, n] = it->second;
+      if (t->numel() != n)
+        return fail(fmt::format("upload: '{}' has {} elements; the device slot holds {}", name, t->numel(), n));
+      staging.resize(static_cast<std::size_t>(n));
+      const auto* src = reinterpret_cast<const unsigned char*>(t->data.get());
+      switch (t->type) {
+        case dtype::bf16: std::memcpy(staging.data(), src, static_cast<std::size_t>(n) * 2); break;
+        case dtype::f16:
+        case dtype::f32:
+          for (int64_t i = 0; i < n; ++i) {
+            float v;
+            if (t->type == dtype::f32) {
+              std::memcpy(&v, src + 4 * i, 4);
+            } else {
+              uint16_t b;
+              std::memcpy(&b, src + 2 * i, 2);
+              v = kernels::f16_to_float(b);
+            }
+            staging[i] = kernels::float_to_bf16(v);
+          }
+          break;
+        default:
+          return fail(fmt::format("upload: '{}' has dtype {}; the GPU runner keeps BF16", name,
+                                  torch_name(t->type)));
+      }
+      GPU_TRY(cudaMemcpy(dst, staging.data(), static_cast<std::size_t>(n) * 2, cudaMemcpyHostToDevice));
+      continue;
+    }
+    bool matched = false;
+    for (auto suffix : k_int4_suffixes) {
+      if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+        continue;
+      auto prefix = name.substr(0, name.size() - suffix.size());
+      if (auto it = p.int4_slots.find(prefix); it != p.int4_slots.end()) {
+        experts.insert(it->second);
+        matched = true;
+        break;
+      }
+    }
+    if (!matched)
+      return fail(fmt::format("upload: '{}' is not a parameter of the GPU model", name));
+  }
+  for (auto [module, expert] : experts) {
+    auto& m = p.int4_modules[module];
+    if (auto s = p.restore_module(m); !s) // a serving module must be in load format to be written
+      return s;
+    if (auto s = p.write_expert(host, m, expert); !s)
+      return s;
+  }
+  GPU_TRY(cudaStreamSynchronize(p.stream));
+  return {};
+}
+
+std::vector<std::string> qwen3_gpu_model::int4_module_names() const {
+  std::vector<std::string> out;
+  for (const auto& m : impl_->int4_modules)
+    out.push_back(m.name);
+  return out;
+}
+
+expected<gpu_int4_snapshot> qwen3_gpu_model::int4_module(const std::string& name) const {
+  auto& p = *impl_;
+  for (const auto& m : p.int4_modules) {
+    if (m.name != name)
+      continue;
+    gpu_int4_snapshot s;
+    s.name = m.name;
+    s.shape = m.shape;
+    s.serving = m.serving;
+    s.weight.resize(static_cast<std::size_t>(m.shape.batch * m.weight_words()));
+    s.scale.resize(static_cast<std::size_t>(m.shape.batch * m.scale_words()));
+    s.zero_point.resize(static_cast<std::size_t>(m.shape.batch * m.zp_words()));
+    GPU_TRY(cudaStreamSynchronize(p.stream));
+    GPU_TRY(cudaMemcpy(s.weight.data(), m.weight, s.weight.size() * 4, cudaMemcpyDeviceToHost));
+    GPU_TRY(cudaMemcpy(s.scale.data(), m.scale, s.scale.size() * 2, cudaMemcpyDeviceToHost));
+    if (!m.symmetric)
+      GPU_TRY(cudaMemcpy(s.zero_point.data(), m.zero_point, s.zero_point.size() * 4, cudaMemcpyDeviceToHost));
+    return s;
+  }
+  return fail(fmt::format("no INT4 module named '{}'", name));
+}
+
+bool gpu_available() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+expected<double> gpu_copy_bandwidth(int device, std::size_t bytes, int repeats) {
+  GPU_TRY(cudaSetDevice(device));
+  void *a = nullptr, *b = nullptr;
+  GPU_TRY(cudaMalloc(&a, bytes));
+  if (auto e = cudaMalloc(&b, bytes); e != cudaSuccess) {
+    cudaFree(a);
+    return fail("CUDA: cudaMalloc failed: " + cuda_text(e));
+  }
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice); // warm-up
+  cudaEventRecord(start);
+  for (int i = 0; i < repeats; ++i)
+    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(a);
+  cudaFree(b);
+  // A copy reads and writes every byte.
+  return 2.0 * double(bytes) * repeats / (double(ms) * 1e-3);
+}
+
+} // namespace rlserve::model
+
+#else // no CUDA in this build
+
+namespace rlserve::model {
+
+struct qwen3_gpu_model::impl {};
+
+namespace {
+const char* k_no_cuda = "this build of rlserve has no CUDA support (configure with -DRLSERVE_CUDA=ON "
+                        "on a machine with nvcc)";
+}
+
+qwen3_gpu_model::qwen3_gpu_model(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+qwen3_gpu_model::~qwen3_gpu_model() = default;
+expected<std::unique_ptr<qwen3_gpu_model>> qwen3_gpu_model::create(const qwen3_model&, const gpu_options&) {
+  return fail(k_no_cuda);
+}
+expected<std::unique_ptr<qwen3_gpu_model>>
+qwen3_gpu_model::create_random(const model_config&, std::optional<random_int4>, uint64_t, const gpu_options&) {
+  return fail(k_no_cuda);
+}
+const model_config& qwen3_gpu_model::config() const { std::abort(); }
+const gpu_options& qwen3_gpu_model::options() const { std::abort(); }
+std::string qwen3_gpu_model::device_name() const { return "none"; }
+std::size_t qwen3_gpu_model::weight_bytes() const { return 0; }
+std::size_t qwen3_gpu_model::kv_bytes() const { return 0; }
+status qwen3_gpu_model::forward(std::span<forward_item>, std::vector<float>&) { return fail(k_no_cuda); }
+status qwen3_gpu_model::forward_sample(std::span<forward_item>, std::span<const gpu_sample_row>,
+                                       std::vector<int32_t>&, std::vector<float>&) {
+  return fail(k_no_cuda);
+}
+expected<std::string> qwen3_gpu_model::restore() { return fail(k_no_cuda); }
+status qwen3_gpu_model::upload(const qwen3_model&, std::span<const std::string>) { return fail(k_no_cuda); }
+expected<std::string> qwen3_gpu_model::post_process() { return fail(k_no_cuda); }
+std::vector<std::string> qwen3_gpu_model::int4_module_names() const { return {}; }
+expected<gpu_int4_snapshot> qwen3_gpu_model::int4_module(const std::string&) const { return fail(k_no_cuda); }
+int64_t qwen3_gpu_model::graphs_captured() const { return 0; }
+bool gpu_available() { return false; }
+expected<double> gpu_copy_bandwidth(int, std::size_t, int) { return fail(k_no_cuda); }
+
+} // namespace rlserve::model
+
+#endif

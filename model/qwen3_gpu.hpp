@@ -1,0 +1,145 @@
+// qwen3_gpu_model: Qwen3 / Qwen3-MoE on one CUDA device, owned by one runner (and its thread).
+// The same forward as model/qwen3.hpp, on the device:
+//
+//   residual (fp32) = embed(ids)
+//   per layer:  h = bf16(rmsnorm(residual))                       add_rms_norm (adds the last delta)
+//               qkv = h Wqkv^T                                    cuBLAS BF16 (or W4A16 per projection)
+//               q, K/V slot = rope(q/k-norm(qkv))                 qk_norm_rope_kv (writes the paged KV)
+//               a = paged_attention(q, KV)                        prefill chunks and decode alike
+//               delta = a Wo^T;  h = bf16(rmsnorm(residual += delta))
+//               dense:  delta = silu_mul(h Wgu^T) Wd^T
+//               sparse: router = h Wr^T (fp32);  delta = fused MoE (INT4 experts, or BF16 experts)
+//   logits (fp32) = bf16(rmsnorm(residual)) Wlm^T                 cuBLAS, fp32 out (never rounded)
+//
+// Weights: BF16 on the device, Linear layers in the checkpoint's [out, in] orientation (q/k/v and
+// gate/up rows back to back so each pair is one GEMM). INT4 modules (compressed-tensors checkpoints
+// or --quantize) live in device buffers with the SERVING / LOAD_FORMAT state machine of DESIGN §4:
+// restore() turns every INT4 module back into the load format on the device (the exact inverse of
+// the repack), upload() writes updated tensors in, post_process() repacks. Buffers are allocated
+// once and rewritten in place, so the CUDA graphs captured over them stay valid across updates.
+//
+// The host side stays the source of truth for parameter bytes (a qwen3_model loaded without fp32
+// compute copies keeps the canonical tensors for checksums and validation); this class owns only
+// device state: weights, the paged KV pool, scratch, cuBLAS, CUDA graphs.
+//
+// CUDA graphs: a decode step (every sequence one token, one logits row) runs as a graph captured
+// once per batch bucket (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, up to
+// max_sequences); the batch is padded to the bucket with rows that write no KV and sample nothing.
+// Per-step data (ids, positions, slots, block tables, sampling parameters, uniforms) is copied into
+// fixed device buffers before the replay. Prefill and mixed batches run eagerly.
+//
+// Not thread safe: one runner thread calls everything (the CUDA device is current on it).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/int4_format.hpp"
+#include "messages/expected.hpp"
+#include "model/config.hpp"
+#include "model/qwen3.hpp"
+
+namespace rlserve::model {
+
+struct gpu_options {
+  int device = 0;
+  int64_t kv_block_size = 16;
+  int64_t kv_num_blocks = 2048;
+  int64_t max_batch_tokens = 2048; // rows one forward may run (prefill chunk + decodes)
+  int64_t max_sequences = 256;     // sequences one forward may hold; the largest graph bucket
+  int64_t max_logit_rows = 0;      // logits rows one forward may ask for (0: max_batch_tokens)
+  bool cuda_graphs = true;
+};
+
+// One decode row's sampling request (forward_sample): model::sampler's rule, evaluated on the
+// device; `uniform` is the request's own draw (its host sampler), ignored when greedy.
+struct gpu_sample_row {
+  float temperature = 0.0f;
+  int32_t top_k = -1;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float uniform = 0.0f;
+};
+
+// Random INT4 experts for create_random (benchmarks).
+struct random_int4 {
+  int32_t group_size = 128;
+  bool symmetric = false;
+};
+
+// What the device buffers of one INT4 module hold, for tests (downloaded words).
+struct gpu_int4_snapshot {
+  std::string name;
+  kernels::int4_shape shape;
+  bool serving = true;
+  std::vector<int32_t> weight;
+  std::vector<uint16_t> scale;
+  std::vector<int32_t> zero_point;
+};
+
+class qwen3_gpu_model {
+public:
+  // Uploads `host` (BF16 modules, and INT4 modules through their load-format tensors, repacked on
+  // the device). Fails naming the reason: no CUDA device, a build without CUDA, out of memory,
+  // a shape the kernels cannot run.
+  static expected<std::unique_ptr<qwen3_gpu_model>> create(const qwen3_model& host,
+                                                           const gpu_options& options);
+  // Random weights generated on the device (no checkpoint): BF16, or INT4 experts when `int4`.
+  static expected<std::unique_ptr<qwen3_gpu_model>>
+  create_random(const model_config& config, std::optional<random_int4> int4, uint64_t seed,
+                const gpu_options& options);
+  ~qwen3_gpu_model();
+  qwen3_gpu_model(const qwen3_gpu_model&) = delete;
+  qwen3_gpu_model& operator=(const qwen3_gpu_model&) = delete;
+
+  const model_config& config() const;
+  const gpu_options& options() const;
+  std::string device_name() const; // "cuda:0 (NVIDIA H200)"
+  // Device bytes held by weights and by the KV pool.
+  std::size_t weight_bytes() const;
+  std::size_t kv_bytes() const;
+
+  // qwen3_model::forward's contract over the device KV pool: items' blocks index this model's
+  // pool; on success each kv->length grows by its token count and `logits` holds, item after
+  // item, the rows each asked for ([sum of logit_rows, vocab], copied to the host).
+  status forward(std::span<forward_item> items, std::vector<float>& logits);
+  // Decode fast path: every item one token and one logits row; samples on the device (one row
+  // each) and brings back only tokens and logprobs. Runs as a CUDA graph when graphs are on.
+  status forward_sample(std::span<forward_item> items, std::span<const gpu_sample_row> rows,
+                        std::vector<int32_t>& tokens, std::vector<float>& logprobs);
+
+  // ---- weight updates (the INT4 state machine on the device) ----
+  // Every INT4 module SERVING -> LOAD_FORMAT (modules already in load format are left alone).
+  // Forward refuses to run while any module is in load format.
+  expected<std::string> restore();
+  // Copies the named parameters from `host` (after host.assign): BF16 tensors into their device
+  // slots, INT4 ones into their module's load-format buffers (restoring that module first if it
+  // is serving). Names are canonical parameter names or `<prefix>.weight` of an INT4 module.
+  status upload(const qwen3_model& host, std::span<const std::string> names);
+  // Every INT4 module LOAD_FORMAT -> SERVING.
+  expected<std::string> post_process();
+
+  // ---- tests and benchmarks ----
+  std::vector<std::string> int4_module_names() const;
+  expected<gpu_int4_snapshot> int4_module(const std::string& name) const;
+  int64_t graphs_captured() const;
+
+  struct impl;
+
+private:
+  explicit qwen3_gpu_model(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+// Whether this build has CUDA and a device is visible (what Engine uses to pick the GPU runner).
+bool gpu_available();
+
+// Device-to-device cudaMemcpy bandwidth in bytes/s, counting the read and the write of every byte
+// (the ceiling the decode roofline divides by).
+expected<double> gpu_copy_bandwidth(int device, std::size_t bytes, int repeats);
+
+} // namespace rlserve::model

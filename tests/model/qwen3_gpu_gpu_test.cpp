@@ -1,0 +1,361 @@
+// model/qwen3_gpu on a CUDA device, held to the CPU model (model/qwen3, fp32 on the same BF16
+// weights; itself held to numpy and transformers by the Python parity tests):
+//   - logits of a batch of prompts (prefill chunks) and of decode steps, dense and MoE, within a
+//     stated tolerance of the CPU's (the GPU keeps activations in BF16, the CPU in fp32);
+//   - a decode step replayed from a CUDA graph gives the same bits as the same step run eagerly;
+//   - sampling on the device picks what the host sampler picks from the same logits and uniform;
+//   - the INT4 state machine on the device: restore then post_process gives back the serving bytes
+//     bit for bit (pointer-stable), and the forward after it is unchanged;
+//   - bad input is refused with a message, changing no sequence.
+// Greedy generation after an in-place update with graphs on is tests/actors/engine_gpu_test.cpp.
+#include <boost/test/unit_test.hpp>
+
+#include "tests/support/test_support.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "model/make_model.hpp"
+#include "model/qwen3.hpp"
+#include "model/qwen3_gpu.hpp"
+#include "model/sampler.hpp"
+
+using namespace rlserve;
+using namespace rlserve::model;
+using rlserve::test::why;
+
+namespace {
+
+// BF16 activations against fp32 ones through a few layers: the error relative to the largest
+// logit, measured 0.3-0.8% on these models (see the printed numbers); the bound leaves 4x.
+constexpr double k_gpu_vs_cpu_rel = 3e-2;
+constexpr double k_top1_agreement = 0.95;
+
+model_config medium(bool moe) {
+  auto c = preset_config(moe ? "qwen3-moe" : "qwen3", "medium");
+  BOOST_REQUIRE_MESSAGE(c, why(c));
+  if (moe)
+    c->mlp_only_layers = {1}; // one dense layer among the sparse ones
+  return *c;
+}
+
+std::shared_ptr<qwen3_model> host_model(const model_config& c, uint64_t seed) {
+  auto m = qwen3_model::load(c, random_parameters(c, seed, dtype::bf16));
+  BOOST_REQUIRE_MESSAGE(m, why(m));
+  return std::make_shared<qwen3_model>(std::move(*m));
+}
+
+std::unique_ptr<qwen3_gpu_model> gpu_model(const qwen3_model& host, bool graphs = true) {
+  gpu_options o;
+  o.kv_num_blocks = 256;
+  o.max_batch_tokens = 512;
+  o.max_sequences = 32;
+  o.cuda_graphs = graphs;
+  auto g = qwen3_gpu_model::create(host, o);
+  BOOST_REQUIRE_MESSAGE(g, why(g));
+  return std::move(*g);
+}
+
+std::vector<int32_t> prompt(int64_t n, uint64_t seed, int64_t vocab) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> out(static_cast<std::size_t>(n));
+  for (auto& t : out)
+    t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
+  return out;
+}
+
+struct compare_result {
+  double rel = 0;   // max |gpu - cpu| / max |cpu|
+  double top1 = 0;  // rows whose argmax agrees
+};
+
+compare_result compare(const std::vector<float>& gpu, const std::vector<float>& cpu, int64_t vocab) {
+  BOOST_REQUIRE_EQUAL(gpu.size(), cpu.size());
+  double max_diff = 0, max_ref = 0;
+  int64_t rows = static_cast<int64_t>(cpu.size()) / vocab, agree = 0;
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    BOOST_REQUIRE(std::isfinite(gpu[i]));
+    max_diff = std::max(max_diff, double(std::abs(gpu[i] - cpu[i])));
+    max_ref = std::max(max_ref, double(std::abs(cpu[i])));
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    auto g = std::max_element(gpu.begin() + r * vocab, gpu.begin() + (r + 1) * vocab) - gpu.begin();
+    auto c = std::max_element(cpu.begin() + r * vocab, cpu.begin() + (r + 1) * vocab) - cpu.begin();
+    agree += g == c;
+  }
+  return {max_diff / std::max(max_ref, 1e-30), double(agree) / double(rows)};
+}
+
+// Every position's logits of `prompts` on the CPU (each prompt alone, from an empty cache).
+std::vector<float> cpu_logits(const qwen3_model& m, const std::vector<std::vector<int32_t>>& prompts) {
+  std::vector<float> out;
+  for (const auto& p : prompts) {
+    auto l = m.forward_all(p);
+    BOOST_REQUIRE_MESSAGE(l, why(l));
+    out.insert(out.end(), l->begin(), l->end());
+  }
+  return out;
+}
+
+// Blocks handed out in order; each sequence gets enough for `capacity` positions.
+struct sequences {
+  std::vector<kv_sequence> kv;
+  int32_t next = 0;
+  sequences(std::size_t n, int64_t capacity, int64_t block) : kv(n) {
+    for (auto& s : kv)
+      for (int64_t b = 0; b * block < capacity; ++b)
+        s.blocks.push_back(next++);
+  }
+};
+
+void check_prefill_and_decode(bool moe) {
+  auto c = medium(moe);
+  auto host = host_model(c, 7);
+  auto gpu = gpu_model(*host);
+  std::vector<std::vector<int32_t>> prompts = {prompt(1, 1, c.vocab_size), prompt(7, 2, c.vocab_size),
+                                               prompt(40, 3, c.vocab_size)};
+  // Prefill all prompts in one batch, every position's logits.
+  sequences seqs(prompts.size(), 64, gpu->options().kv_block_size);
+  std::vector<forward_item> items;
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    items.push_back({&seqs.kv[i], prompts[i], static_cast<int64_t>(prompts[i].size())});
+  std::vector<float> logits;
+  auto ok = gpu->forward(items, logits);
+  BOOST_REQUIRE_MESSAGE(ok, why(ok));
+  auto r = compare(logits, cpu_logits(*host, prompts), c.vocab_size);
+  std::printf("%s prefill: GPU vs CPU max rel %.2e, top-1 agreement %.3f\n", moe ? "MoE" : "dense",
+              r.rel, r.top1);
+  BOOST_TEST(r.rel < k_gpu_vs_cpu_rel);
+  BOOST_TEST(r.top1 >= k_top1_agreement);
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    BOOST_TEST(seqs.kv[i].length == static_cast<int64_t>(prompts[i].size()));
+
+  // Decode 12 steps, all sequences in one batch each step (a CUDA graph after the first).
+  std::vector<std::vector<int32_t>> full = prompts;
+  std::vector<float> gpu_rows, cpu_rows;
+  for (int step = 0; step < 12; ++step) {
+    std::vector<int32_t> next(prompts.size());
+    items.clear();
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      next[i] = static_cast<int32_t>((step * 31 + i * 7) % c.vocab_size);
+      full[i].push_back(next[i]);
+    }
+    for (std::size_t i = 0; i < prompts.size(); ++i)
+      items.push_back({&seqs.kv[i], std::span<const int32_t>(&next[i], 1), 1});
+    ok = gpu->forward(items, logits);
+    BOOST_REQUIRE_MESSAGE(ok, why(ok));
+    gpu_rows.insert(gpu_rows.end(), logits.begin(), logits.end());
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      auto all = host->forward_all(full[i]);
+      BOOST_REQUIRE(all);
+      cpu_rows.insert(cpu_rows.end(), all->end() - c.vocab_size, all->end());
+    }
+  }
+  r = compare(gpu_rows, cpu_rows, c.vocab_size);
+  std::printf("%s decode: GPU vs CPU max rel %.2e, top-1 agreement %.3f, graphs %lld\n",
+              moe ? "MoE" : "dense", r.rel, r.top1, static_cast<long long>(gpu->graphs_captured()));
+  BOOST_TEST(r.rel < k_gpu_vs_cpu_rel);
+  BOOST_TEST(r.top1 >= k_top1_agreement);
+  BOOST_TEST(gpu->graphs_captured() >= 1);
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(qwen3_gpu_gpu_test)
+
+BOOST_AUTO_TEST_CASE(dense_prefill_and_decode_match_the_cpu_model) { check_prefill_and_decode(false); }
+
+BOOST_AUTO_TEST_CASE(moe_prefill_and_decode_match_the_cpu_model) { check_prefill_and_decode(true); }
+
+BOOST_AUTO_TEST_CASE(graph_replay_equals_eager_bit_for_bit) {
+  auto c = medium(true);
+  auto host = host_model(c, 11);
+  auto eager = gpu_model(*host, false);
+  auto graphed = gpu_model(*host, true);
+  const int64_t B = 5;
+  sequences a(B, 64, 16), b(B, 64, 16);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t i = 0; i < B; ++i)
+    prompts.push_back(prompt(3 + i, 20 + i, c.vocab_size));
+  std::vector<float> la, lb;
+  std::vector<forward_item> ia, ib;
+  for (int64_t i = 0; i < B; ++i) {
+    ia.push_back({&a.kv[i], prompts[i], 1});
+    ib.push_back({&b.kv[i], prompts[i], 1});
+  }
+  BOOST_REQUIRE(eager->forward(ia, la));
+  BOOST_REQUIRE(graphed->forward(ib, lb));
+  for (int step = 0; step < 6; ++step) {
+    std::vector<int32_t> next(B);
+    ia.clear();
+    ib.clear();
+    for (int64_t i = 0; i < B; ++i) {
+      next[i] = static_cast<int32_t>((step * 13 + i) % c.vocab_size);
+      ia.push_back({&a.kv[i], std::span<const int32_t>(&next[i], 1), 1});
+      ib.push_back({&b.kv[i], std::span<const int32_t>(&next[i], 1), 1});
+    }
+    BOOST_REQUIRE(eager->forward(ia, la));
+    BOOST_REQUIRE(graphed->forward(ib, lb));
+    BOOST_TEST(std::memcmp(la.data(), lb.data(), la.size() * 4) == 0, "step " << step);
+  }
+  BOOST_TEST(eager->graphs_captured() == 0);
+  BOOST_TEST(graphed->graphs_captured() == 1); // 5 sequences: the bucket of 8
+}
+
+BOOST_AUTO_TEST_CASE(device_sampling_picks_what_the_host_sampler_picks) {
+  auto c = medium(false);
+  auto host = host_model(c, 5);
+  auto logits_model = gpu_model(*host);
+  auto sampling_model = gpu_model(*host);
+  const int64_t B = 24;
+  sequences a(B, 64, 16), b(B, 64, 16);
+  std::vector<sampling_config> configs;
+  for (int64_t i = 0; i < B; ++i) {
+    sampling_config s;
+    s.temperature = (i % 4 == 0) ? 0.0f : 0.5f + 0.25f * float(i % 3);
+    s.top_k = (i % 3 == 1) ? 20 : -1;
+    s.top_p = (i % 5 == 2) ? 0.8f : 1.0f;
+    s.min_p = (i % 7 == 3) ? 0.05f : 0.0f;
+    configs.push_back(s);
+  }
+  std::vector<sampler> host_samplers, peeked;
+  for (int64_t i = 0; i < B; ++i) {
+    host_samplers.emplace_back(1000 + i);
+    peeked.emplace_back(1000 + i);
+  }
+  std::vector<int32_t> current(B);
+  for (int64_t i = 0; i < B; ++i)
+    current[i] = static_cast<int32_t>(i * 17 % c.vocab_size);
+  int64_t mismatches = 0, draws = 0;
+  double max_logprob_diff = 0;
+  for (int step = 0; step < 8; ++step) {
+    std::vector<forward_item> ia, ib;
+    for (int64_t i = 0; i < B; ++i) {
+      ia.push_back({&a.kv[i], std::span<const int32_t>(&current[i], 1), 1});
+      ib.push_back({&b.kv[i], std::span<const int32_t>(&current[i], 1), 1});
+    }
+    std::vector<float> logits;
+    BOOST_REQUIRE(logits_model->forward(ia, logits));
+    std::vector<gpu_sample_row> rows;
+    for (int64_t i = 0; i < B; ++i) {
+      const bool greedy = configs[i].temperature < 1e-6f;
+      rows.push_back({greedy ? 0.0f : configs[i].temperature, configs[i].top_k, configs[i].top_p,
+                      configs[i].min_p, greedy ? 0.0f : peeked[i].peek_uniform()});
+      if (!greedy)
+        peeked[i].consume_uniform();
+    }
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    auto ok = sampling_model->forward_sample(ib, rows, tokens, logprobs);
+    BOOST_REQUIRE_MESSAGE(ok, why(ok));
+    for (int64_t i = 0; i < B; ++i) {
+      auto want = host_samplers[i].sample(
+        std::span<const float>(logits.data() + i * c.vocab_size, c.vocab_size), configs[i]);
+      ++draws;
+      mismatches += tokens[i] != want.token;
+      max_logprob_diff = std::max(max_logprob_diff, double(std::abs(logprobs[i] - want.logprob)));
+      current[i] = want.token; // both models continue with the host's choice
+    }
+  }
+  std::printf("device sampling: %lld of %lld draws differ from the host sampler; max logprob "
+              "diff %.2e\n", static_cast<long long>(mismatches), static_cast<long long>(draws),
+              max_logprob_diff);
+  // Same logits bits, same uniform: only a uniform landing within fp32 rounding of a boundary of
+  // the running mass could differ (probability ~1e-6 per draw).
+  BOOST_TEST(mismatches == 0);
+  BOOST_TEST(max_logprob_diff < 1e-4);
+}
+
+BOOST_AUTO_TEST_CASE(int4_restore_then_post_process_gives_back_the_serving_bytes) {
+  auto c = medium(true);
+  gpu_options o;
+  o.kv_num_blocks = 64;
+  o.max_batch_tokens = 128;
+  o.max_sequences = 8;
+  auto g = qwen3_gpu_model::create_random(c, random_int4{128, false}, 3, o);
+  BOOST_REQUIRE_MESSAGE(g, why(g));
+  auto& m = **g;
+  auto names = m.int4_module_names();
+  BOOST_REQUIRE(!names.empty());
+  std::vector<gpu_int4_snapshot> before;
+  for (const auto& n : names) {
+    auto s = m.int4_module(n);
+    BOOST_REQUIRE(s);
+    BOOST_TEST(s->serving);
+    before.push_back(std::move(*s));
+  }
+  sequences seqs(1, 32, 16);
+  auto p = prompt(9, 4, c.vocab_size);
+  std::vector<forward_item> items{{&seqs.kv[0], p, 1}};
+  std::vector<float> logits_before, logits_after;
+  BOOST_REQUIRE(m.forward(items, logits_before));
+
+  auto r = m.restore();
+  BOOST_REQUIRE_MESSAGE(r, why(r));
+  BOOST_TEST(r->find("restored") != std::string::npos);
+  // While restored, forward refuses and changes nothing.
+  sequences other(1, 32, 16);
+  std::vector<forward_item> blocked{{&other.kv[0], p, 1}};
+  auto refused = m.forward(blocked, logits_after);
+  BOOST_TEST(!refused);
+  BOOST_TEST(why(refused).find("load format") != std::string::npos);
+  BOOST_TEST(other.kv[0].length == 0);
+  auto again = m.restore(); // idempotent
+  BOOST_REQUIRE(again);
+  BOOST_TEST(again->find("already in load format") != std::string::npos);
+  for (const auto& n : names) {
+    auto s = m.int4_module(n);
+    BOOST_REQUIRE(s);
+    BOOST_TEST(!s->serving);
+  }
+  auto pp = m.post_process();
+  BOOST_REQUIRE_MESSAGE(pp, why(pp));
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    auto s = m.int4_module(names[i]);
+    BOOST_REQUIRE(s);
+    BOOST_TEST(s->serving);
+    BOOST_TEST((s->weight == before[i].weight), names[i]);
+    BOOST_TEST((s->scale == before[i].scale), names[i]);
+    BOOST_TEST((s->zero_point == before[i].zero_point), names[i]);
+  }
+  BOOST_TEST(m.post_process()->find("already serving") != std::string::npos);
+  std::vector<forward_item> items2{{&other.kv[0], p, 1}};
+  BOOST_REQUIRE(m.forward(items2, logits_after));
+  BOOST_TEST(std::memcmp(logits_before.data(), logits_after.data(), logits_before.size() * 4) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(bad_batches_are_refused_with_a_message_and_change_nothing) {
+  auto c = medium(false);
+  auto host = host_model(c, 2);
+  auto gpu = gpu_model(*host);
+  sequences seqs(2, 32, 16);
+  std::vector<int32_t> good{1, 2, 3}, bad{1, static_cast<int32_t>(c.vocab_size)};
+  std::vector<float> logits;
+  std::vector<forward_item> items{{&seqs.kv[0], good, 1}, {&seqs.kv[1], bad, 1}};
+  auto s = gpu->forward(items, logits);
+  BOOST_TEST(!s);
+  BOOST_TEST(why(s).find("outside the vocabulary") != std::string::npos);
+  BOOST_TEST(seqs.kv[0].length == 0);
+  kv_sequence short_kv; // no blocks
+  std::vector<forward_item> no_blocks{{&short_kv, good, 1}};
+  s = gpu->forward(no_blocks, logits);
+  BOOST_TEST(why(s).find("cannot hold") != std::string::npos);
+  kv_sequence outside;
+  outside.blocks = {100000};
+  std::vector<forward_item> out_of_pool{{&outside, good, 1}};
+  s = gpu->forward(out_of_pool, logits);
+  BOOST_TEST(why(s).find("outside the pool") != std::string::npos);
+  std::vector<int32_t> huge(600, 1);
+  kv_sequence big;
+  for (int b = 0; b < 40; ++b)
+    big.blocks.push_back(b);
+  std::vector<forward_item> too_many{{&big, huge, 1}};
+  s = gpu->forward(too_many, logits);
+  BOOST_TEST(why(s).find("exceeds") != std::string::npos);
+  BOOST_TEST(big.length == 0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

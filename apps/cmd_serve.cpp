@@ -71,6 +71,7 @@ void add_serve(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "Serve the engine over websocket and HTTP (docs/protocol.md)");
   cmd->add_option("--model", o->engine.model_path, "Model directory (default: the built-in tiny model)");
   cmd->add_option("--draft-model", o->engine.draft_model_path, "Draft model directory");
+  add_quantize_options(*cmd, o->engine.quantize, o->engine.quantize_group_size);
   cmd->add_option("--host", o->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->server.port, "Port (0: any free port; the line printed says which)")
     ->capture_default_str();

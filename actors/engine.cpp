@@ -60,14 +60,37 @@ struct loaded_model {
   std::shared_ptr<const model::bpe_tokenizer> tokenizer; // null without tokenizer.json
 };
 
-expected<loaded_model> load(const fs::path& dir, const char* role) {
+// The load options engine_config asks for (quantize at load), or why they make no sense.
+expected<model::qwen3_load_options> load_options(const engine_config& c) {
+  model::qwen3_load_options o;
+  if (c.quantize.empty())
+    return o;
+  model::quant::quantize_options q;
+  auto recipe = kernels::parse_int4_recipe(c.quantize);
+  if (!recipe)
+    return fail("--quantize " + c.quantize + ": use int4-asym, int4-sym-qat or int4-sym");
+  q.recipe = *recipe;
+  if (!kernels::int4_group_size_supported(c.quantize_group_size))
+    return fail("--group-size " + std::to_string(c.quantize_group_size) +
+                ": use 32, 64, 128, or -1 for per-channel");
+  q.group_size = c.quantize_group_size;
+  auto targets = model::quant::parse_quant_targets(c.quantize_targets);
+  if (!targets)
+    return fail("quantize targets '" + c.quantize_targets + "': use experts or linear");
+  q.targets = *targets;
+  o.quantize = q;
+  return o;
+}
+
+expected<loaded_model> load(const fs::path& dir, const char* role,
+                            const model::qwen3_load_options& options = {}) {
   auto config = model::load_model_config(dir);
   if (!config)
     return fail(std::string(role) + " model: " + config.error());
   auto ckpt = model::checkpoint::open(dir);
   if (!ckpt)
     return fail(std::string(role) + " model: " + ckpt.error());
-  auto m = model::qwen3_model::load(*config, *ckpt);
+  auto m = model::qwen3_model::load(*config, *ckpt, options);
   if (!m)
     return fail(std::string(role) + " model: " + m.error());
   loaded_model out;
@@ -193,7 +216,10 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
       return std::move(builtin).take_failure();
     path = *builtin;
   }
-  auto target = load(path, "target");
+  auto options = load_options(config);
+  if (!options)
+    return std::move(options).take_failure();
+  auto target = load(path, "target", *options);
   if (!target)
     return std::move(target).take_failure();
   std::optional<loaded_model> draft;

@@ -52,6 +52,14 @@ struct engine_config {
   std::string device = "auto";
   // GPU runners: capture decode steps as CUDA graphs (one per batch bucket).
   bool cuda_graphs = true;
+  // Quantize the target model's BF16 checkpoint to INT4 (W4A16) at load: "" (no), "int4-asym",
+  // "int4-sym-qat" or "int4-sym", in groups of quantize_group_size (32, 64, 128, -1 per channel)
+  // over quantize_targets ("experts" or "linear") — the same bytes `rlserve quantize` writes.
+  // BF16 weight updates of those modules are then quantized with the same recipe. Refused on a
+  // checkpoint that is already INT4. The draft model (if any) is loaded as it is.
+  std::string quantize;
+  int32_t quantize_group_size = 128;
+  std::string quantize_targets = "experts";
   // CAF worker threads for the cooperative actors; 0: CAF's default (one per core).
   std::size_t worker_threads = 0;
 };

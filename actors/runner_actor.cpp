@@ -619,9 +619,13 @@ runner_actor::behavior_type runner(runner_pointer self, runner_options options,
           return RunnerReply{false, self->state.options.role + " runner could not restore: " + r.error()};
         return RunnerReply{true, self->state.options.role + " runner ready for new weights; " + *r};
       }
-      // BF16 modules have no serving layout to undo; quantized modules (a later issue) restore
-      // here. Either way the staging area starts empty.
-      return RunnerReply{true, self->state.options.role + " runner ready for new weights"};
+      // The CPU model keeps every module in load format (INT4 modules as their compressed-tensors
+      // tensors, with an fp32 dequantized copy beside them), so there is no serving layout to
+      // undo: restore only empties the staging area. A GPU runner restores its INT4 modules here.
+      const auto& q = self->state.model->quantization();
+      return RunnerReply{true, self->state.options.role + " runner ready for new weights" +
+                                 (q ? " (CPU: INT4 modules are kept in load format; nothing to restore)"
+                                    : "")};
     },
     [self](StageTensors& msg) { return stage(self->state, msg); },
     [self](commit_atom) { return commit(self->state); },

@@ -184,8 +184,15 @@ route_bucket(const std::vector<runner_entry*>& targets, const std::vector<NamedT
         }
       }
       auto spec = r.by_name.find(name);
-      if (spec == r.by_name.end())
+      if (spec == r.by_name.end()) {
+        // The float `<prefix>.weight` of an INT4 module (its manifest lists weight_packed): the
+        // runner quantizes it and checks dtype and shape itself (qwen3_model::validate).
+        if (name.ends_with(".weight") && r.by_name.count(name + "_packed")) {
+          owned = true;
+          out[i].push_back({name, t.tensor});
+        }
         continue;
+      }
       owned = true;
       if (spec->second->type != t.tensor.type || spec->second->shape != t.tensor.shape)
         return fail("tensor '" + t.name + "': the " + r.handle.manifest.role + " model expects " +
@@ -195,7 +202,7 @@ route_bucket(const std::vector<runner_entry*>& targets, const std::vector<NamedT
     }
     if (!owned) {
       for (const auto& r : st.runners)
-        if (r->by_name.count(t.name) || r->aliases.count(t.name))
+        if (r->by_name.count(t.name) || r->aliases.count(t.name) || r->by_name.count(t.name + "_packed"))
           return fail("tensor '" + t.name + "' belongs to the " + r->handle.manifest.role +
                       " model, which selector \"" + selector_name(sel) + "\" does not reach");
       return fail("unknown tensor name '" + t.name + "': not a parameter of the " +

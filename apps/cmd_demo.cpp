@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <string_view>
 #include <random>
 #include <thread>
 
@@ -17,6 +18,7 @@
 #include "kernels/bf16.hpp"
 #include "model/checkpoint.hpp"
 #include "model/config.hpp"
+#include "model/quant/int4_checkpoint.hpp"
 
 namespace rlserve::apps {
 
@@ -48,6 +50,8 @@ struct demo_options {
   int32_t max_new_tokens = 24;
   int32_t buckets = 3;
   uint64_t seed = 1;
+  std::string quantize; // --quantize: INT4 experts, quantized at load and at every update
+  int32_t group_size = 128;
 };
 
 // What the trainer computes on its side: new weights (the served ones, perturbed by noise of
@@ -58,19 +62,33 @@ struct trainer_update {
   std::size_t bytes = 0;
 };
 
-expected<trainer_update> make_trainer_update(const Engine& engine, uint64_t seed) {
+// With --quantize the engine holds INT4 experts: the trainer sends their BF16 `.weight` (the
+// engine quantizes it, as it quantized the checkpoint at load) and expects the checksums of what
+// the same quantizer makes of it.
+expected<trainer_update> make_trainer_update(const Engine& engine, const demo_options& o, uint64_t seed) {
   auto ckpt = model::checkpoint::open(engine.model_path());
   if (!ckpt)
     return std::move(ckpt).take_failure();
   trainer_update out;
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> noise(0.0f, 1.0f);
-  for (const auto& spec : engine.target_manifest().parameters) {
-    auto t = ckpt->tensor(spec.name);
+  for (const auto& manifest_spec : engine.target_manifest().parameters) {
+    std::string name = manifest_spec.name;
+    const bool int4 = name.ends_with(".weight_packed");
+    if (!int4 && (name.ends_with(".weight_scale") || name.ends_with(".weight_zero_point") ||
+                  name.ends_with(".weight_shape")))
+      continue; // sent as the module's `.weight` with its weight_packed
+    if (int4) {
+      if (o.quantize.empty())
+        return fail("the demo perturbs BF16 weights and '" + name + "' is INT4: start from a BF16 "
+                    "checkpoint and pass --quantize");
+      name = name.substr(0, name.size() - std::string_view("_packed").size());
+    }
+    auto t = ckpt->tensor(name);
     if (!t)
       return std::move(t).take_failure();
     if (t->type != dtype::bf16 && t->type != dtype::f32)
-      return fail("the demo perturbs bfloat16 or float32 weights; '" + spec.name + "' is " +
+      return fail("the demo perturbs bfloat16 or float32 weights; '" + name + "' is " +
                   std::string(torch_name(t->type)));
     auto n = static_cast<std::size_t>(t->numel());
     std::vector<float> w(n);
@@ -90,9 +108,21 @@ expected<trainer_update> make_trainer_update(const Engine& engine, uint64_t seed
         std::memcpy(bytes.data() + 4 * i, &v, 4);
       }
     }
-    out.checksums[spec.name] = hex16(XXH3_64bits(bytes.data(), bytes.size()));
-    out.bytes += bytes.size();
-    out.tensors.push_back({spec.name, HostTensor::adopt(t->type, t->shape, std::move(bytes))});
+    auto sent = HostTensor::adopt(t->type, t->shape, std::move(bytes));
+    if (int4) {
+      model::quant::quantize_options q;
+      q.recipe = *kernels::parse_int4_recipe(o.quantize); // the engine accepted it
+      q.group_size = o.group_size;
+      auto held = model::quant::quantize_weight(name, sent, q);
+      if (!held)
+        return std::move(held).take_failure();
+      for (const auto& h : *held)
+        out.checksums[h.name] = hex16(XXH3_64bits(h.tensor.data.get(), h.tensor.nbytes));
+    } else {
+      out.checksums[name] = hex16(XXH3_64bits(sent.data.get(), sent.nbytes));
+    }
+    out.bytes += sent.nbytes;
+    out.tensors.push_back({name, std::move(sent)});
   }
   return out;
 }
@@ -180,6 +210,8 @@ void run(const demo_options& o) {
   engine_config cfg;
   cfg.model_path = path;
   cfg.device = o.device;
+  cfg.quantize = o.quantize;
+  cfg.quantize_group_size = o.group_size;
   auto started = Engine::start(cfg);
   check(started.has_value(), started ? "" : started.error());
   auto& engine = **started;
@@ -221,7 +253,7 @@ void run(const demo_options& o) {
 
   // 5. the trainer's update, in buckets, inside a session
   t = clock_type::now();
-  auto update = make_trainer_update(engine, o.seed * 7919);
+  auto update = make_trainer_update(engine, o, o.seed * 7919);
   check(update.has_value(), update ? "" : update.error());
   timings["trainer: make new weights"] = seconds_since(t);
   std::printf("[5/7] trainer: %zu new tensors (%.2f MB) -> begin / %d buckets / end\n",
@@ -333,6 +365,7 @@ void add_demo(CLI::App& app) {
                                          "shows)");
   cmd->add_option("--model", o->model, "Model directory (default: the built-in tiny model)");
   cmd->add_option("--device", o->device, "Where to run: auto (the GPU when one is visible), cpu, cuda or cuda:N")->capture_default_str();
+  add_quantize_options(*cmd, o->quantize, o->group_size);
   cmd->add_option("--rollouts", o->rollouts, "Rollouts per round")->capture_default_str();
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens per rollout")->capture_default_str();
   cmd->add_option("--buckets", o->buckets, "Update buckets")->capture_default_str();

@@ -21,6 +21,8 @@ struct generate_options {
   std::filesystem::path model;
   std::filesystem::path draft_model;
   int32_t draft_tokens = 4;
+  std::string quantize;
+  int32_t group_size = 128;
   std::vector<std::string> prompts;
   std::vector<std::string> input_ids;
   SamplingParams sampling;
@@ -105,6 +107,8 @@ void run(const generate_options& o) {
   cfg.draft_model_path = o.draft_model;
   cfg.speculative_num_draft_tokens = o.draft_tokens;
   cfg.device = o.device;
+  cfg.quantize = o.quantize;
+  cfg.quantize_group_size = o.group_size;
   auto engine = Engine::start(cfg);
   if (!engine)
     throw command_failed(engine.error());
@@ -148,6 +152,7 @@ void add_generate(CLI::App& app) {
                   "Tokens the draft proposes per step (0: do not speculate)")
     ->capture_default_str()
     ->check(CLI::NonNegativeNumber);
+  add_quantize_options(*cmd, o->quantize, o->group_size);
   cmd->add_option("--prompt", o->prompts, "Prompt text (repeat for several requests)");
   cmd->add_option("--input-ids", o->input_ids, "Prompt token ids, comma-separated (repeatable)");
   cmd->add_option("--max-new-tokens", o->sampling.max_new_tokens, "Tokens to generate at most")

@@ -72,6 +72,7 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--model", o->engine.model_path, "Model directory (default: the built-in tiny model)");
   cmd->add_option("--draft-model", o->engine.draft_model_path, "Draft model directory");
   cmd->add_option("--device", o->engine.device, "Where to run: auto (the GPU when one is visible), cpu, cuda or cuda:N")->capture_default_str();
+  add_quantize_options(*cmd, o->engine.quantize, o->engine.quantize_group_size);
   cmd->add_option("--host", o->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->server.port, "Port (0: any free port; the line printed says which)")
     ->capture_default_str();

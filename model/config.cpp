@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "kernels/int4_format.hpp"
+
 namespace rlserve::model {
 
 namespace {
@@ -119,6 +121,108 @@ private:
 
 } // namespace
 
+bool quantization_config::ignores(std::string_view module) const {
+  for (const auto& i : ignore)
+    if (!i.starts_with("re:") && i == module)
+      return true;
+  const std::string name(module);
+  for (const auto& re : ignore_patterns_)
+    if (std::regex_search(name, re, std::regex_constants::match_continuous))
+      return true;
+  return false;
+}
+
+expected<quantization_config> parse_quantization_config(const nlohmann::json& j, const std::string& where) {
+  const std::string at = where + ": quantization_config";
+  auto refuse = [&](const std::string& what) {
+    return fail(fmt::format("{}: {}; rlserve runs compressed-tensors pack-quantized INT4 weights "
+                            "(W4A16: num_bits 4, type int, strategy group or channel)", at, what));
+  };
+  if (!j.is_object())
+    return fail(fmt::format("{} must be an object, got {}", at, j.type_name()));
+  auto str = [&](const json& o, const char* key) -> std::string {
+    auto it = o.find(key);
+    return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  auto null_or_absent = [](const json& o, const char* key) {
+    auto it = o.find(key);
+    return it == o.end() || it->is_null();
+  };
+  if (auto m = str(j, "quant_method"); m != "compressed-tensors")
+    return refuse(fmt::format("quant_method {} is not supported", j.value("quant_method", json()).dump()));
+  if (auto f = str(j, "format"); f != "pack-quantized")
+    return refuse(fmt::format("format {} is not supported", j.value("format", json()).dump()));
+  if (!null_or_absent(j, "kv_cache_scheme"))
+    return refuse("kv_cache_scheme (KV-cache quantization) is not supported");
+  auto groups = j.find("config_groups");
+  if (groups == j.end() || !groups->is_object() || groups->size() != 1)
+    return refuse("config_groups must hold exactly one group");
+  const auto& [gname, group] = *groups->items().begin();
+  const std::string gat = "config_groups." + gname;
+  if (!group.is_object())
+    return refuse(gat + " is not an object");
+  if (auto gf = group.find("format"); gf != group.end() && !gf->is_null() && *gf != "pack-quantized")
+    return refuse(fmt::format("{}.format {} is not supported", gat, gf->dump()));
+  quantization_config q;
+  auto targets = group.find("targets");
+  if (targets == group.end() || *targets != json::array({"Linear"}))
+    return refuse(fmt::format("{}.targets {} is not supported (only [\"Linear\"])", gat,
+                              targets == group.end() ? "(absent)" : targets->dump()));
+  if (!null_or_absent(group, "input_activations") || !null_or_absent(group, "output_activations"))
+    return refuse(gat + " quantizes activations");
+  auto w = group.find("weights");
+  if (w == group.end() || !w->is_object())
+    return refuse(gat + ".weights is missing");
+  const std::string wat = gat + ".weights";
+  if (auto b = w->find("num_bits"); b == w->end() || *b != 4)
+    return refuse(fmt::format("{}.num_bits {} is not supported", wat, b == w->end() ? "(absent)" : b->dump()));
+  if (auto t = str(*w, "type"); t != "int")
+    return refuse(fmt::format("{}.type {} is not supported", wat, w->value("type", json()).dump()));
+  if (auto a = w->find("actorder"); a != w->end() && !a->is_null() && *a != false)
+    return refuse(fmt::format("{}.actorder {} is not supported (activation-ordered groups need "
+                              "g_idx, which the kernels do not read)", wat, a->dump()));
+  if (auto d = w->find("dynamic"); d != w->end() && !d->is_null() && *d != false)
+    return refuse(fmt::format("{}.dynamic {} is not supported", wat, d->dump()));
+  auto sym = w->find("symmetric");
+  if (sym == w->end() || !sym->is_boolean())
+    return refuse(wat + ".symmetric must be true or false");
+  q.symmetric = sym->get<bool>();
+  const std::string strategy = str(*w, "strategy");
+  auto gs = w->find("group_size");
+  if (strategy == "group") {
+    if (gs == w->end() || !gs->is_number_integer() || !kernels::int4_group_size_supported(gs->get<int32_t>()) ||
+        gs->get<int32_t>() == kernels::k_int4_channel)
+      return refuse(fmt::format("{}.group_size {} is not supported (32, 64 or 128)", wat,
+                                gs == w->end() ? "(absent)" : gs->dump()));
+    q.group_size = gs->get<int32_t>();
+  } else if (strategy == "channel") {
+    if (gs != w->end() && !gs->is_null() && *gs != -1)
+      return refuse(fmt::format("{}.group_size {} does not go with strategy channel", wat, gs->dump()));
+    q.group_size = kernels::k_int4_channel;
+  } else {
+    return refuse(fmt::format("{}.strategy {} is not supported (group or channel)", wat,
+                              w->value("strategy", json()).dump()));
+  }
+  if (auto ig = j.find("ignore"); ig != j.end() && !ig->is_null()) {
+    if (!ig->is_array())
+      return fail(fmt::format("{}.ignore must be a list of module names", at));
+    for (const auto& e : *ig) {
+      if (!e.is_string())
+        return fail(fmt::format("{}.ignore must be a list of module names, got {}", at, e.dump()));
+      auto name = e.get<std::string>();
+      if (name.starts_with("re:")) {
+        try {
+          q.ignore_patterns_.emplace_back(name.substr(3));
+        } catch (const std::regex_error& err) {
+          return fail(fmt::format("{}.ignore: '{}' is not a valid regular expression: {}", at, name, err.what()));
+        }
+      }
+      q.ignore.push_back(std::move(name));
+    }
+  }
+  return q;
+}
+
 expected<model_config> parse_model_config(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object())
     return fail(fmt::format("{}: expected a JSON object, got {}", where, j.type_name()));
@@ -149,6 +253,21 @@ expected<model_config> parse_model_config(const nlohmann::json& j, const std::st
   r.number("rms_norm_eps", c.rms_norm_eps);
   c.rope_theta = 10000.0;
   r.number("rope_theta", c.rope_theta);
+  // transformers 5 writes RoPE as rope_parameters {rope_theta, rope_type} instead of a top-level
+  // rope_theta; reading only the latter would silently run theta 10000.
+  if (const json* rp = r.find("rope_parameters"); rp && !rp->is_null()) {
+    if (!rp->is_object())
+      return fail(fmt::format("{}: rope_parameters must be an object, got {}", where, rp->dump()));
+    if (auto t = rp->find("rope_type"); t != rp->end() && !(t->is_string() && *t == "default"))
+      return fail(fmt::format("{}: rope_parameters.rope_type {} is not supported (only plain RoPE, "
+                              "\"default\")", where, t->dump()));
+    if (auto th = rp->find("rope_theta"); th != rp->end()) {
+      if (!th->is_number())
+        return fail(fmt::format("{}: rope_parameters.rope_theta must be a number, got {}", where,
+                                th->dump()));
+      c.rope_theta = th->get<double>();
+    }
+  }
   r.boolean("tie_word_embeddings", c.tie_word_embeddings);
 
   if (const json* bos = r.find("bos_token_id")) {
@@ -176,7 +295,19 @@ expected<model_config> parse_model_config(const nlohmann::json& j, const std::st
   else
     r.string("dtype", c.torch_dtype);
 
+  if (c.architecture == "Qwen3MoeForCausalLM") {
+    // transformers' Qwen3MoeConfig defaults (configuration_qwen3_moe.py): a field the file leaves
+    // out means these, not "dense".
+    c.num_experts = 128;
+    c.num_experts_per_tok = 8;
+    c.moe_intermediate_size = 768;
+    c.decoder_sparse_step = 1;
+    c.norm_topk_prob = false;
+  }
   r.integer("num_experts", c.num_experts, false);
+  // transformers 5 names it num_local_experts in the config.json it saves.
+  if (r.find("num_local_experts") && !r.find("num_experts"))
+    r.integer("num_local_experts", c.num_experts, false);
   r.integer("num_experts_per_tok", c.num_experts_per_tok, false);
   r.integer("moe_intermediate_size", c.moe_intermediate_size, false);
   r.integer("decoder_sparse_step", c.decoder_sparse_step, false);
@@ -214,6 +345,13 @@ expected<model_config> parse_model_config(const nlohmann::json& j, const std::st
   if (const json* rs = r.find("rope_scaling"))
     return fail(fmt::format("{}: rope_scaling {} is not supported (only plain RoPE)", where,
                             rs->dump()));
+
+  if (const json* q = r.find("quantization_config")) {
+    auto qc = parse_quantization_config(*q, where);
+    if (!qc)
+      return std::move(qc).take_failure();
+    c.quantization = std::move(*qc);
+  }
 
   // Sizes.
   auto positive = [&](const char* name, int64_t v) -> bool {

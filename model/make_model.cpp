@@ -1,5 +1,7 @@
 #include "model/make_model.hpp"
 
+#include <optional>
+
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -9,7 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/bf16.hpp"
+#include "kernels/int4_format.hpp"
 #include "model/checkpoint.hpp"
+#include "model/quant/int4_checkpoint.hpp"
 #include "model/qwen3.hpp"
 #include "model/safetensors.hpp"
 #include "model/sampler.hpp"
@@ -200,6 +204,20 @@ status make_model(const make_model_options& o) {
 
   // Weights first: they carry the marker, so an interrupted run can simply be repeated.
   auto tensors = random_parameters(*config, o.seed, *type);
+  std::optional<json> quantization_config;
+  if (!o.quant.empty()) {
+    auto recipe = kernels::parse_int4_recipe(o.quant);
+    if (!recipe)
+      return fail(fmt::format("unknown --quant '{}' (int4-asym, int4-sym-qat or int4-sym)", o.quant));
+    quant::quantize_options qo;
+    qo.recipe = *recipe;
+    qo.group_size = o.group_size;
+    auto q = quant::quantize_tensors(std::move(tensors), qo);
+    if (!q)
+      return fail(fmt::format("--quant {} --group-size {}: {}", o.quant, o.group_size, q.error()));
+    tensors = std::move(q->tensors);
+    quantization_config = quant::compressed_tensors_config(*recipe, o.group_size, q->ignored);
+  }
   std::map<std::string, std::string> metadata{
     {std::string(k_make_model_marker), std::string(k_marker_value)},
     {"rlserve.arch", o.arch},
@@ -222,6 +240,8 @@ status make_model(const make_model_options& o) {
   json cfg = to_json(*config);
   cfg["max_window_layers"] = config->num_hidden_layers;
   cfg["sliding_window"] = nullptr;
+  if (quantization_config)
+    cfg["quantization_config"] = *quantization_config;
   if (auto s = write_json(o.out / "config.json", cfg); !s)
     return s;
   json gen = {{"eos_token_id", tokenizer->eos_token_id},

@@ -43,6 +43,12 @@ struct make_model_options {
   std::filesystem::path out;
   uint64_t seed = 0;
   std::string dtype = "bfloat16"; // "bfloat16" | "float16" | "float32"
+  // INT4 checkpoint: "" (none) | "int4-asym" | "int4-sym-qat" | "int4-sym". The routed experts
+  // are quantized with model/quant's quantize_tensors (what `rlserve quantize --targets experts`
+  // runs) and config.json gets the matching compressed-tensors quantization_config and ignore
+  // list: the tensors are byte-identical to make-model followed by `rlserve quantize`.
+  std::string quant;
+  int32_t group_size = 128; // with `quant`: 32, 64, 128, or -1 (per channel)
 };
 
 // Writes the directory. Refuses a non-empty `out` unless it holds an earlier make-model output

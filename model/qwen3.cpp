@@ -6,13 +6,17 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 
 #include "kernels/bf16.hpp"
+#include "kernels/compressed_tensors.hpp"
 #include "kernels/cpu_ops.hpp"
 #include "kernels/fused_moe.hpp"
+#include "kernels/int4_quant.hpp"
 #include "kernels/rms_norm.hpp"
+#include "model/quant/int4_method.hpp"
 #include "model/safetensors.hpp"
 
 namespace rlserve::model {
@@ -155,6 +159,56 @@ status check_supported(const model_config& c) {
   return {};
 }
 
+
+namespace k4 = rlserve::kernels;
+
+constexpr std::size_t k_no_offset = static_cast<std::size_t>(-1); // INT4 tensors have no fp32 copy
+
+std::string module_of(std::string_view weight_name) {
+  return std::string(weight_name.substr(0, weight_name.size() - std::string_view(".weight").size()));
+}
+
+// The INT4 views hand out int32/uint16 spans: a tensor aliasing a safetensors mapping may sit at
+// any byte offset, so an unaligned one is copied once.
+HostTensor aligned(HostTensor t, std::size_t alignment) {
+  if (reinterpret_cast<std::uintptr_t>(t.data.get()) % alignment == 0)
+    return t;
+  return HostTensor::copy_of(t.type, t.shape, t.bytes());
+}
+
+// weight_shape's values, int64 or int32 as stored.
+std::vector<int64_t> shape_values(const HostTensor& t) {
+  std::vector<int64_t> v(static_cast<std::size_t>(t.numel()));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (t.type == dtype::i64) {
+      std::memcpy(&v[i], reinterpret_cast<const char*>(t.data.get()) + 8 * i, 8);
+    } else {
+      int32_t x;
+      std::memcpy(&x, reinterpret_cast<const char*>(t.data.get()) + 4 * i, 4);
+      v[i] = x;
+    }
+  }
+  return v;
+}
+
+// The INT4 module a GPU runner builds for `prefix` (model/quant/int4_method.hpp): a routed
+// expert's gate/up become one w13 of n = 2 * moe_intermediate, down one w2; any other Linear is
+// its own module. Its create() refuses what the W4A16 kernels cannot run.
+quant::int4_module_spec kernel_module_of(const std::string& prefix, const k4::int4_shape& s, bool symmetric,
+                                         k4::zero_point_layout layout) {
+  quant::int4_module_spec spec{prefix, {1, s.n, s.k, s.group_size}, symmetric, layout};
+  if (quant::is_routed_expert_weight(prefix + ".weight")) {
+    const std::string layer = prefix.substr(0, prefix.rfind(".experts."));
+    if (prefix.ends_with("down_proj")) {
+      spec.name = layer + ".experts.w2 (" + prefix + ")";
+    } else {
+      spec.name = layer + ".experts.w13 (" + prefix + ")";
+      spec.shape.n = 2 * s.n;
+    }
+  }
+  return spec;
+}
+
 } // namespace
 
 bool qwen3_layer_is_sparse(const model_config& c, int64_t layer) {
@@ -181,19 +235,101 @@ std::vector<parameter_spec> qwen3_parameter_specs(const model_config& config, dt
 template <class Lookup>
 expected<qwen3_model> qwen3_model::load_from(const model_config& config,
                                              const std::vector<std::string>& available,
-                                             Lookup&& get, const std::string& where) {
+                                             Lookup&& get, const std::string& where,
+                                             const qwen3_load_options& options) {
   if (auto s = check_supported(config); !s)
     return std::move(s).take_failure();
+
+  if (options.quantize) {
+    // Quantize at load: the very function `rlserve quantize` runs, then load the result as an
+    // INT4 checkpoint with the config that command would have written.
+    const auto& qo = *options.quantize;
+    if (config.quantization)
+      return fail(fmt::format("{}: cannot quantize at load ({}): the checkpoint is already quantized "
+                              "(config.json has a quantization_config); load it as it is, or start "
+                              "from a BF16 checkpoint", where, k4::to_string(qo.recipe)));
+    std::vector<NamedTensor> all;
+    for (const auto& name : available) {
+      std::optional<HostTensor> t = get(name);
+      if (!t)
+        return fail(fmt::format("{}: cannot read tensor '{}'", where, name));
+      all.push_back({name, std::move(*t)});
+    }
+    auto q = quant::quantize_tensors(std::move(all), qo);
+    if (!q)
+      return fail(fmt::format("{}: quantizing at load ({}, group size {}): {}", where,
+                              k4::to_string(qo.recipe), qo.group_size, q.error()));
+    model_config qc = config;
+    qc.raw["quantization_config"] = quant::compressed_tensors_config(qo.recipe, qo.group_size, q->ignored);
+    auto parsed = parse_quantization_config(qc.raw["quantization_config"], where);
+    if (!parsed)
+      return std::move(parsed).take_failure();
+    qc.quantization = std::move(*parsed);
+    qwen3_load_options inner = options;
+    inner.quantize.reset();
+    inner.update_recipe = qo.recipe;
+    inner.zp_layout_hint = qo.zp_layout == k4::zero_point_layout::miles ? k4::zero_point_layout_hint::miles
+                                                                        : k4::zero_point_layout_hint::standard;
+    return load_named(qc, std::move(q->tensors), inner, where);
+  }
+
   std::vector<layout_entry> layout;
   const std::size_t floats = make_layout(config, layout);
+  const quantization_config* qc = config.quantization ? &*config.quantization : nullptr;
+  auto has = [&](const std::string& n) { return std::binary_search(available.begin(), available.end(), n); };
 
+  // Which Linear modules are INT4: those whose weight_packed the checkpoint holds. Everything a
+  // module can get wrong against the quantization_config is said here, by module.
+  std::vector<bool> quantized(layout.size(), false);
   std::set<std::string> expected_names;
-  for (const auto& e : layout)
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    const auto& e = layout[i];
+    const bool linear_like = e.shape.size() == 2 && e.name.ends_with(".weight");
+    const std::string prefix = linear_like ? module_of(e.name) : std::string();
+    if (linear_like && has(prefix + ".weight_packed")) {
+      if (!qc)
+        return fail(fmt::format("{}: '{}.weight_packed' is an INT4 tensor, but config.json has no "
+                                "quantization_config saying how the checkpoint is quantized",
+                                where, prefix));
+      if (e.name == "model.embed_tokens.weight")
+        return fail(fmt::format("{}: the embeddings cannot be INT4 ('{}.weight_packed'): only Linear "
+                                "modules are quantized", where, prefix));
+      if (qc->ignores(prefix))
+        return fail(fmt::format("{}: module '{}' has INT4 tensors (weight_packed), but the "
+                                "quantization_config's ignore list names it (it should be {})",
+                                where, prefix, config.torch_dtype));
+      if (has(e.name))
+        return fail(fmt::format("{}: module '{}' has both '{}' and INT4 tensors (weight_packed); a "
+                                "module is either float or quantized", where, prefix, e.name));
+      const bool has_zp = has(prefix + ".weight_zero_point");
+      if (qc->symmetric && has_zp)
+        return fail(fmt::format("{}: module '{}' has a weight_zero_point, but the quantization_config "
+                                "is symmetric", where, prefix));
+      if (!qc->symmetric && !has_zp)
+        return fail(fmt::format("{}: module '{}' has no weight_zero_point, but the quantization_config "
+                                "is asymmetric", where, prefix));
+      quantized[i] = true;
+      for (const char* suffix : {".weight_packed", ".weight_scale", ".weight_shape"})
+        expected_names.insert(prefix + suffix);
+      if (has_zp)
+        expected_names.insert(prefix + ".weight_zero_point");
+      continue;
+    }
+    if (qc && linear_like && e.name != "model.embed_tokens.weight") {
+      if (!has(e.name))
+        return fail(fmt::format("{}: module '{}' has neither '{}' nor INT4 tensors ('{}.weight_packed', "
+                                "'.weight_scale', ...)", where, prefix, e.name, prefix));
+      if (!qc->ignores(prefix))
+        return fail(fmt::format("{}: module '{}' is stored as a float '{}', but the quantization_config "
+                                "neither ignores it nor finds its INT4 tensors ('{}.weight_packed', ...)",
+                                where, prefix, e.name, prefix));
+    }
     expected_names.insert(e.name);
+  }
   std::vector<std::string> missing, extra;
-  for (const auto& e : layout)
-    if (!std::binary_search(available.begin(), available.end(), e.name))
-      missing.push_back(e.name);
+  for (const auto& n : expected_names)
+    if (!has(n))
+      missing.push_back(n);
   for (const auto& n : available)
     if (expected_names.count(n) == 0 && !ignorable(config, n))
       extra.push_back(n);
@@ -206,30 +342,186 @@ expected<qwen3_model> qwen3_model::load_from(const model_config& config,
 
   qwen3_model m;
   m.config_ = config;
-  for (const auto& e : layout) {
-    std::optional<HostTensor> t = get(e.name);
-    if (!t)
-      return fail(fmt::format("{}: cannot read tensor '{}'", where, e.name));
-    if (!is_float_type(t->type))
-      return fail(fmt::format("{}: tensor '{}' has dtype {}; expected bfloat16, float16 or float32",
-                              where, e.name, torch_name(t->type)));
-    if (t->shape != e.shape)
-      return fail(fmt::format("{}: tensor '{}' has shape {}; the config implies {}", where, e.name,
-                              shape_string(t->shape), shape_string(e.shape)));
-    if (t->nbytes != static_cast<std::size_t>(numel(e.shape)) * element_size(t->type))
-      return fail(fmt::format("{}: tensor '{}' has {} bytes, not what shape {} of {} needs", where,
-                              e.name, t->nbytes, shape_string(e.shape), torch_name(t->type)));
-    m.params_.push_back({{e.name, t->type, e.shape}, std::move(*t), e.offset});
+  m.compute_copies_ = options.compute_copies;
+  struct pending_int4 {
+    std::string prefix;
+    k4::int4_shape shape;
+    std::vector<int64_t> zp_shape; // empty: symmetric
+    std::size_t offset;
+  };
+  std::vector<pending_int4> pending;
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    const auto& e = layout[i];
+    if (!quantized[i]) {
+      std::optional<HostTensor> t = get(e.name);
+      if (!t)
+        return fail(fmt::format("{}: cannot read tensor '{}'", where, e.name));
+      if (!is_float_type(t->type))
+        return fail(fmt::format("{}: tensor '{}' has dtype {}; expected bfloat16, float16 or float32",
+                                where, e.name, torch_name(t->type)));
+      if (t->shape != e.shape)
+        return fail(fmt::format("{}: tensor '{}' has shape {}; the config implies {}", where, e.name,
+                                shape_string(t->shape), shape_string(e.shape)));
+      if (t->nbytes != static_cast<std::size_t>(numel(e.shape)) * element_size(t->type))
+        return fail(fmt::format("{}: tensor '{}' has {} bytes, not what shape {} of {} needs", where,
+                                e.name, t->nbytes, shape_string(e.shape), torch_name(t->type)));
+      m.params_.push_back({{e.name, t->type, e.shape}, std::move(*t), e.offset});
+      continue;
+    }
+    // An INT4 module: read its tensors, check them against (n, k) of the config and the group
+    // size of the quantization_config.
+    const std::string prefix = module_of(e.name);
+    const int64_t n = e.shape[0], k = e.shape[1];
+    auto read = [&](const char* suffix, std::initializer_list<dtype> types,
+                    const char* wanted) -> expected<HostTensor> {
+      const std::string name = prefix + suffix;
+      std::optional<HostTensor> t = get(name);
+      if (!t)
+        return fail(fmt::format("{}: cannot read tensor '{}'", where, name));
+      if (std::find(types.begin(), types.end(), t->type) == types.end())
+        return fail(fmt::format("{}: tensor '{}' has dtype {}; an INT4 module's {} is {}", where, name,
+                                torch_name(t->type), suffix + 1, wanted));
+      if (t->checked_numel() < 0 ||
+          t->nbytes != static_cast<std::size_t>(t->numel()) * element_size(t->type))
+        return fail(fmt::format("{}: tensor '{}' has {} bytes, not what shape {} of {} needs", where,
+                                name, t->nbytes, shape_string(t->shape), torch_name(t->type)));
+      return aligned(std::move(*t), 8);
+    };
+    auto packed = read(".weight_packed", {dtype::i32}, "int32");
+    if (!packed)
+      return std::move(packed).take_failure();
+    auto scale = read(".weight_scale", {dtype::bf16, dtype::f16}, "bfloat16");
+    if (!scale)
+      return std::move(scale).take_failure();
+    if (scale->type != dtype::bf16)
+      return fail(fmt::format("{}: tensor '{}.weight_scale' is float16; rlserve needs bfloat16 scales "
+                              "(the W4A16 kernels apply them in bf16): convert the scales, or "
+                              "re-quantize with `rlserve quantize`", where, prefix));
+    auto wshape = read(".weight_shape", {dtype::i64, dtype::i32}, "int64");
+    if (!wshape)
+      return std::move(wshape).take_failure();
+    if (wshape->shape != std::vector<int64_t>{2} || shape_values(*wshape) != e.shape)
+      return fail(fmt::format("{}: tensor '{}.weight_shape' holds {} {}; the config implies the "
+                              "module is [{}, {}]", where, prefix, shape_string(wshape->shape),
+                              wshape->shape == std::vector<int64_t>{2} ? shape_string(shape_values(*wshape))
+                                                                      : std::string("(not 2 values)"),
+                              n, k));
+    auto s = k4::ct_infer_shape(packed->shape, scale->shape, n, k, qc->group_size, prefix);
+    if (!s)
+      return fail(fmt::format("{}: {}", where, s.error()));
+    if (s->batch != 1 || packed->shape.size() != 2)
+      return fail(fmt::format("{}: module '{}': weight_packed {} is not the 2-D [n, k/8] = [{}, {}] of "
+                              "one Linear", where, prefix, shape_string(packed->shape), n, k / 8));
+    pending_int4 p{prefix, *s, {}, e.offset};
+    m.params_.push_back({{prefix + ".weight_packed", dtype::i32, packed->shape}, std::move(*packed), k_no_offset});
+    m.params_.push_back({{prefix + ".weight_scale", dtype::bf16, scale->shape}, std::move(*scale), k_no_offset});
+    m.params_.push_back({{prefix + ".weight_shape", wshape->type, wshape->shape}, std::move(*wshape), k_no_offset});
+    if (!qc->symmetric) {
+      auto zp = read(".weight_zero_point", {dtype::i32}, "int32");
+      if (!zp)
+        return std::move(zp).take_failure();
+      p.zp_shape = zp->shape;
+      m.params_.push_back({{prefix + ".weight_zero_point", dtype::i32, zp->shape}, std::move(*zp), k_no_offset});
+    }
+    pending.push_back(std::move(p));
   }
-  m.weights_.resize(floats);
-  for (const auto& p : m.params_)
-    to_float(p.canonical, m.weights_.data() + p.offset);
+
+  // One zero-point layout for the whole model: the hint, else the first module whose shape tells
+  // (n/8 != k/G); then every module must fit it.
+  std::optional<k4::zero_point_layout> zp_layout;
+  if (options.zp_layout_hint != k4::zero_point_layout_hint::auto_detect)
+    zp_layout = options.zp_layout_hint == k4::zero_point_layout_hint::miles ? k4::zero_point_layout::miles
+                                                                            : k4::zero_point_layout::standard;
+  if (qc && !qc->symmetric && !zp_layout) {
+    std::string first_error;
+    for (const auto& p : pending) {
+      auto l = k4::detect_zero_point_layout(p.zp_shape, p.shape, k4::zero_point_layout_hint::auto_detect,
+                                            p.prefix + ".weight_zero_point");
+      if (l) {
+        zp_layout = *l;
+        break;
+      }
+      if (first_error.empty())
+        first_error = l.error();
+    }
+    if (!zp_layout && !pending.empty())
+      return fail(fmt::format("{}: {} (every module has n/8 == k/G; say the layout with the load "
+                              "option zp_layout_hint)", where, first_error));
+  }
+  const auto layout_used = zp_layout.value_or(k4::zero_point_layout::standard);
+  std::set<std::tuple<int64_t, int64_t, int32_t>> runnable; // kernel shapes already checked
+  for (const auto& p : pending) {
+    if (!p.zp_shape.empty()) {
+      auto l = k4::detect_zero_point_layout(p.zp_shape, p.shape,
+                                            layout_used == k4::zero_point_layout::miles
+                                              ? k4::zero_point_layout_hint::miles
+                                              : k4::zero_point_layout_hint::standard,
+                                            p.prefix + ".weight_zero_point");
+      if (!l)
+        return fail(fmt::format("{}: {} (the model's other modules use the {} layout)", where, l.error(),
+                                k4::to_string(layout_used)));
+    }
+    auto spec = kernel_module_of(p.prefix, p.shape, qc->symmetric, layout_used);
+    if (runnable.insert({spec.shape.n, spec.shape.k, spec.shape.group_size}).second)
+      if (auto mod = quant::int4_module::create(spec); !mod)
+        return fail(fmt::format("{}: the INT4 kernels cannot run this checkpoint: {}", where, mod.error()));
+  }
+
   std::sort(m.params_.begin(), m.params_.end(),
             [](const param_entry& a, const param_entry& b) { return a.spec.name < b.spec.name; });
   for (std::size_t i = 0; i < m.params_.size(); ++i)
     m.by_name_.emplace(m.params_[i].spec.name, i);
+  m.int4_of_param_.assign(m.params_.size(), std::nullopt);
+  for (auto& p : pending) {
+    int4_entry e;
+    e.prefix = p.prefix;
+    e.shape = p.shape;
+    e.packed = m.by_name_.at(p.prefix + ".weight_packed");
+    e.scale = m.by_name_.at(p.prefix + ".weight_scale");
+    e.shape_param = m.by_name_.at(p.prefix + ".weight_shape");
+    if (!p.zp_shape.empty())
+      e.zero_point = m.by_name_.at(p.prefix + ".weight_zero_point");
+    e.offset = p.offset;
+    m.int4_.push_back(std::move(e));
+  }
+  std::sort(m.int4_.begin(), m.int4_.end(), [](const int4_entry& a, const int4_entry& b) { return a.prefix < b.prefix; });
+  bool experts_only = true;
+  for (std::size_t i = 0; i < m.int4_.size(); ++i) {
+    const auto& e = m.int4_[i];
+    m.int4_by_prefix_.emplace(e.prefix, i);
+    for (auto idx : {e.packed, e.scale, e.shape_param})
+      m.int4_of_param_[idx] = i;
+    if (e.zero_point)
+      m.int4_of_param_[*e.zero_point] = i;
+    experts_only = experts_only && quant::is_routed_expert_weight(e.prefix + ".weight");
+  }
+  if (qc) {
+    model_quantization q;
+    q.symmetric = qc->symmetric;
+    q.group_size = qc->group_size;
+    q.recipe = options.update_recipe.value_or(qc->symmetric ? k4::int4_recipe::sym_qat : k4::int4_recipe::asym);
+    if (k4::int4_symmetric(q.recipe) != qc->symmetric)
+      return fail(fmt::format("{}: update recipe {} does not fit a {} checkpoint", where, k4::to_string(q.recipe),
+                              qc->symmetric ? "symmetric" : "asymmetric"));
+    q.zp_layout = layout_used;
+    q.targets = experts_only ? quant::quant_targets::experts : quant::quant_targets::linear;
+    m.quantization_ = q;
+  }
 
-  auto offset_of = [&](const std::string& name) { return m.params_[m.by_name_.at(name)].offset; };
+  if (m.compute_copies_) {
+    m.weights_.resize(floats);
+    for (const auto& p : m.params_)
+      if (p.offset != k_no_offset)
+        to_float(p.canonical, m.weights_.data() + p.offset);
+    for (const auto& e : m.int4_)
+      if (auto st = m.dequantize_into_arena(e); !st)
+        return fail(fmt::format("{}: {}", where, st.error()));
+  }
+
+  std::map<std::string, std::size_t> offset_by_name;
+  for (const auto& e : layout)
+    offset_by_name.emplace(e.name, e.offset);
+  auto offset_of = [&](const std::string& name) { return offset_by_name.at(name); };
   m.embed_ = offset_of("model.embed_tokens.weight");
   m.norm_ = offset_of("model.norm.weight");
   m.lm_head_ = config.tie_word_embeddings ? m.embed_ : offset_of("lm_head.weight");
@@ -259,26 +551,43 @@ expected<qwen3_model> qwen3_model::load_from(const model_config& config,
   return m;
 }
 
-std::optional<int4_linear_view> qwen3_model::int4_linear(std::string_view) const {
-  return std::nullopt; // BF16 checkpoints only, for now
+status qwen3_model::dequantize_into_arena(const int4_entry& e) {
+  // The kernels' reference dequantization (bf16_rn((q - z) * scale)), widened to fp32.
+  std::vector<uint16_t> bits(static_cast<std::size_t>(e.shape.n * e.shape.k));
+  k4::ct_dequant_args a;
+  a.shape = e.shape;
+  a.has_zero_point = e.zero_point.has_value();
+  a.zp_layout = quantization_ ? quantization_->zp_layout : k4::zero_point_layout::standard;
+  a.scale_type = k4::int4_scale_type::bf16;
+  a.weight_packed = params_[e.packed].canonical.as<int32_t>().data();
+  a.weight_scale = params_[e.scale].canonical.as<uint16_t>().data();
+  a.weight_zero_point = e.zero_point ? params_[*e.zero_point].canonical.as<int32_t>().data() : nullptr;
+  a.out = bits.data();
+  if (auto st = k4::ct_dequant_ref(a); st != k4::kernel_status::ok)
+    return fail(fmt::format("module '{}': dequantization failed: {}", e.prefix, k4::to_string(st)));
+  float* dst = weights_.data() + e.offset;
+  for (std::size_t i = 0; i < bits.size(); ++i)
+    dst[i] = kernels::bf16_to_float(bits[i]);
+  return {};
 }
 
-expected<qwen3_model> qwen3_model::load(const model_config& config, const checkpoint& ckpt) {
+expected<qwen3_model> qwen3_model::load(const model_config& config, const checkpoint& ckpt,
+                                        const qwen3_load_options& options) {
   auto get = [&](const std::string& name) -> std::optional<HostTensor> {
     auto t = ckpt.tensor(name);
     if (!t)
       return std::nullopt;
     return std::move(*t);
   };
-  return load_from(config, ckpt.names(), get, ckpt.dir().string());
+  return load_from(config, ckpt.names(), get, ckpt.dir().string(), options);
 }
 
-expected<qwen3_model> qwen3_model::load(const model_config& config,
-                                        std::span<const NamedTensor> tensors) {
+expected<qwen3_model> qwen3_model::load_named(const model_config& config, std::vector<NamedTensor> tensors,
+                                              const qwen3_load_options& options, const std::string& where) {
   std::map<std::string, const HostTensor*> by_name;
   for (const auto& t : tensors)
     if (!by_name.emplace(t.name, &t.tensor).second)
-      return fail(fmt::format("tensors: '{}' given twice", t.name));
+      return fail(fmt::format("{}: '{}' given twice", where, t.name));
   std::vector<std::string> names;
   for (const auto& [n, _] : by_name)
     names.push_back(n);
@@ -288,7 +597,12 @@ expected<qwen3_model> qwen3_model::load(const model_config& config,
       return std::nullopt;
     return *it->second;
   };
-  return load_from(config, names, get, "tensors");
+  return load_from(config, names, get, where, options);
+}
+
+expected<qwen3_model> qwen3_model::load(const model_config& config, std::span<const NamedTensor> tensors,
+                                        const qwen3_load_options& options) {
+  return load_named(config, std::vector<NamedTensor>(tensors.begin(), tensors.end()), options, "tensors");
 }
 
 std::vector<parameter_spec> qwen3_model::parameters() const {
@@ -305,14 +619,79 @@ expected<HostTensor> qwen3_model::parameter(std::string_view name) const {
     if (name == "lm_head.weight" && config_.tie_word_embeddings)
       return fail("lm_head.weight is not a parameter: this model ties it to "
                   "model.embed_tokens.weight");
+    if (name.ends_with(".weight") && int4_by_prefix_.count(module_of(name)))
+      return fail(fmt::format("'{}' is not a parameter: module '{}' is INT4 (its parameters are "
+                              "{}.weight_packed, .weight_scale, ...)", name, module_of(name), module_of(name)));
     return fail(fmt::format("unknown parameter '{}'", name));
   }
   return params_[it->second].canonical;
 }
 
-status qwen3_model::validate(const NamedTensor& t) const {
+std::optional<int4_linear_view> qwen3_model::int4_linear(std::string_view prefix) const {
+  auto it = int4_by_prefix_.find(std::string(prefix));
+  if (it == int4_by_prefix_.end())
+    return std::nullopt;
+  const int4_entry& e = int4_[it->second];
+  int4_linear_view v;
+  v.shape = e.shape;
+  v.symmetric = !e.zero_point.has_value();
+  v.zp_layout = quantization_->zp_layout;
+  v.weight_packed = params_[e.packed].canonical.as<int32_t>();
+  v.weight_scale = params_[e.scale].canonical.as<uint16_t>();
+  if (e.zero_point)
+    v.weight_zero_point = params_[*e.zero_point].canonical.as<int32_t>();
+  return v;
+}
+
+status qwen3_model::stage(const NamedTensor& t, staged_update& out,
+                          std::unordered_map<std::size_t, bool>* module_form) const {
+  // Records the form a module's update comes in; false when it already came in the other one.
+  auto note_form = [&](std::size_t module, bool bf16_form) -> status {
+    if (module_form == nullptr)
+      return {};
+    auto [it, inserted] = module_form->emplace(module, bf16_form);
+    if (!inserted && it->second != bf16_form)
+      return fail(fmt::format("parameter '{}': module '{}' is INT4 and this update sends both its "
+                              "float '{}.weight' and its load-format tensors; send one form",
+                              t.name, int4_[module].prefix, int4_[module].prefix));
+    return {};
+  };
+
   auto it = by_name_.find(t.name);
   if (it == by_name_.end()) {
+    // The float form of a quantized module: quantized here with the model's update recipe.
+    if (t.name.ends_with(".weight")) {
+      if (auto q = int4_by_prefix_.find(module_of(t.name)); q != int4_by_prefix_.end()) {
+        const int4_entry& e = int4_[q->second];
+        const std::vector<int64_t> nk = {e.shape.n, e.shape.k};
+        if (!is_float_type(t.tensor.type) || t.tensor.shape != nk)
+          return fail(fmt::format("parameter '{}': module '{}' is INT4; its float form must be bfloat16, "
+                                  "float16 or float32 {}, got {} {}", t.name, e.prefix, shape_string(nk),
+                                  torch_name(t.tensor.type), shape_string(t.tensor.shape)));
+        const auto nbytes = static_cast<std::size_t>(numel(nk)) * element_size(t.tensor.type);
+        if (t.tensor.nbytes != nbytes || t.tensor.data == nullptr)
+          return fail(fmt::format("parameter '{}': {} {} needs {} bytes, got {}", t.name,
+                                  torch_name(t.tensor.type), shape_string(nk), nbytes,
+                                  t.tensor.data == nullptr ? 0 : t.tensor.nbytes));
+        if (auto s = note_form(q->second, true); !s)
+          return s;
+        quant::quantize_options qo;
+        qo.recipe = quantization_->recipe;
+        qo.group_size = quantization_->group_size;
+        qo.zp_layout = quantization_->zp_layout;
+        auto packed = quant::quantize_weight(t.name, aligned(t.tensor, 4), qo);
+        if (!packed)
+          return fail(fmt::format("parameter {}", packed.error()));
+        for (auto& p : *packed) {
+          // weight_shape is (n, k) by construction; the stored one (perhaps int32) stays.
+          if (p.name.ends_with(".weight_shape"))
+            continue;
+          out.tensors.push_back({by_name_.at(p.name), std::move(p.tensor)});
+        }
+        out.int4_modules.push_back(q->second);
+        return {};
+      }
+    }
     if (t.name == "lm_head.weight" && config_.tie_word_embeddings)
       return fail("parameter 'lm_head.weight': not a parameter of this model (tie_word_embeddings: "
                   "update model.embed_tokens.weight instead)");
@@ -321,7 +700,8 @@ status qwen3_model::validate(const NamedTensor& t) const {
     return fail(fmt::format("parameter '{}': unknown name (the model has {} parameters, "
                             "e.g. '{}')", t.name, params_.size(), params_.front().spec.name));
   }
-  const parameter_spec& spec = params_[it->second].spec;
+  const std::size_t idx = it->second;
+  const parameter_spec& spec = params_[idx].spec;
   if (t.tensor.type != spec.type || t.tensor.shape != spec.shape)
     return fail(fmt::format("parameter '{}': expected {} {}, got {} {}", t.name,
                             torch_name(spec.type), shape_string(spec.shape),
@@ -331,22 +711,63 @@ status qwen3_model::validate(const NamedTensor& t) const {
     return fail(fmt::format("parameter '{}': {} {} needs {} bytes, got {}", t.name,
                             torch_name(spec.type), shape_string(spec.shape), nbytes,
                             t.tensor.data == nullptr ? 0 : t.tensor.nbytes));
+  if (auto m = int4_of_param_.empty() ? std::nullopt : int4_of_param_[idx]) {
+    const int4_entry& e = int4_[*m];
+    if (idx == e.shape_param) {
+      auto v = shape_values(t.tensor);
+      if (v != std::vector<int64_t>{e.shape.n, e.shape.k})
+        return fail(fmt::format("parameter '{}': holds {}, but module '{}' is [{}, {}] (a module's "
+                                "shape cannot change)", t.name, shape_string(v), e.prefix, e.shape.n,
+                                e.shape.k));
+    }
+    if (idx == e.scale) {
+      auto bits = t.tensor.as<uint16_t>();
+      for (std::size_t i = 0; i < bits.size(); ++i) {
+        uint16_t b;
+        std::memcpy(&b, reinterpret_cast<const char*>(t.tensor.data.get()) + 2 * i, 2);
+        if (!k4::int4_bf16_is_finite(b))
+          return fail(fmt::format("parameter '{}': element {} is {}; INT4 scales must be finite", t.name,
+                                  i, (b & 0x7fu) ? "NaN" : "Inf"));
+      }
+    }
+    if (auto s = note_form(*m, false); !s)
+      return s;
+    out.int4_modules.push_back(*m);
+    out.tensors.push_back({idx, aligned(t.tensor, 8)});
+    return {};
+  }
+  out.float_params.push_back(idx);
+  out.tensors.push_back({idx, t.tensor});
   return {};
+}
+
+status qwen3_model::validate(const NamedTensor& t) const {
+  staged_update scratch;
+  return stage(t, scratch, nullptr);
 }
 
 status qwen3_model::assign(std::span<const NamedTensor> tensors) {
   std::set<std::string_view> seen;
+  std::unordered_map<std::size_t, bool> module_form;
+  staged_update up;
   for (const auto& t : tensors) {
-    if (auto s = validate(t); !s)
+    if (auto s = stage(t, up, &module_form); !s)
       return s;
     if (!seen.insert(t.name).second)
       return fail(fmt::format("parameter '{}': given twice in one update", t.name));
   }
-  for (const auto& t : tensors) {
-    param_entry& p = params_[by_name_.at(t.name)];
-    p.canonical = t.tensor;
-    to_float(p.canonical, weights_.data() + p.offset);
-  }
+  // Everything is checked (and quantized): from here on nothing fails.
+  for (auto& st : up.tensors)
+    params_[st.param].canonical = std::move(st.tensor);
+  if (!compute_copies_)
+    return {};
+  for (auto idx : up.float_params)
+    to_float(params_[idx].canonical, weights_.data() + params_[idx].offset);
+  std::sort(up.int4_modules.begin(), up.int4_modules.end());
+  up.int4_modules.erase(std::unique(up.int4_modules.begin(), up.int4_modules.end()), up.int4_modules.end());
+  for (auto m : up.int4_modules)
+    if (auto s = dequantize_into_arena(int4_[m]); !s)
+      return fail("internal error after writing the update: " + s.error());
   return {};
 }
 
@@ -457,6 +878,9 @@ status qwen3_model::forward(kv_pool& pool, std::span<forward_item> items,
   const auto eps = static_cast<float>(c.rms_norm_eps);
 
   // Everything that can be wrong is checked before any sequence changes.
+  if (!compute_copies_)
+    return fail("forward: this model was loaded without fp32 compute copies "
+                "(qwen3_load_options::compute_copies = false); it holds only the load-format bytes");
   if (pool.layers() != c.num_hidden_layers || pool.kv_heads() != nkv || pool.head_dim() != D)
     return fail(fmt::format("forward: the KV cache is shaped for {} layers x {} kv heads x {} "
                             "head_dim; this model has {} x {} x {}", pool.layers(),

@@ -88,50 +88,6 @@ expected<std::vector<uint16_t>> bf16_bits(const std::string& name, const HostTen
   return out;
 }
 
-struct quantized_weight {
-  std::vector<NamedTensor> tensors; // weight_packed, weight_scale, [weight_zero_point], weight_shape
-};
-
-expected<quantized_weight> quantize_one(const std::string& name, const HostTensor& t,
-                                        const quantize_checkpoint_options& o) {
-  if (t.shape.size() != 2)
-    return fail(fmt::format("{}: shape {} is not a 2-D Linear weight", name, shape_string(t.shape)));
-  auto bits = bf16_bits(name, t);
-  if (!bits)
-    return std::move(bits).take_failure();
-  k4::int4_shape s{1, t.shape[0], t.shape[1], o.group_size};
-  const bool asym = o.recipe == k4::int4_recipe::asym;
-  if (auto m = k4::int4_check_load_shape(s, asym); !m.empty())
-    return fail(k4::int4_shape_message(name, std::string(k4::to_string(o.recipe)) + " quantization", m));
-  const int64_t groups = k4::int4_groups(s);
-  std::vector<std::byte> packed(static_cast<std::size_t>(k4::ct_weight_packed_words(s)) * 4);
-  std::vector<std::byte> scale(static_cast<std::size_t>(k4::ct_scale_count(s)) * 2);
-  std::vector<std::byte> zp(asym ? static_cast<std::size_t>(k4::ct_zero_point_words(s)) * 4 : 0);
-  k4::int4_quant_args a;
-  a.shape = s;
-  a.recipe = o.recipe;
-  a.zp_layout = o.zp_layout;
-  a.w = bits->data();
-  a.weight_packed = reinterpret_cast<int32_t*>(packed.data());
-  a.weight_scale = reinterpret_cast<uint16_t*>(scale.data());
-  a.weight_zero_point = asym ? reinterpret_cast<int32_t*>(zp.data()) : nullptr;
-  if (auto st = k4::int4_quantize(a, name); !st)
-    return std::move(st).take_failure();
-  const std::string prefix = module_of(name);
-  quantized_weight q;
-  q.tensors.push_back({prefix + ".weight_packed", HostTensor::adopt(dtype::i32, {s.n, s.k / 8}, std::move(packed))});
-  q.tensors.push_back({prefix + ".weight_scale", HostTensor::adopt(dtype::bf16, {s.n, groups}, std::move(scale))});
-  if (asym) {
-    std::vector<int64_t> zshape = o.zp_layout == k4::zero_point_layout::standard
-                                    ? std::vector<int64_t>{s.n / 8, groups}
-                                    : std::vector<int64_t>{groups, s.n / 8};
-    q.tensors.push_back({prefix + ".weight_zero_point", HostTensor::adopt(dtype::i32, zshape, std::move(zp))});
-  }
-  std::vector<int64_t> nk = {s.n, s.k};
-  q.tensors.push_back({prefix + ".weight_shape", HostTensor::from_vector(dtype::i64, {2}, nk)});
-  return q;
-}
-
 status copy_one_file(const fs::path& from, const fs::path& to) {
   std::error_code ec;
   fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
@@ -172,6 +128,46 @@ bool is_quantization_target(std::string_view name, std::span<const int64_t> shap
   return targets == quant_targets::linear || is_routed_expert_weight(name);
 }
 
+expected<std::vector<NamedTensor>> quantize_weight(const std::string& name, const HostTensor& t,
+                                                   const quantize_options& o) {
+  if (t.shape.size() != 2)
+    return fail(fmt::format("{}: shape {} is not a 2-D Linear weight", name, shape_string(t.shape)));
+  auto bits = bf16_bits(name, t);
+  if (!bits)
+    return std::move(bits).take_failure();
+  k4::int4_shape s{1, t.shape[0], t.shape[1], o.group_size};
+  const bool asym = o.recipe == k4::int4_recipe::asym;
+  if (auto m = k4::int4_check_load_shape(s, asym); !m.empty())
+    return fail(k4::int4_shape_message(name, std::string(k4::to_string(o.recipe)) + " quantization", m));
+  const int64_t groups = k4::int4_groups(s);
+  std::vector<std::byte> packed(static_cast<std::size_t>(k4::ct_weight_packed_words(s)) * 4);
+  std::vector<std::byte> scale(static_cast<std::size_t>(k4::ct_scale_count(s)) * 2);
+  std::vector<std::byte> zp(asym ? static_cast<std::size_t>(k4::ct_zero_point_words(s)) * 4 : 0);
+  k4::int4_quant_args a;
+  a.shape = s;
+  a.recipe = o.recipe;
+  a.zp_layout = o.zp_layout;
+  a.w = bits->data();
+  a.weight_packed = reinterpret_cast<int32_t*>(packed.data());
+  a.weight_scale = reinterpret_cast<uint16_t*>(scale.data());
+  a.weight_zero_point = asym ? reinterpret_cast<int32_t*>(zp.data()) : nullptr;
+  if (auto st = k4::int4_quantize(a, name); !st)
+    return std::move(st).take_failure();
+  const std::string prefix = module_of(name);
+  std::vector<NamedTensor> q;
+  q.push_back({prefix + ".weight_packed", HostTensor::adopt(dtype::i32, {s.n, s.k / 8}, std::move(packed))});
+  q.push_back({prefix + ".weight_scale", HostTensor::adopt(dtype::bf16, {s.n, groups}, std::move(scale))});
+  if (asym) {
+    std::vector<int64_t> zshape = o.zp_layout == k4::zero_point_layout::standard
+                                    ? std::vector<int64_t>{s.n / 8, groups}
+                                    : std::vector<int64_t>{groups, s.n / 8};
+    q.push_back({prefix + ".weight_zero_point", HostTensor::adopt(dtype::i32, zshape, std::move(zp))});
+  }
+  std::vector<int64_t> nk = {s.n, s.k};
+  q.push_back({prefix + ".weight_shape", HostTensor::from_vector(dtype::i64, {2}, nk)});
+  return q;
+}
+
 json compressed_tensors_config(k4::int4_recipe recipe, int32_t group_size, const std::vector<std::string>& ignore) {
   const bool channel = group_size == k4::k_int4_channel;
   json weights = {{"num_bits", 4},
@@ -195,6 +191,95 @@ json compressed_tensors_config(k4::int4_recipe recipe, int32_t group_size, const
           {"config_groups", {{"group_0", group}}},
           {"ignore", sorted},
           {"kv_cache_scheme", nullptr}};
+}
+
+expected<quantized_tensors> quantize_tensors(std::vector<NamedTensor> tensors, const quantize_options& o,
+                                             const std::function<void(const std::string&)>& progress) {
+  if (!k4::int4_group_size_supported(o.group_size))
+    return fail(fmt::format("group size {} is not supported (use 32, 64, 128, or -1 for per-channel)",
+                            o.group_size));
+  // Sort the tensors into targets and copies; collect the Linear modules left in BF16.
+  std::sort(tensors.begin(), tensors.end(), [](const NamedTensor& a, const NamedTensor& b) { return a.name < b.name; });
+  std::vector<std::string> targets;
+  std::vector<HostTensor> target_tensors;
+  std::vector<NamedTensor> kept;
+  std::set<std::string> ignored = {"lm_head"}; // the module exists even when tied to the embeddings
+  quantized_tensors report;
+  for (auto& t : tensors) {
+    if (is_quantization_target(t.name, t.tensor.shape, o.targets)) {
+      targets.push_back(t.name);
+      report.quantized_input_bytes += t.tensor.nbytes;
+      target_tensors.push_back(std::move(t.tensor));
+    } else {
+      if (is_linear_weight(t.name, t.tensor.shape))
+        ignored.insert(module_of(t.name));
+      kept.push_back(std::move(t));
+    }
+  }
+  if (targets.empty())
+    return fail(fmt::format("no tensor matches --targets {} ({})", to_string(o.targets),
+                            o.targets == quant_targets::experts
+                              ? "model.layers.*.mlp.experts.*.{gate,up,down}_proj.weight; a dense model needs "
+                                "--targets linear"
+                              : "2-D *.weight Linear modules other than lm_head, embeddings and routers"));
+
+  // Quantize on a pool of workers; results land at their index, so the output is deterministic.
+  const int threads = std::max(1, std::min<int>(o.threads > 0 ? o.threads
+                                                               : static_cast<int>(std::thread::hardware_concurrency()),
+                                                static_cast<int>(targets.size())));
+  std::vector<std::vector<NamedTensor>> results(targets.size());
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  std::vector<std::string> errors(targets.size());
+  std::size_t done = 0;
+  uint64_t done_bytes = 0;
+  auto last_report = std::chrono::steady_clock::now();
+  auto worker = [&] {
+    while (!failed.load()) {
+      const std::size_t i = next.fetch_add(1);
+      if (i >= targets.size())
+        return;
+      auto q = quantize_weight(targets[i], target_tensors[i], o);
+      std::lock_guard lock(mu);
+      if (!q) {
+        errors[i] = q.error();
+        failed = true;
+        return;
+      }
+      results[i] = std::move(*q);
+      ++done;
+      done_bytes += target_tensors[i].nbytes;
+      const auto now = std::chrono::steady_clock::now();
+      if (progress && (now - last_report > std::chrono::seconds(1) || done == targets.size())) {
+        last_report = now;
+        progress(fmt::format("quantize: {}/{} weights ({} of {})", done, targets.size(), human_bytes(done_bytes),
+                             human_bytes(report.quantized_input_bytes)));
+      }
+    }
+  };
+  {
+    std::vector<std::thread> pool;
+    for (int i = 0; i < threads; ++i)
+      pool.emplace_back(worker);
+    for (auto& th : pool)
+      th.join();
+  }
+  // Indices are taken in increasing order, so every index below a failed one was finished: the
+  // first failure in name order is the same whatever the scheduling.
+  for (const auto& e : errors)
+    if (!e.empty())
+      return fail(e);
+
+  report.tensors = std::move(kept);
+  for (auto& r : results)
+    for (auto& t : r)
+      report.tensors.push_back(std::move(t));
+  std::sort(report.tensors.begin(), report.tensors.end(),
+            [](const NamedTensor& a, const NamedTensor& b) { return a.name < b.name; });
+  report.quantized = static_cast<int64_t>(targets.size());
+  report.ignored.assign(ignored.begin(), ignored.end());
+  return report;
 }
 
 expected<quantize_checkpoint_report> quantize_checkpoint(const quantize_checkpoint_options& o) {
@@ -225,96 +310,25 @@ expected<quantize_checkpoint_report> quantize_checkpoint(const quantize_checkpoi
   auto ckpt = checkpoint::open(o.model);
   if (!ckpt)
     return std::move(ckpt).take_failure();
-  const auto names = ckpt->names();
-
-  // Sort the tensors into targets and copies; collect the Linear modules left in BF16.
-  std::vector<std::string> targets;
-  std::vector<HostTensor> target_tensors;
-  std::map<std::string, HostTensor> kept;
-  std::set<std::string> ignored = {"lm_head"}; // the module exists even when tied to the embeddings
-  quantize_checkpoint_report report;
-  for (const auto& name : names) {
+  std::vector<NamedTensor> all;
+  for (const auto& name : ckpt->names()) {
     auto t = ckpt->tensor(name);
     if (!t)
       return std::move(t).take_failure();
-    if (is_quantization_target(name, t->shape, o.targets)) {
-      targets.push_back(name);
-      report.quantized_input_bytes += t->nbytes;
-      target_tensors.push_back(std::move(*t));
-    } else {
-      if (is_linear_weight(name, t->shape))
-        ignored.insert(module_of(name));
-      kept.emplace(name, std::move(*t));
-    }
+    all.push_back({name, std::move(*t)});
   }
-  if (targets.empty())
-    return fail(fmt::format("{}: no tensor matches --targets {} ({})", o.model.string(), to_string(o.targets),
-                            o.targets == quant_targets::experts
-                              ? "model.layers.*.mlp.experts.*.{gate,up,down}_proj.weight; a dense model needs "
-                                "--targets linear"
-                              : "2-D *.weight Linear modules other than lm_head, embeddings and routers"));
-
-  // Quantize on a pool of workers; results land at their index, so the output is deterministic.
-  const int threads = std::max(1, std::min<int>(o.threads > 0 ? o.threads
-                                                               : static_cast<int>(std::thread::hardware_concurrency()),
-                                                static_cast<int>(targets.size())));
-  std::vector<std::optional<quantized_weight>> results(targets.size());
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::mutex mu;
-  std::vector<std::string> errors(targets.size());
-  std::size_t done = 0;
-  uint64_t done_bytes = 0;
-  auto last_report = std::chrono::steady_clock::now();
-  auto worker = [&] {
-    while (!failed.load()) {
-      const std::size_t i = next.fetch_add(1);
-      if (i >= targets.size())
-        return;
-      auto q = quantize_one(targets[i], target_tensors[i], o);
-      std::lock_guard lock(mu);
-      if (!q) {
-        errors[i] = q.error();
-        failed = true;
-        return;
-      }
-      results[i] = std::move(*q);
-      ++done;
-      done_bytes += target_tensors[i].nbytes;
-      const auto now = std::chrono::steady_clock::now();
-      if (o.progress && (now - last_report > std::chrono::seconds(1) || done == targets.size())) {
-        last_report = now;
-        o.progress(fmt::format("quantize: {}/{} weights ({} of {})", done, targets.size(), human_bytes(done_bytes),
-                               human_bytes(report.quantized_input_bytes)));
-      }
-    }
-  };
-  {
-    std::vector<std::thread> pool;
-    for (int i = 0; i < threads; ++i)
-      pool.emplace_back(worker);
-    for (auto& th : pool)
-      th.join();
-  }
-  // Indices are taken in increasing order, so every index below a failed one was finished: the
-  // first failure in name order is the same whatever the scheduling.
-  for (const auto& e : errors)
-    if (!e.empty())
-      return fail(e);
-
-  std::vector<NamedTensor> out;
-  for (auto& [name, t] : kept)
-    out.push_back({name, std::move(t)});
-  for (auto& r : results)
-    for (auto& t : r->tensors)
-      out.push_back(std::move(t));
-  std::sort(out.begin(), out.end(), [](const NamedTensor& a, const NamedTensor& b) { return a.name < b.name; });
+  quantize_options qo{o.recipe, o.group_size, o.targets, o.zp_layout, o.threads};
+  auto q = quantize_tensors(std::move(all), qo, o.progress);
+  if (!q)
+    return fail(fmt::format("{}: {}", o.model.string(), q.error()));
+  std::vector<NamedTensor> out = std::move(q->tensors);
+  quantize_checkpoint_report report;
   for (const auto& t : out)
     report.output_bytes += t.tensor.nbytes;
-  report.quantized = static_cast<int64_t>(targets.size());
-  report.copied = static_cast<int64_t>(kept.size());
-  report.ignored.assign(ignored.begin(), ignored.end());
-  target_tensors.clear();
+  report.quantized = q->quantized;
+  report.quantized_input_bytes = q->quantized_input_bytes;
+  report.copied = static_cast<int64_t>(out.size()) - q->quantized * (k4::int4_symmetric(o.recipe) ? 3 : 4);
+  report.ignored = std::move(q->ignored);
 
   fs::create_directories(o.out, ec);
   if (ec)

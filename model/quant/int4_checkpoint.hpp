@@ -25,6 +25,7 @@
 
 #include "kernels/int4_format.hpp"
 #include "messages/expected.hpp"
+#include "messages/tensor.hpp"
 
 namespace rlserve::model::quant {
 
@@ -58,6 +59,38 @@ bool is_quantization_target(std::string_view name, std::span<const int64_t> shap
 // false}}, and `ignore` (module names, sorted).
 nlohmann::json compressed_tensors_config(kernels::int4_recipe recipe, int32_t group_size,
                                          const std::vector<std::string>& ignore);
+
+// ---- one weight, and a whole set of tensors in memory ----------------------------------------------
+
+// The quantization a BF16 model gets (offline, at load with --quantize, and for a BF16 update of
+// an INT4 model): one definition so all three give the same bytes.
+struct quantize_options {
+  kernels::int4_recipe recipe = kernels::int4_recipe::asym;
+  int32_t group_size = 128; // 32, 64, 128, or kernels::k_int4_channel
+  quant_targets targets = quant_targets::experts;
+  kernels::zero_point_layout zp_layout = kernels::zero_point_layout::standard;
+  int threads = 0; // quantization workers; 0 = std::thread::hardware_concurrency()
+};
+
+// `<prefix>.weight` [n, k] (bf16, f16 or f32; f16/f32 are rounded to bf16 first, as a trainer's
+// bf16 cast would) -> `<prefix>.weight_packed`, `.weight_scale`, [`.weight_zero_point`],
+// `.weight_shape`, in that order. Fails naming `name` on a shape the format cannot hold or a
+// NaN/Inf element. (targets and threads of `o` are not used.)
+expected<std::vector<NamedTensor>> quantize_weight(const std::string& name, const HostTensor& weight,
+                                                   const quantize_options& o);
+
+struct quantized_tensors {
+  std::vector<NamedTensor> tensors;  // sorted by name: targets replaced, everything else as given
+  int64_t quantized = 0;             // weights turned into INT4
+  uint64_t quantized_input_bytes = 0;
+  std::vector<std::string> ignored;  // Linear modules left in BF16 (sorted; always has lm_head)
+};
+
+// Quantizes every target of `tensors` on a pool of workers (deterministic output whatever the
+// scheduling). Fails when nothing matches the targets, or with the first failing weight in name
+// order. `progress` as in quantize_checkpoint_options.
+expected<quantized_tensors> quantize_tensors(std::vector<NamedTensor> tensors, const quantize_options& o,
+                                             const std::function<void(const std::string&)>& progress = {});
 
 // ---- the whole checkpoint --------------------------------------------------------------------------
 

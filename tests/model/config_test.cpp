@@ -8,6 +8,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "model/config.hpp"
@@ -240,4 +241,130 @@ BOOST_AUTO_TEST_CASE(to_json_round_trips) {
   BOOST_TEST(rlserve::model::to_json(*c)["eos_token_id"] == 7); // one id: an int, as HF writes it
 }
 
+BOOST_AUTO_TEST_CASE(transformers_5_rope_parameters_and_num_local_experts_are_read) {
+  // What transformers 5's save_pretrained writes: no top-level rope_theta, and the MoE expert
+  // count as num_local_experts. Missing either would silently run another model.
+  auto j = qwen3_0_6b();
+  j.erase("rope_theta");
+  j["rope_parameters"] = json{{"rope_theta", 1000000.0}, {"rope_type", "default"}};
+  auto c = parse_model_config(j, "cfg.json");
+  BOOST_REQUIRE_MESSAGE(c, why(c));
+  BOOST_TEST(c->rope_theta == 1000000.0);
+  j["rope_parameters"]["rope_type"] = "yarn";
+  c = parse_model_config(j, "cfg.json");
+  BOOST_REQUIRE(!c);
+  BOOST_TEST(c.error().find("rope_type") != std::string::npos);
+
+  auto m = qwen3_0_6b();
+  m["architectures"] = json::array({"Qwen3MoeForCausalLM"});
+  m["model_type"] = "qwen3_moe";
+  m["num_local_experts"] = 16;
+  m["num_experts_per_tok"] = 4;
+  m["moe_intermediate_size"] = 128;
+  c = parse_model_config(m, "cfg.json");
+  BOOST_REQUIRE_MESSAGE(c, why(c));
+  BOOST_TEST(c->num_experts == 16);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
+
+// A Qwen3MoeForCausalLM config that leaves MoE fields out means transformers' Qwen3MoeConfig
+// defaults (configuration_qwen3_moe.py), not a dense model.
+BOOST_AUTO_TEST_CASE(missing_moe_fields_take_qwen3_moe_config_defaults) {
+  auto j = qwen3_0_6b();
+  j["architectures"] = {"Qwen3MoeForCausalLM"};
+  j["model_type"] = "qwen3_moe";
+  auto c = parse_model_config(j, "cfg.json");
+  BOOST_REQUIRE_MESSAGE(c, why(c));
+  BOOST_TEST(c->is_moe());
+  BOOST_TEST(c->num_experts == 128);
+  BOOST_TEST(c->num_experts_per_tok == 8);
+  BOOST_TEST(c->moe_intermediate_size == 768);
+  BOOST_TEST(c->decoder_sparse_step == 1);
+  BOOST_TEST(c->norm_topk_prob == false);
+  BOOST_TEST(c->mlp_only_layers.empty());
+  // Given fields still win.
+  j["num_experts"] = 16;
+  j["num_experts_per_tok"] = 2;
+  j["norm_topk_prob"] = true;
+  c = parse_model_config(j, "cfg.json");
+  BOOST_REQUIRE_MESSAGE(c, why(c));
+  BOOST_TEST(c->num_experts == 16);
+  BOOST_TEST(c->num_experts_per_tok == 2);
+  BOOST_TEST(c->norm_topk_prob == true);
+  // A dense architecture stays dense.
+  c = parse_model_config(qwen3_0_6b(), "cfg.json");
+  BOOST_REQUIRE_MESSAGE(c, why(c));
+  BOOST_TEST(!c->is_moe());
+}
+
+namespace {
+json int4_quant_config() {
+  return json::parse(R"({
+    "quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+    "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": null, "output_activations": null,
+      "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 64, "symmetric": false,
+                  "actorder": null, "dynamic": false, "observer": "minmax"}}},
+    "ignore": ["lm_head", "re:.*mlp\\.gate$"], "kv_cache_scheme": null})");
+}
+} // namespace
+
+BOOST_AUTO_TEST_CASE(compressed_tensors_quantization_config_is_parsed) {
+  auto j = qwen3_0_6b();
+  j["quantization_config"] = int4_quant_config();
+  auto c = parse_model_config(j, "cfg.json");
+  BOOST_REQUIRE_MESSAGE(c, why(c));
+  BOOST_REQUIRE(c->quantization.has_value());
+  BOOST_TEST(c->quantization->group_size == 64);
+  BOOST_TEST(!c->quantization->symmetric);
+  BOOST_TEST(c->quantization->ignores("lm_head"));
+  BOOST_TEST(c->quantization->ignores("model.layers.3.mlp.gate"));
+  BOOST_TEST(!c->quantization->ignores("model.layers.3.mlp.gate_proj"));
+  BOOST_TEST(!c->quantization->ignores("model.layers.3.mlp.experts.0.gate_proj"));
+
+  auto channel = int4_quant_config();
+  channel["config_groups"]["group_0"]["weights"]["strategy"] = "channel";
+  channel["config_groups"]["group_0"]["weights"]["group_size"] = nullptr;
+  channel["config_groups"]["group_0"]["weights"]["symmetric"] = true;
+  j["quantization_config"] = channel;
+  c = parse_model_config(j, "cfg.json");
+  BOOST_REQUIRE_MESSAGE(c, why(c));
+  BOOST_TEST(c->quantization->group_size == -1);
+  BOOST_TEST(c->quantization->symmetric);
+  BOOST_TEST(!parse_model_config(qwen3_0_6b(), "cfg.json")->quantization.has_value());
+}
+
+BOOST_AUTO_TEST_CASE(unsupported_quantization_configs_are_refused_naming_the_field) {
+  struct bad_case {
+    std::function<void(json&)> edit;
+    std::vector<std::string> parts;
+  };
+  auto W = [](json& q) -> json& { return q["config_groups"]["group_0"]["weights"]; };
+  std::vector<bad_case> cases = {
+    {[](json& q) { q["quant_method"] = "gptq"; }, {"quant_method \"gptq\""}},
+    {[](json& q) { q["format"] = "marlin-24"; }, {"format \"marlin-24\""}},
+    {[&](json& q) { W(q)["num_bits"] = 8; }, {"num_bits 8"}},
+    {[&](json& q) { W(q)["type"] = "float"; }, {"type \"float\""}},
+    {[&](json& q) { W(q)["actorder"] = "group"; }, {"actorder \"group\""}},
+    {[&](json& q) { W(q)["dynamic"] = true; }, {"dynamic true"}},
+    {[&](json& q) { W(q)["group_size"] = 16; }, {"group_size 16"}},
+    {[&](json& q) { W(q)["strategy"] = "tensor"; }, {"strategy \"tensor\""}},
+    {[](json& q) { q["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}}; }, {"activations"}},
+    {[](json& q) { q["config_groups"]["group_0"]["targets"] = {"Attention"}; }, {"targets"}},
+    {[](json& q) { q["config_groups"]["group_1"] = q["config_groups"]["group_0"]; }, {"exactly one group"}},
+    {[](json& q) { q["kv_cache_scheme"] = {{"num_bits", 8}}; }, {"kv_cache_scheme"}},
+    {[](json& q) { q["ignore"] = {"re:("}; }, {"not a valid regular expression"}},
+  };
+  for (auto& bc : cases) {
+    auto j = qwen3_0_6b();
+    auto q = int4_quant_config();
+    bc.edit(q);
+    j["quantization_config"] = q;
+    auto parts = bc.parts;
+    parts.push_back("quantization_config");
+    auto c = parse_model_config(j, "cfg.json");
+    BOOST_REQUIRE(!c);
+    for (const auto& p : parts)
+      BOOST_TEST(c.error().find(p) != std::string::npos, "'" << p << "' not in: " << c.error());
+  }
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Device-side run of the GPU runner work (issue 5) on a lent GPU machine, from the repository root,
+# with binaries built elsewhere and carried in $DEV (build-gemm/runner by default: rlserve,
+# rlserve_model_gpu_tests, rlserve_actors_gpu_tests, rlserve_kernels_gpu_tests, decode_bench and
+# the non-system shared libraries they link). Logs go to $OUT.
+#   scripts/gpu/run_runner.sh [tests|parity|bench|hf|all]...
+#     tests   the gpu-labelled C++ tests of the model, the actors and the kernels
+#     parity  tests/gpu/test_transformers_parity.py (engine cuda and cpu vs transformers)
+#     bench   benchmarks/gpu/decode_bench (Qwen3-30B-A3B shape, INT4 and BF16 experts)
+#     hf      benchmarks/gpu/transformers_decode.py (the transformers peer, same shape)
+# Nothing is built here, and nothing about the GPU is changed.
+set -uo pipefail
+DEV=${DEV:-build-gemm/runner}
+OUT=${OUT:-/tmp/rlserve-runner-out}
+mkdir -p "$OUT"
+[ $# -eq 0 ] && set -- all
+NVLIBS=$(python3 -c 'import glob, os, nvidia
+print(":".join(sorted({os.path.dirname(f) for p in nvidia.__path__
+                       for f in glob.glob(os.path.join(p, "**", "lib*.so*"), recursive=True)})))' 2>/dev/null)
+export LD_LIBRARY_PATH="$DEV:$NVLIBS:${LD_LIBRARY_PATH:-}"
+export RLSERVE_BIN="$PWD/$DEV/rlserve" RLSERVE_SOURCE_DIR="$PWD" PYTHONDONTWRITEBYTECODE=1
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
+  ldd "$DEV/rlserve" | grep -E "not found|caf|cublas|nccl|cudart"
+} > "$OUT/env.txt" 2>&1
+grep "not found" "$OUT/env.txt" && echo "missing shared libraries (see env.txt)"
+rc=0
+for what in "$@"; do
+  case $what in
+    tests|all)
+      for exe in rlserve_model_gpu_tests rlserve_actors_gpu_tests rlserve_kernels_gpu_tests; do
+        [ -x "$DEV/$exe" ] || continue
+        echo "=== $exe"
+        timeout "${TEST_TIMEOUT:-240}" "$DEV/$exe" --log_level=message --report_level=short \
+          > "$OUT/$exe.log" 2>&1
+        st=$?
+        grep -E "error|failed|passed|GPU vs CPU|sampling|graphs|\*\*\*" "$OUT/$exe.log" | tail -25
+        echo "$exe: exit $st"
+        [ $st -eq 0 ] || rc=1
+      done
+      ;;&
+    parity|all)
+      echo "=== transformers parity"
+      timeout "${PARITY_TIMEOUT:-300}" python3 tests/gpu/test_transformers_parity.py > "$OUT/parity.log" 2>&1
+      st=$?
+      tail -40 "$OUT/parity.log"
+      echo "parity: exit $st"
+      [ $st -eq 0 ] || rc=1
+      ;;&
+    bench|all)
+      echo "=== decode_bench"
+      timeout "${BENCH_TIMEOUT:-300}" "$DEV/decode_bench" ${BENCH_ARGS:-} --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode_bench.log" | tail -30
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      ;;&
+    hf|all)
+      echo "=== transformers decode"
+      timeout "${HF_TIMEOUT:-400}" python3 benchmarks/gpu/transformers_decode.py ${HF_ARGS:-} --json "$OUT/hf_decode.json" 2>&1 | tee "$OUT/hf_decode.log" | tail -20
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      ;;
+  esac
+done
+exit $rc

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "model/make_model.hpp"
+#include "model/quant/int4_checkpoint.hpp"
 #include "model/qwen3.hpp"
 #include "model/qwen3_gpu.hpp"
 #include "model/sampler.hpp"
@@ -325,6 +326,68 @@ BOOST_AUTO_TEST_CASE(int4_restore_then_post_process_gives_back_the_serving_bytes
   std::vector<forward_item> items2{{&other.kv[0], p, 1}};
   BOOST_REQUIRE(m.forward(items2, logits_after));
   BOOST_TEST(std::memcmp(logits_before.data(), logits_after.data(), logits_before.size() * 4) == 0);
+}
+
+// INT4 experts (asymmetric g128, quantized at load by the same code as `rlserve quantize`): the
+// GPU runs the W4A16 fused-MoE kernel, the CPU the reference-dequantized fp32 copy; then one
+// expert is updated through a BF16 weight and the device's repacked buffers must equal those of
+// a GPU model built fresh from the updated host model, every other expert untouched bit for bit.
+BOOST_AUTO_TEST_CASE(int4_experts_match_the_cpu_and_a_partial_update_repacks_in_place) {
+  for (auto recipe : {kernels::int4_recipe::asym, kernels::int4_recipe::sym_qat}) {
+    auto c = medium(true);
+    qwen3_load_options lo;
+    lo.quantize = quant::quantize_options{};
+    lo.quantize->recipe = recipe;
+    lo.quantize->group_size = 128;
+    auto loaded = qwen3_model::load(c, random_parameters(c, 13, dtype::bf16), lo);
+    BOOST_REQUIRE_MESSAGE(loaded, why(loaded));
+    auto host = std::make_shared<qwen3_model>(std::move(*loaded));
+    BOOST_REQUIRE(host->int4_linear("model.layers.0.mlp.experts.3.gate_proj").has_value());
+    auto gpu = gpu_model(*host);
+    BOOST_TEST(gpu->int4_module_names().size() == 6u); // w13 + w2 of the 3 sparse layers
+
+    std::vector<std::vector<int32_t>> prompts = {prompt(5, 8, c.vocab_size), prompt(30, 9, c.vocab_size)};
+    sequences seqs(prompts.size(), 64, 16);
+    std::vector<forward_item> items;
+    for (std::size_t i = 0; i < prompts.size(); ++i)
+      items.push_back({&seqs.kv[i], prompts[i], static_cast<int64_t>(prompts[i].size())});
+    std::vector<float> logits;
+    auto ok = gpu->forward(items, logits);
+    BOOST_REQUIRE_MESSAGE(ok, why(ok));
+    auto r = compare(logits, cpu_logits(*host, prompts), c.vocab_size);
+    std::printf("INT4 (%s g128) MoE: GPU vs CPU max rel %.2e, top-1 agreement %.3f\n",
+                std::string(kernels::to_string(recipe)).c_str(), r.rel, r.top1);
+    BOOST_TEST(r.rel < k_gpu_vs_cpu_rel);
+    BOOST_TEST(r.top1 >= k_top1_agreement);
+
+    // A session: restore, one expert's gate_proj as BF16 (quantized by the host with the model's
+    // recipe), upload, repack.
+    const std::string name = "model.layers.2.mlp.experts.5.gate_proj.weight";
+    auto fresh = random_parameters(c, 99, dtype::bf16);
+    auto it = std::find_if(fresh.begin(), fresh.end(), [&](const NamedTensor& t) { return t.name == name; });
+    BOOST_REQUIRE(it != fresh.end());
+    auto before = gpu->int4_module("model.layers.0.mlp.experts.w13");
+    BOOST_REQUIRE(before);
+    BOOST_REQUIRE(gpu->restore());
+    BOOST_REQUIRE_MESSAGE(host->assign(std::span(&*it, 1)), "assign");
+    std::vector<std::string> names{name};
+    ok = gpu->upload(*host, names);
+    BOOST_REQUIRE_MESSAGE(ok, why(ok));
+    auto pp = gpu->post_process();
+    BOOST_REQUIRE_MESSAGE(pp, why(pp));
+    auto rebuilt = gpu_model(*host);
+    for (const auto& module : gpu->int4_module_names()) {
+      auto a = gpu->int4_module(module), b = rebuilt->int4_module(module);
+      BOOST_REQUIRE(a && b);
+      BOOST_TEST((a->weight == b->weight), module);
+      BOOST_TEST((a->scale == b->scale), module);
+      BOOST_TEST((a->zero_point == b->zero_point), module);
+    }
+    auto after = gpu->int4_module("model.layers.0.mlp.experts.w13"); // another layer: untouched
+    BOOST_TEST((after->weight == before->weight));
+    auto changed = gpu->int4_module("model.layers.2.mlp.experts.w13");
+    BOOST_TEST(changed->serving);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(bad_batches_are_refused_with_a_message_and_change_nothing) {

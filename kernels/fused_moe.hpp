@@ -11,7 +11,7 @@
 // Every expert GEMM dequantizes like gemm_w4a16 (bf16_rn((q - z) * scale), FP32 accumulation).
 // The CPU reference (fused_moe_ref) builds the layer from the stage references below and
 // per-expert unfused gemm_w4a16_ref / gemm_w4a16_ref_f32 calls; the CUDA launch runs five kernels
-// on one stream, with no host synchronization (CUDA-graph capturable):
+// (four on the small-T GEMV path, below) on one stream, with no host synchronization (CUDA-graph capturable):
 //   1. moe_topk     warp per token: softmax, top-k, renormalize          -> ids, weights [T, k]
 //   2. moe_align    one CTA: flat ids t*k+s grouped by expert, each expert's run padded to the
 //                   GEMM's m block (block_rows rows), one expert id per block
@@ -101,7 +101,23 @@ struct fused_moe_args {
   // picks the smallest with tokens-per-expert / rows < 0.9), and a cap on the persistent GEMM grid.
   int32_t block_rows = 0;
   int32_t max_ctas = 0;
+  // Decode path (test and tuning hook): 0 automatic (the GEMV path below when tokens * top_k <=
+  // k_moe_gemv_auto_ids, block_rows is 0 and H, I <= k_moe_gemv_max_dim), 1 always the GEMV path
+  // (needs tokens * top_k <= k_moe_gemv_max_ids and the same H, I), -1 never.
+  int32_t gemv = 0;
 };
+
+// Small-T decode path: with few (token, slot) pairs the tiled GEMMs run 1.5-3 units per CTA and
+// pay pipeline fill and split-K ends for ~20 MB (measured 36 us at T = 1 on the H200). The GEMV
+// path instead runs, after the top-k: one CTA per (pair, 64-column tile) of w13 (warps split k,
+// gate | up in FP32), one per (pair, 64-column tile) of w2 (h = bf16(silu(bf16 g) * bf16 u)
+// staged in shared memory, FP32 rows of y), and the combine. Each lane reads 16 B of a serving
+// tile, sums x * code per group in FP32 and applies the scale and zero point once per group:
+// sum_k x (q - z) s = s (sum_k x q - z sum_k x), so its products are not bf16-rounded like the
+// tiled path's; the tests bound the difference with the same relative error.
+constexpr int64_t k_moe_gemv_auto_ids = 8; // T = 1 at top-8: measured faster there, slower than tiled at T = 4
+constexpr int64_t k_moe_gemv_max_ids = 64;
+constexpr int64_t k_moe_gemv_max_dim = 8192; // H and I: x and h are staged in shared memory (FP32)
 
 kernel_status fused_moe_can_implement(const fused_moe_args& args);
 // CPU reference (host pointers): moe_topk_ref, then per expert gemm_w4a16_ref (w13), SiLU-mul,

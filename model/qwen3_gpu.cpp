@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -144,6 +145,32 @@ struct qwen3_gpu_model::impl {
   step_meta dev{}, host{};
   // graphs per bucket
   std::map<int64_t, cudaGraphExec_t> graphs;
+  // RLSERVE_GPU_PROFILE=1: steps run eagerly with an event after every phase; the time between
+  // consecutive events is summed per phase name (what the decode benchmark prints).
+  bool profile = std::getenv("RLSERVE_GPU_PROFILE") != nullptr;
+  std::vector<std::pair<const char*, cudaEvent_t>> marks;
+  std::map<std::string, double> phase_ms;
+  void mark(const char* phase) {
+    if (!profile)
+      return;
+    cudaEvent_t e;
+    cudaEventCreate(&e);
+    cudaEventRecord(e, stream);
+    marks.emplace_back(phase, e);
+  }
+  void collect() {
+    if (!profile || marks.empty())
+      return;
+    cudaEventSynchronize(marks.back().second);
+    for (std::size_t i = 1; i < marks.size(); ++i) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second);
+      phase_ms[marks[i].first] += ms;
+    }
+    for (auto& m : marks)
+      cudaEventDestroy(m.second);
+    marks.clear();
+  }
 
   ~impl() {
     for (auto& [b, g] : graphs)
@@ -513,6 +540,18 @@ status qwen3_gpu_model::impl::allocate_runtime() {
   pa.kv_heads = nkv;
   pa.head_dim = D;
   pa.max_context = max_blocks * options.kv_block_size;
+  // Sizing checks the whole argument set: real buffers, and stand-ins for the per-step tables
+  // (allocated below, never dereferenced here).
+  const auto* stand_in = reinterpret_cast<const int32_t*>(residual);
+  pa.q = q;
+  pa.k_cache = k_cache[0];
+  pa.v_cache = v_cache[0];
+  pa.block_table = pa.row_seq = pa.row_pos = stand_in;
+  pa.out = attn;
+  if (kernels::paged_attention_can_implement(pa) != kernel_status::ok)
+    return fail(fmt::format("the paged attention kernel cannot run this model: head_dim {} (64 or "
+                            "128), {} query heads per kv head (at most 16), KV block size {} (16 "
+                            "or 32)", D, nq / nkv, options.kv_block_size));
   if (auto b = kernels::paged_attention_workspace_bytes(pa); b > 0) {
     grab(attn_ws, static_cast<int64_t>(b));
   }
@@ -544,6 +583,23 @@ status qwen3_gpu_model::impl::allocate_runtime() {
     f.top_k = static_cast<int32_t>(c.num_experts_per_tok);
     f.group_size = m.shape.group_size;
     f.has_zero_point = !m.symmetric;
+    f.norm_topk_prob = c.norm_topk_prob;
+    const auto& w2 = int4_modules[first->w2];
+    f.router_logits = router_logits;
+    f.x = h;
+    f.w13 = m.weight;
+    f.w13_scale = m.scale;
+    f.w13_zero_point = m.zero_point;
+    f.w2 = w2.weight;
+    f.w2_scale = w2.scale;
+    f.w2_zero_point = w2.zero_point;
+    f.out = delta;
+    if (kernels::fused_moe_can_implement(f) != kernel_status::ok)
+      return fail(fmt::format("the INT4 fused-MoE kernel cannot run this model (hidden {}, "
+                              "moe_intermediate {}, {} experts, top-{}, group size {}): hidden and "
+                              "moe_intermediate must be multiples of 64 and of the group size",
+                              H, c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok,
+                              m.shape.group_size));
     moe_bytes = std::max(moe_bytes, kernels::fused_moe_workspace_bytes(f));
   }
   if (any_bf16_moe) {
@@ -554,6 +610,18 @@ status qwen3_gpu_model::impl::allocate_runtime() {
     f.intermediate = c.moe_intermediate_size;
     f.experts = c.num_experts;
     f.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+    f.norm_topk_prob = c.norm_topk_prob;
+    const auto first = std::find_if(layers.begin(), layers.end(),
+                                    [](const gpu_layer& L) { return L.sparse && L.w13 < 0; });
+    f.router_logits = router_logits;
+    f.x = h;
+    f.w13 = first->w13_bf16;
+    f.w2 = first->w2_bf16;
+    f.out = delta;
+    if (kernels::moe_bf16_can_implement(f) != kernel_status::ok)
+      return fail(fmt::format("the BF16 fused-MoE kernel cannot run this model (hidden {}, "
+                              "moe_intermediate {}, {} experts, top-{})", H,
+                              c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok));
     moe_bytes = std::max(moe_bytes, kernels::moe_bf16_workspace_bytes(f));
   }
   if (moe_bytes > 0)
@@ -568,6 +636,14 @@ status qwen3_gpu_model::impl::allocate_runtime() {
     g.k = m.shape.k;
     g.group_size = m.shape.group_size;
     g.has_zero_point = !m.symmetric;
+    g.a = act; // the widest activation buffer; sizing only checks shapes and pointers
+    g.b = m.weight;
+    g.scale = m.scale;
+    g.zero_point = m.zero_point;
+    g.c = gate_up;
+    if (kernels::gemm_w4a16_can_implement(g) != kernel_status::ok)
+      return fail(fmt::format("the W4A16 GEMM cannot run INT4 module '{}' ([{}, {}], group size {})",
+                              m.name, m.shape.n, m.shape.k, m.shape.group_size));
     gemm_bytes = std::max(gemm_bytes, kernels::gemm_w4a16_workspace_bytes(g));
   }
   if (gemm_bytes > 0)
@@ -759,12 +835,15 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
   const int64_t qkv_cols = (nq + 2 * nkv) * D;
   const auto eps = static_cast<float>(c.rms_norm_eps);
 
+  mark("start");
   KERNEL_TRY("embedding", kernels::embed_launch({dev.ids, embed, residual, T, V, H}, stream));
+  mark("embedding");
   const uint16_t* pending = nullptr; // the last sublayer's output, added at the next norm
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const auto& L = layers[l];
     kernels::add_rms_norm_args n1{residual, pending, L.input_norm, nullptr, h, T, H, eps};
     KERNEL_TRY("input_layernorm", kernels::add_rms_norm_launch(n1, stream));
+    mark("norms");
     if (L.qkv_fused) {
       if (auto s = gemm_bf16(L.qkv_fused, qkv_cols, H, h, T, qkv, qkv_cols, false); !s)
         return s;
@@ -776,6 +855,7 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
       if (auto s = gemm(L.v, h, T, qkv + (nq + nkv) * D, qkv_cols, false); !s)
         return s;
     }
+    mark("qkv GEMM");
     kernels::qk_norm_rope_kv_args r;
     r.qkv = qkv;
     r.q_norm = L.q_norm;
@@ -795,6 +875,7 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
     r.num_slots = num_slots;
     r.eps = eps;
     KERNEL_TRY("q/k norm + RoPE + KV write", kernels::qk_norm_rope_kv_launch(r, stream));
+    mark("q/k norm + RoPE + KV write");
     kernels::paged_attention_args a;
     a.q = q;
     a.k_cache = k_cache[l];
@@ -813,10 +894,13 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
     a.max_context = max_blocks * options.kv_block_size;
     a.scale = static_cast<float>(1.0 / std::sqrt(double(D)));
     KERNEL_TRY("paged attention", kernels::paged_attention_launch(a, attn_ws, stream));
+    mark("paged attention");
     if (auto s = gemm(L.o, attn, T, delta, H, false); !s)
       return s;
+    mark("o_proj GEMM");
     kernels::add_rms_norm_args n2{residual, delta, L.post_norm, nullptr, h, T, H, eps};
     KERNEL_TRY("post_attention_layernorm", kernels::add_rms_norm_launch(n2, stream));
+    mark("norms");
     if (!L.sparse) {
       const int64_t I = c.intermediate_size;
       if (L.gate_up_fused) {
@@ -834,6 +918,7 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
       const int64_t E = c.num_experts;
       if (auto s = gemm_bf16(L.router, E, H, h, T, router_logits, E, true); !s)
         return s;
+      mark("router GEMM");
       if (L.w13 >= 0) {
         const auto& w13 = int4_modules[L.w13];
         const auto& w2 = int4_modules[L.w2];
@@ -874,6 +959,7 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
         KERNEL_TRY("fused MoE (BF16)", kernels::moe_bf16_launch(f, moe_ws, stream));
       }
     }
+    mark(L.sparse ? "MoE" : "dense MLP");
     pending = delta;
   }
   // The last delta joins the residual, then only the rows that want logits are normed.
@@ -881,7 +967,10 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
   KERNEL_TRY("final residual add", kernels::add_rms_norm_launch(last, stream));
   kernels::add_rms_norm_args fin{residual, nullptr, final_norm, dev.logit_rows, h_rows, R, H, eps};
   KERNEL_TRY("final norm", kernels::add_rms_norm_launch(fin, stream));
-  return gemm_bf16(lm_head, V, H, h_rows, R, logits, V, true);
+  mark("norms");
+  auto lm = gemm_bf16(lm_head, V, H, h_rows, R, logits, V, true);
+  mark("lm_head GEMM");
+  return lm;
 }
 
 // Checks the items and fills the host metadata. With `padded`, T / S / R are rounded up to the
@@ -976,7 +1065,7 @@ status qwen3_gpu_model::impl::launch(int64_t T, int64_t S, int64_t R, bool graph
                           cudaMemcpyHostToDevice, stream));
   GPU_TRY(cudaMemcpyAsync(dev.temperature, host.temperature, static_cast<std::size_t>(4 * max_rows) * 4,
                           cudaMemcpyHostToDevice, stream));
-  if (!graph_ok || !options.cuda_graphs)
+  if (!graph_ok || !options.cuda_graphs || profile)
     return run_step(T, S, R);
   auto it = graphs.find(T);
   if (it == graphs.end()) {
@@ -1097,6 +1186,12 @@ std::size_t qwen3_gpu_model::weight_bytes() const { return impl_->weight_bytes; 
 std::size_t qwen3_gpu_model::kv_bytes() const { return impl_->kv_bytes; }
 int64_t qwen3_gpu_model::graphs_captured() const { return static_cast<int64_t>(impl_->graphs.size()); }
 
+std::vector<std::pair<std::string, double>> qwen3_gpu_model::take_profile() {
+  std::vector<std::pair<std::string, double>> out(impl_->phase_ms.begin(), impl_->phase_ms.end());
+  impl_->phase_ms.clear();
+  return out;
+}
+
 status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float>& logits) {
   auto& p = *impl_;
   GPU_TRY(cudaSetDevice(p.device)); // the runner's thread may not be the creating one
@@ -1116,6 +1211,7 @@ status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float
   if (R_real > 0)
     GPU_TRY(cudaMemcpyAsync(logits.data(), p.logits, logits.size() * 4, cudaMemcpyDeviceToHost, p.stream));
   GPU_TRY(cudaStreamSynchronize(p.stream));
+  p.collect();
   for (auto& it : items)
     it.kv->length += static_cast<int64_t>(it.tokens.size());
   return {};
@@ -1161,7 +1257,9 @@ status qwen3_gpu_model::forward_sample(std::span<forward_item> items,
   logprobs.resize(items.size());
   GPU_TRY(cudaMemcpyAsync(tokens.data(), p.out_token, items.size() * 4, cudaMemcpyDeviceToHost, p.stream));
   GPU_TRY(cudaMemcpyAsync(logprobs.data(), p.out_logprob, items.size() * 4, cudaMemcpyDeviceToHost, p.stream));
+  p.mark("sampler");
   GPU_TRY(cudaStreamSynchronize(p.stream));
+  p.collect();
   for (auto& it : items)
     it.kv->length += 1;
   return {};
@@ -1368,6 +1466,7 @@ expected<std::string> qwen3_gpu_model::post_process() { return fail(k_no_cuda); 
 std::vector<std::string> qwen3_gpu_model::int4_module_names() const { return {}; }
 expected<gpu_int4_snapshot> qwen3_gpu_model::int4_module(const std::string&) const { return fail(k_no_cuda); }
 int64_t qwen3_gpu_model::graphs_captured() const { return 0; }
+std::vector<std::pair<std::string, double>> qwen3_gpu_model::take_profile() { return {}; }
 bool gpu_available() { return false; }
 expected<double> gpu_copy_bandwidth(int, std::size_t, int) { return fail(k_no_cuda); }
 

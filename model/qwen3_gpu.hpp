@@ -36,6 +36,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/int4_format.hpp"
@@ -127,6 +128,9 @@ public:
   std::vector<std::string> int4_module_names() const;
   expected<gpu_int4_snapshot> int4_module(const std::string& name) const;
   int64_t graphs_captured() const;
+  // With RLSERVE_GPU_PROFILE set: milliseconds per phase (GEMMs, attention, MoE, norms, sampler)
+  // summed since the last call, steps run eagerly with an event between phases. Empty otherwise.
+  std::vector<std::pair<std::string, double>> take_profile();
 
   struct impl;
 

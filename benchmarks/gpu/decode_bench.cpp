@@ -13,7 +13,9 @@
 // Each batch size: B fresh sequences prefilled with `--prompt` random tokens (chunked, eager),
 // `--warmup` decode steps (the CUDA graph of the bucket is captured there), then `--steps` timed
 // greedy decode steps through forward_sample (forward + sampling on the device, tokens back to the
-// host, as the runner does). Prints a table and, with --json, writes the numbers.
+// host, as the runner does). Prints a table and, with --json, writes the numbers. With
+// RLSERVE_GPU_PROFILE=1 in the environment the steps run eagerly with events between phases and
+// the time per phase is printed (graph gaps then show as launch overhead).
 //
 //   decode_bench [--batches 1,8,32,128] [--prompt 128] [--steps 32] [--mode both|int4|bf16]
 //                [--layers 48] [--no-graphs] [--json FILE]
@@ -177,6 +179,7 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
     for (int64_t i = 0; i < o.warmup; ++i)
       step();
     const int64_t context_mid = o.prompt + o.warmup + o.steps / 2;
+    m.take_profile(); // drop what prefill and warm-up recorded
     auto start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < o.steps; ++i)
       step();
@@ -197,6 +200,8 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
     std::printf("  %-4s B=%-4lld step %8.3f ms  %9.1f tok/s  roofline %7.3f ms (%.0f%%)  weights %.2f GB  KV %.3f GB\n",
                 r.mode.c_str(), static_cast<long long>(B), r.step_ms, r.tokens_per_s, r.roofline_ms,
                 100.0 * r.roofline_ms / r.step_ms, r.weight_gb, r.kv_gb);
+    for (const auto& [phase, total] : m.take_profile()) // RLSERVE_GPU_PROFILE: eager steps, per phase
+      std::printf("      %-28s %8.3f ms / step\n", phase.c_str(), total / double(o.steps));
     std::fflush(stdout);
   }
   return true;

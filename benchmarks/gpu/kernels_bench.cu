@@ -344,41 +344,47 @@ void bench_moe(const std::vector<int64_t>& ts, double copy_bw, table& out) {
     }
     touched /= sets;
     a.tokens = T;
-    auto args_for = [&](int i) {
-      fused_moe_args x = a;
-      const lw& l = L[i % layers];
-      x.router_logits = logits[i % sets];
-      x.w13 = static_cast<int32_t*>(l.w13), x.w13_scale = static_cast<uint16_t*>(l.s13);
-      x.w13_zero_point = static_cast<int32_t*>(l.z13);
-      x.w2 = static_cast<int32_t*>(l.w2), x.w2_scale = static_cast<uint16_t*>(l.s2);
-      x.w2_zero_point = static_cast<int32_t*>(l.z2);
-      return x;
-    };
-    const stats eager = time_launches([&](int i) { CHECK_OK(fused_moe_launch(args_for(i), work, nullptr)); });
-    // CUDA graph of 2 * sets calls (every routing on both layers), replayed.
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < 2 * sets; ++i)
-      CHECK_OK(fused_moe_launch(args_for(i), work, stream));
-    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-    const stats replay = time_launches([&](int) { CHECK_CUDA(cudaGraphLaunch(exec, stream)); }, stream);
-    CHECK_CUDA(cudaStreamSynchronize(stream));
-    CHECK_CUDA(cudaGraphExecDestroy(exec));
-    CHECK_CUDA(cudaGraphDestroy(graph));
-    const double graph_us = replay.median_us / (2 * sets);
-    const double bytes = touched * expert_bytes + T * H * 4.0;
-    out.rows.push_back({std::to_string(T), fmt("%.1f", touched), fmt("%.1f", bytes / 1e6), fmt("%.2f", eager.median_us),
-                        fmt("%.1f", eager.p10_us) + " / " + fmt("%.1f", eager.p90_us), fmt("%.2f", graph_us),
-                        fmt("%.2f", bytes / (eager.median_us * 1e-6) / 1e12),
-                        fmt("%.0f%%", 100.0 * bytes / (eager.median_us * 1e-6) / copy_bw),
-                        fmt("%.2f", bytes / (graph_us * 1e-6) / 1e12),
-                        fmt("%.0f%%", 100.0 * bytes / (graph_us * 1e-6) / copy_bw)});
-    std::printf("moe T=%ld: %.1f experts, %.1f MB, eager %.2f us (p10 %.2f p90 %.2f), graph %.2f us/call, %.2f / %.2f TB/s\n",
-                static_cast<long>(T), touched, bytes / 1e6, eager.median_us, eager.p10_us, eager.p90_us, graph_us,
-                bytes / (eager.median_us * 1e-6) / 1e12, bytes / (graph_us * 1e-6) / 1e12);
-    std::fflush(stdout);
+    // Decode sizes run both paths side by side: GEMV (automatic there) and the tiled GEMMs.
+    const std::vector<int> paths = T * K <= k_moe_gemv_auto_ids ? std::vector<int>{1, -1} : std::vector<int>{0};
+    for (int path : paths) {
+      auto args_for = [&](int i) {
+        fused_moe_args x = a;
+        x.gemv = path;
+        const lw& l = L[i % layers];
+        x.router_logits = logits[i % sets];
+        x.w13 = static_cast<int32_t*>(l.w13), x.w13_scale = static_cast<uint16_t*>(l.s13);
+        x.w13_zero_point = static_cast<int32_t*>(l.z13);
+        x.w2 = static_cast<int32_t*>(l.w2), x.w2_scale = static_cast<uint16_t*>(l.s2);
+        x.w2_zero_point = static_cast<int32_t*>(l.z2);
+        return x;
+      };
+      const stats eager = time_launches([&](int i) { CHECK_OK(fused_moe_launch(args_for(i), work, nullptr)); });
+      // CUDA graph of 2 * sets calls (every routing on both layers), replayed.
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      for (int i = 0; i < 2 * sets; ++i)
+        CHECK_OK(fused_moe_launch(args_for(i), work, stream));
+      CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+      CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      const stats replay = time_launches([&](int) { CHECK_CUDA(cudaGraphLaunch(exec, stream)); }, stream);
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      CHECK_CUDA(cudaGraphExecDestroy(exec));
+      CHECK_CUDA(cudaGraphDestroy(graph));
+      const double graph_us = replay.median_us / (2 * sets);
+      const double bytes = touched * expert_bytes + T * H * 4.0;
+      const char* path_name = path == 1 ? "gemv" : path == -1 ? "tiled" : "auto";
+      out.rows.push_back({std::to_string(T), path_name, fmt("%.1f", touched), fmt("%.1f", bytes / 1e6), fmt("%.2f", eager.median_us),
+                          fmt("%.1f", eager.p10_us) + " / " + fmt("%.1f", eager.p90_us), fmt("%.2f", graph_us),
+                          fmt("%.2f", bytes / (eager.median_us * 1e-6) / 1e12),
+                          fmt("%.0f%%", 100.0 * bytes / (eager.median_us * 1e-6) / copy_bw),
+                          fmt("%.2f", bytes / (graph_us * 1e-6) / 1e12),
+                          fmt("%.0f%%", 100.0 * bytes / (graph_us * 1e-6) / copy_bw)});
+      std::printf("moe T=%ld %s: %.1f experts, %.1f MB, eager %.2f us (p10 %.2f p90 %.2f), graph %.2f us/call, %.2f / %.2f TB/s\n",
+                  static_cast<long>(T), path_name, touched, bytes / 1e6, eager.median_us, eager.p10_us, eager.p90_us, graph_us,
+                  bytes / (eager.median_us * 1e-6) / 1e12, bytes / (graph_us * 1e-6) / 1e12);
+      std::fflush(stdout);
+    }
   }
   CHECK_CUDA(cudaStreamDestroy(stream));
   for (auto& l : L)
@@ -481,10 +487,10 @@ int main(int argc, char** argv) {
 
   table m{"Fused MoE, Qwen3-30B-A3B shapes (E 128, H 2048, I 768, top-8, asym g128): bytes = experts touched "
           "(weights + scales + zero points) + x and out; times in us",
-          {"T", "experts touched", "MB", "eager", "p10 / p90", "graph / call", "TB/s eager", "% copy", "TB/s graph",
+          {"T", "path", "experts touched", "MB", "eager", "p10 / p90", "graph / call", "TB/s eager", "% copy", "TB/s graph",
            "% copy (graph)"}};
   if (only.empty() || only == "moe")
-    bench_moe(!ts_opt.empty() ? ts_opt : quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 16, 64, 256},
+    bench_moe(!ts_opt.empty() ? ts_opt : quick ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 4, 16, 64, 256},
               copy_bw, m);
 
   table q{"Quantize + pack + repack to the serving layout (int4_quantize_serving_launch); times in us",

@@ -32,7 +32,8 @@ constexpr int k_max_block = 64;             // largest m block (4 x m16)
 
 // Warp per token. Selection runs on the logits (softmax is monotonic, and the comparison is
 // exact, so CPU and GPU pick the same experts); ties go to the lower expert id. Weights are
-// expf(l - max) over the sum of the picked ones (norm_topk_prob) or of all experts.
+// expf(l - max) over the sum of the picked ones (norm_topk_prob) or of all experts. Writes the
+// token's row: ids[0, top_k), weights[0, top_k).
 __device__ __forceinline__ void topk_one_token(const float* __restrict__ logits, int32_t t, int32_t experts,
                                                int32_t top_k, bool norm, int32_t* __restrict__ ids,
                                                float* __restrict__ weights) {
@@ -91,8 +92,8 @@ __device__ __forceinline__ void topk_one_token(const float* __restrict__ logits,
         v[i] = -INFINITY;
   }
   if (lane < top_k) {
-    ids[static_cast<int64_t>(t) * top_k + lane] = my_id;
-    weights[static_cast<int64_t>(t) * top_k + lane] = my_p / (norm ? picked_sum : all);
+    ids[lane] = my_id;
+    weights[lane] = my_p / (norm ? picked_sum : all);
   }
 }
 
@@ -103,7 +104,7 @@ moe_topk_kernel(const float* __restrict__ logits, // [T, E]
                 float* __restrict__ weights) {    // [T, k]
   const int32_t t = blockIdx.x * k_topk_warps + (threadIdx.x >> 5);
   if (t < tokens)
-    topk_one_token(logits, t, experts, top_k, norm, ids, weights);
+    topk_one_token(logits, t, experts, top_k, norm, ids + int64_t{t} * top_k, weights + int64_t{t} * top_k);
 }
 
 // ---- 2. alignment -------------------------------------------------------------------------------------
@@ -185,7 +186,7 @@ moe_route_kernel(const float* __restrict__ logits, int32_t tokens, int32_t exper
                  int32_t* __restrict__ num_padded) {
   const int32_t t = threadIdx.x >> 5;
   if (t < tokens)
-    topk_one_token(logits, t, experts, top_k, norm, ids, weights);
+    topk_one_token(logits, t, experts, top_k, norm, ids + int64_t{t} * top_k, weights + int64_t{t} * top_k);
   __syncthreads();
   align_body(ids, tokens * top_k, experts, block, sorted_ids, block_expert, num_padded);
 }
@@ -233,15 +234,245 @@ moe_combine_kernel(const float* __restrict__ y,       // [T*k, H]
   }
 }
 
+
+// ---- small-T decode path: GEMV over serving tiles ---------------------------------------------------
+
+constexpr int k_gemv_max_warps = 8;
+constexpr int k_gemv_batch = 8; // serving tiles a warp loads before it uses them
+
+__device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+__device__ __forceinline__ void mma_bf16_16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One (pair, 64-column tile) of out = x W^T for the serving matrix `w` ([k/16, 2n] words, tile
+// (kt, nt) at word (kt * n/64 + nt) * 128), swap-AB on the tensor cores: D [16 n x 8] = W [16 n x
+// 16 k] X [16 k x 8], X's column 0 the input vector, its other columns zero. The 4 words lane l
+// loads from a serving tile are, dequantized, exactly its A fragments of the tile's four n16 blocks
+// (serving_tile_element: rows n = l/4 and l/4 + 8, columns k = r, r+1, r+8, r+9 with r = 2 (l % 4)),
+// so no shuffles are needed. Dequantization is the reference's: bf16_rn((q - z) * s), the codes
+// as bf16 pairs (word >> 4p) & 0x000F000F | 0x43004300 = 128 + q, minus 128 + z, times s; FP32
+// accumulation. Warp w of the CTA takes k-tiles [w*per, (w+1)*per) and the warps' partial columns
+// are summed in warp order (deterministic). Returns the 64 FP32 columns in red[0..63] (after the
+// block barrier).
+__device__ __forceinline__ void gemv_tile(const int32_t* __restrict__ w, const uint16_t* __restrict__ scale,
+                                          const int32_t* __restrict__ zp, bool has_zp, const uint16_t* __restrict__ xs,
+                                          int32_t n, int32_t k, int32_t groups, int32_t glen_log2, int32_t nt,
+                                          float* __restrict__ red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int c = lane >> 2, r = 2 * (lane & 3);
+  const bool token_lane = c == 0; // B fragment column 0 = lanes 0..3
+  const int32_t kts = k / 16;
+  const int32_t per = (kts + warps - 1) / warps;
+  const int32_t kb = min(kts, warp * per), ke = min(kts, kb + per);
+  const int64_t slab_u4 = n / 2; // uint4 per 16-row slab (2n words)
+  const uint4* wp = reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(nt) * 32 + lane;
+  const bool single = groups == 1;
+  float acc[4][4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      acc[j][i] = 0.0f;
+  // Group constants of the lane's 8 columns c + 8m (m = 2j + half): (s, s) and (128 + z, 128 + z).
+  uint32_t s2[8], z2[8];
+  int32_t cur = -1;
+  auto load_group = [&](int32_t g) {
+    uint32_t sb[8];
+    if (!single) {
+      const uint4 sv = *reinterpret_cast<const uint4*>(scale + static_cast<int64_t>(g) * n + 64 * nt + 8 * c);
+      const uint32_t words[4] = {sv.x, sv.y, sv.z, sv.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        sb[2 * q] = words[q] & 0xffffu;
+        sb[2 * q + 1] = words[q] >> 16;
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < 8; ++m)
+        sb[m] = scale[serving_scale_position(64 * nt + c + 8 * m, true)];
+    }
+    const uint32_t zw = has_zp ? static_cast<uint32_t>(zp[static_cast<int64_t>(g) * (n / 8) + 8 * nt + c]) : 0u;
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      s2[m] = sb[m] | (sb[m] << 16);
+      const uint32_t z = has_zp ? int4_get_nibble(zw, int4_interleave_slot(m)) : 8u;
+      z2[m] = (0x4300u | z) * 0x00010001u; // bf16 128 + z in both halves
+    }
+  };
+  for (int32_t k0 = kb; k0 < ke; k0 += k_gemv_batch) {
+    uint4 t[k_gemv_batch];
+#pragma unroll
+    for (int u = 0; u < k_gemv_batch; ++u)
+      if (k0 + u < ke)
+        t[u] = __ldg(wp + static_cast<int64_t>(k0 + u) * slab_u4);
+#pragma unroll
+    for (int u = 0; u < k_gemv_batch; ++u) {
+      if (k0 + u >= ke)
+        break;
+      const int32_t kt = k0 + u;
+      const int32_t g = single ? 0 : (kt * 16) >> glen_log2;
+      if (g != cur) {
+        load_group(g);
+        cur = g;
+      }
+      const uint32_t xa = *reinterpret_cast<const uint32_t*>(xs + 16 * kt + r);
+      const uint32_t xb = *reinterpret_cast<const uint32_t*>(xs + 16 * kt + r + 8);
+      const uint32_t b0 = token_lane ? xa : 0u, b1 = token_lane ? xb : 0u;
+      const uint32_t words[4] = {t[u].x, t[u].y, t[u].z, t[u].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t d[4]; // pair p: elements 2p, 2p + 1 = (k r + 8 (p & 1) + {0, 1}, n c + 8 (p >> 1))
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const uint32_t v = ((words[j] >> (4 * p)) & 0x000f000fu) | 0x43004300u;
+          const int m = 2 * j + (p >> 1);
+          d[p] = bf16x2_mul(bf16x2_sub(v, z2[m]), s2[m]);
+        }
+        const uint32_t a[4] = {d[0], d[2], d[1], d[3]}; // A: (n, k) (n + 8, k) (n, k + 8) (n + 8, k + 8)
+        mma_bf16_16816(acc[j], a, b0, b1);
+      }
+    }
+  }
+  // D fragment: lane 4c holds column 0 (the token) of rows c (acc[j][0]) and c + 8 (acc[j][2]).
+  __shared__ float part[k_gemv_max_warps][64];
+  if ((lane & 3) == 0)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      part[warp][16 * j + c] = acc[j][0];
+      part[warp][16 * j + c + 8] = acc[j][2];
+    }
+  __syncthreads();
+  if (threadIdx.x < 64) {
+    float sum = 0.0f;
+    for (int i = 0; i < warps; ++i) // warp order: deterministic
+      sum += part[i][threadIdx.x];
+    red[threadIdx.x] = sum;
+  }
+  __syncthreads();
+}
+
+// Pulls the serving tiles this warp of gemv_tile will read (same split of k) into L2, so their
+// DRAM latency overlaps the staging of the input vector.
+__device__ __forceinline__ void gemv_prefetch(const int32_t* __restrict__ w, int32_t n, int32_t k, int32_t nt) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int32_t kts = k / 16;
+  const int32_t per = (kts + warps - 1) / warps;
+  const int32_t kb = min(kts, warp * per), ke = min(kts, kb + per);
+  const char* base = reinterpret_cast<const char*>(w + static_cast<int64_t>(nt) * 128);
+  for (int32_t i = lane; i < (ke - kb) * 4; i += 32) // 4 lines of 128 B per 512 B tile
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + static_cast<int64_t>(kb + i / 4) * n * 8 + (i % 4) * 128));
+}
+
+// w13: grid (2I/64, pairs), pair = token * top_k + slot. Warp 0 routes the CTA's token (the same
+// top-k as moe_topk_kernel) while the others stage x; the CTAs of slot 0, tile 0 publish the
+// token's ids and weights for the w2 kernel. Output gate | up in FP32: gu [pairs, 2I].
+__global__ void __launch_bounds__(32 * k_gemv_max_warps)
+moe_gemv13_kernel(const uint16_t* __restrict__ x, const float* __restrict__ logits, int32_t experts, bool norm,
+                  int32_t top_k, int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights,
+                  const int32_t* __restrict__ w13, const uint16_t* __restrict__ scale,
+                  const int32_t* __restrict__ zp, bool has_zp, int32_t hidden, int32_t inter, int32_t groups,
+                  int32_t glen_log2, float* __restrict__ gu) {
+  extern __shared__ uint16_t xs[]; // [H] bf16
+  __shared__ float red[64];
+  __shared__ int32_t route_ids[32];
+  __shared__ float route_w[32]  /* top_k <= 32 */;
+  const int32_t pair = blockIdx.y, nt = blockIdx.x, n = 2 * inter;
+  const int32_t t = pair / top_k, slot = pair % top_k;
+  if (threadIdx.x < 32)
+    topk_one_token(logits, t, experts, top_k, norm, route_ids, route_w);
+  const uint16_t* xr = x + static_cast<int64_t>(t) * hidden;
+  for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) // H % 64 == 0: 16-byte chunks
+    reinterpret_cast<uint4*>(xs)[i] = reinterpret_cast<const uint4*>(xr)[i];
+  __syncthreads();
+  if (nt == 0 && slot == 0 && threadIdx.x < top_k) {
+    topk_ids[static_cast<int64_t>(t) * top_k + threadIdx.x] = route_ids[threadIdx.x];
+    topk_weights[static_cast<int64_t>(t) * top_k + threadIdx.x] = route_w[threadIdx.x];
+  }
+  const int32_t e = route_ids[slot];
+  const int64_t words = static_cast<int64_t>(hidden) * n / 8, groups_n = static_cast<int64_t>(groups) * n;
+  gemv_tile(w13 + e * words, scale + e * groups_n, has_zp ? zp + e * (groups_n / 8) : nullptr, has_zp, xs, n,
+            hidden, groups, glen_log2, nt, red);
+  if (threadIdx.x < 64)
+    gu[static_cast<int64_t>(pair) * n + 64 * nt + threadIdx.x] = red[threadIdx.x];
+}
+
+// w2: grid (H/64, pairs). h = bf16(silu(bf16 g) * bf16 u) from gu, FP32 rows y [pairs, H]; the
+// last of a token's top_k CTAs on a column tile (an atomic count per (token, tile), reset by that
+// CTA) combines the tile: out[t] = bf16(sum_s w_s y_s) in slot order, as moe_combine_kernel.
+__global__ void __launch_bounds__(32 * k_gemv_max_warps)
+moe_gemv2_kernel(const float* __restrict__ gu, const int32_t* __restrict__ topk_ids,
+                 const float* __restrict__ topk_weights, int32_t top_k,
+                 const int32_t* __restrict__ w2, const uint16_t* __restrict__ scale,
+                 const int32_t* __restrict__ zp, bool has_zp, int32_t hidden, int32_t inter, int32_t groups,
+                 int32_t glen_log2, float* __restrict__ y, int32_t* __restrict__ arrivals,
+                 uint16_t* __restrict__ out) {
+  extern __shared__ uint16_t hs[]; // [I] bf16
+  __shared__ float red[64];
+  __shared__ bool last;
+  const int32_t pair = blockIdx.y, nt = blockIdx.x;
+  const int32_t t = pair / top_k;
+  const int32_t e = topk_ids[pair];
+  const int64_t words = static_cast<int64_t>(inter) * hidden / 8, groups_n = static_cast<int64_t>(groups) * hidden;
+  gemv_prefetch(w2 + e * words, hidden, inter, nt);
+  const float* row = gu + static_cast<int64_t>(pair) * 2 * inter;
+  for (int i = threadIdx.x; i < inter; i += blockDim.x) {
+    const float g = __bfloat162float(__float2bfloat16_rn(row[i]));
+    const float u = __bfloat162float(__float2bfloat16_rn(row[inter + i]));
+    hs[i] = __bfloat16_as_ushort(__float2bfloat16_rn(g / (1.0f + expf(-g)) * u));
+  }
+  __syncthreads();
+  gemv_tile(w2 + e * words, scale + e * groups_n, has_zp ? zp + e * (groups_n / 8) : nullptr, has_zp, hs, hidden,
+            inter, groups, glen_log2, nt, red);
+  const int64_t col = 64 * nt + threadIdx.x;
+  if (threadIdx.x < 64) {
+    y[static_cast<int64_t>(pair) * hidden + col] = red[threadIdx.x];
+    __threadfence(); // y before the count (the classic last-block pattern)
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t* count = arrivals + static_cast<int64_t>(t) * (hidden / 64) + nt;
+    last = atomicAdd(count, 1) == top_k - 1;
+    if (last)
+      *count = 0; // every slot has arrived: ready for the next launch
+  }
+  __syncthreads();
+  if (!last || threadIdx.x >= 64)
+    return;
+  __threadfence();
+  float acc = 0.0f;
+  for (int32_t s = 0; s < top_k; ++s) {
+    const float v = __ldcg(y + (static_cast<int64_t>(t) * top_k + s) * hidden + col);
+    acc = __fadd_rn(acc, __fmul_rn(__ldcg(topk_weights + static_cast<int64_t>(t) * top_k + s), v));
+  }
+  out[static_cast<int64_t>(t) * hidden + col] = __bfloat16_as_ushort(__float2bfloat16_rn(acc));
+}
+
+// Warps per GEMV CTA: at least 4 k-tiles (64 k) each, at least 2 (the 64 threads that write the
+// tile's columns), at most 8.
+int gemv_warps(int64_t k) { return static_cast<int>(std::clamp<int64_t>(k / 64, 2, k_gemv_max_warps)); }
+
 // ---- workspace layout ---------------------------------------------------------------------------------
 
 // Regions, each 256-byte aligned, sized for the token capacity and for the largest m block, so
 // no offset depends on the tokens or the variant of one launch:
 //   topk ids, topk weights [cap*k] | sorted ids [align capacity at block 64] | block experts
 //   [align capacity at block 8 / 8] | num_padded | h [cap*k, I] bf16 | y [cap*k, H] FP32 |
+//   gate|up of the GEMV path [min(cap*k, 64), 2I] FP32 | its arrival counts [min(cap, 64), H/64] |
 //   GEMM partials (any variant) | GEMM tile counters (8-row blocks, the larger GEMM)
 struct moe_layout {
-  std::size_t ids = 0, weights = 0, sorted = 0, block_expert = 0, num_padded = 0, h = 0, y = 0;
+  std::size_t ids = 0, weights = 0, sorted = 0, block_expert = 0, num_padded = 0, h = 0, y = 0, gu = 0;
+  std::size_t arrivals = 0, arrivals_bytes = 0;
   std::size_t partials = 0, counters = 0, total = 0;
   int64_t max_tiles = 0;
 };
@@ -266,6 +497,9 @@ moe_layout layout_of(const fused_moe_args& a) {
   l.num_padded = take(sizeof(int32_t));
   l.h = take(ids * a.intermediate * sizeof(uint16_t));
   l.y = take(ids * a.hidden * sizeof(float));
+  l.gu = take(std::min(ids, k_moe_gemv_max_ids) * 2 * a.intermediate * sizeof(float)); // GEMV path
+  l.arrivals_bytes = static_cast<std::size_t>(std::min(cap, k_moe_gemv_max_ids) * (a.hidden / 64)) * sizeof(int32_t);
+  l.arrivals = take(l.arrivals_bytes);
   l.partials = take(w4a16::partial_bytes());
   // CTA tiles along n: w13 pairs 128 gate with 128 up columns, w2 covers 256 columns.
   const int64_t n_tiles = std::max<int64_t>((a.intermediate + w4a16::k_tile_n / 2 - 1) / (w4a16::k_tile_n / 2),
@@ -329,6 +563,8 @@ kernel_status fused_moe_workspace_init(const fused_moe_args& a, void* workspace,
   const moe_layout l = layout_of(a);
   RLSERVE_CUDA_TRY(cudaMemsetAsync(static_cast<unsigned char*>(workspace) + l.counters, 0,
                                    w4a16::counter_bytes(l.max_tiles), stream));
+  RLSERVE_CUDA_TRY(cudaMemsetAsync(static_cast<unsigned char*>(workspace) + l.arrivals, 0,
+                                   l.arrivals_bytes, stream));
   return kernel_status::ok;
 }
 
@@ -369,6 +605,29 @@ kernel_status fused_moe_launch(const fused_moe_args& a, void* workspace, cudaStr
   const int64_t groups2 = a.group_size == k_int4_channel ? 1 : I / a.group_size;
 
   moe_topk_args topk{T, a.experts, a.top_k, a.norm_topk_prob, a.router_logits, v.topk_ids, v.topk_weights};
+  const bool gemv = a.gemv == 1 || (a.gemv == 0 && a.block_rows == 0 && num_ids <= k_moe_gemv_auto_ids &&
+                                           H <= k_moe_gemv_max_dim && I <= k_moe_gemv_max_dim);
+  if (gemv) {
+    if (auto st = moe_topk_can_implement(topk); st != kernel_status::ok)
+      return st;
+    const int32_t glen_log2 = groups13 == 1 ? 0 : 31 - __builtin_clz(static_cast<unsigned>(a.group_size));
+    auto* gu = reinterpret_cast<float*>(base + l.gu);
+    auto* arrivals = reinterpret_cast<int32_t*>(base + l.arrivals);
+    const int w13_warps = gemv_warps(H), w2_warps = gemv_warps(I);
+    moe_gemv13_kernel<<<dim3(static_cast<unsigned>(2 * I / 64), static_cast<unsigned>(num_ids)), 32 * w13_warps,
+                        H * sizeof(uint16_t), stream>>>(
+      a.x, a.router_logits, static_cast<int32_t>(a.experts), a.norm_topk_prob, a.top_k, v.topk_ids, v.topk_weights,
+      a.w13, a.w13_scale, a.w13_zero_point, a.has_zero_point, static_cast<int32_t>(H), static_cast<int32_t>(I),
+      static_cast<int32_t>(groups13), glen_log2, gu);
+    RLSERVE_CUDA_CHECK_LAUNCH();
+    moe_gemv2_kernel<<<dim3(static_cast<unsigned>(H / 64), static_cast<unsigned>(num_ids)), 32 * w2_warps,
+                       I * sizeof(uint16_t), stream>>>(
+      gu, v.topk_ids, v.topk_weights, a.top_k, a.w2, a.w2_scale, a.w2_zero_point, a.has_zero_point,
+      static_cast<int32_t>(H), static_cast<int32_t>(I), static_cast<int32_t>(groups2), glen_log2, v.y, arrivals,
+      a.out);
+    RLSERVE_CUDA_CHECK_LAUNCH();
+    return kernel_status::ok;
+  }
   moe_align_args align{num_ids, a.experts, block, v.topk_ids, v.sorted_ids, v.block_expert, v.num_padded};
   if (T <= k_route_max_tokens) {
     if (auto st = moe_topk_can_implement(topk); st != kernel_status::ok)

@@ -3,7 +3,7 @@
 // Work unit = one CTA per (query row t, kv head g, split j): the CTA owns all G = q_heads / kv_heads
 // query heads that read kv head g, so every K/V row of the split is read from memory once.
 // Splits: a row of context L = pos + 1 is cut into n(L) <= 32 splits of fixed length
-// S(L) = 128 * 2^e (the smallest e with ceil(L / S) <= 32) -- a function of the row's own length
+// S(L) = 32 * 2^e (the smallest e with ceil(L / S) <= 32) -- a function of the row's own length
 // only, so a sequence's reduction order never depends on the batch around it. A row with one
 // split writes its output directly; otherwise each split writes (o / l, log2-sum-exp) in fp32 to
 // the workspace and a second tiny kernel merges the splits in index order.
@@ -27,7 +27,10 @@ namespace {
 
 constexpr int k_threads = 128;
 constexpr int k_tile = 32;        // tokens per K/V tile
-constexpr int k_split_base = 128; // shortest split
+// Shortest split: one K/V tile. A decode row at batch 1 has only kv_heads CTAs per split, and a
+// CTA's tiles are a chain of dependent loads (~2-3 us each on the H200): short splits put a
+// short context's tiles on different SMs (measured at 128: 26 us per layer at context 72).
+constexpr int k_split_base = 32;
 constexpr int k_max_splits = 32;  // splits per row at most (bounds the workspace)
 constexpr int k_max_group = 16;   // q heads per kv head at most
 constexpr float k_log2e = 1.4426950408889634f;

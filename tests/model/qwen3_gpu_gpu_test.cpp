@@ -30,13 +30,21 @@ using rlserve::test::why;
 
 namespace {
 
-// BF16 activations against fp32 ones through a few layers, as relative L2 of the logits. The
-// reference gap is transformers' own BF16 forward against fp32 on such models: relative L2
-// 1.3-2.0%, top-1 97-99% (tests/gpu/test_transformers_parity.py). MoE layers amplify it where a
-// token's router scores are nearly tied and the two paths pick different experts (a few rows
-// then differ by a lot), so the bounds leave room for that, not for a wrong kernel: a wrong
-// kernel moves every row (relative L2 of order 1).
-constexpr double k_gpu_vs_cpu_rel = 6e-2;
+// BF16 activations against fp32 ones through a few layers, per row (position) as relative L2 of
+// its logits. The reference gap is transformers' own BF16 forward against fp32 on such models:
+// relative L2 1.3-2.0%, top-1 97-99% (tests/gpu/test_transformers_parity.py). MoE layers add
+// outliers: where a token's router scores are nearly tied the two paths pick different experts
+// and that row (and the later rows of its prompt, through attention) differ by a lot -- measured
+// up to 19% max relative on these random models. So the bounds are on the typical row (the
+// median) and on how many rows may be outliers, not on the worst one: a wrong kernel moves every
+// row (relative error of order 1). Open (2026-12-03, H200): the BF16-expert MoE prefill case
+// measured median row 3.7e-2 with 22.9% outlier rows (decode 1.0e-2; the INT4 MoE models 0.8-1.1e-2)
+// and fails the median bound; with 8 experts top-2 it measured 7.0e-2 / 66.7%. Routing flips
+// spreading through attention explain it if they are frequent enough; a kernel fault at prefill
+// sizes is not excluded yet: tests/kernels/decoder_ops_gpu_test.cu (moe_bf16_matches_cpu) is the
+// next check.
+constexpr double k_gpu_vs_cpu_rel = 3e-2;      // median row
+constexpr double k_gpu_vs_cpu_outliers = 0.25; // rows above 2 x k_gpu_vs_cpu_rel, at most
 constexpr double k_top1_agreement = 0.85;
 
 model_config medium(bool moe) {
@@ -73,9 +81,11 @@ std::vector<int32_t> prompt(int64_t n, uint64_t seed, int64_t vocab) {
 }
 
 struct compare_result {
-  double rel = 0;     // ||gpu - cpu|| / ||cpu|| (relative L2)
-  double max_rel = 0; // max |gpu - cpu| / max |cpu| (reported)
-  double top1 = 0;    // rows whose argmax agrees
+  double rel = 0;      // median over rows of ||gpu - cpu|| / ||cpu|| (relative L2)
+  double all_rel = 0;  // the same over all logits at once (reported)
+  double outliers = 0; // fraction of rows whose relative L2 exceeds 2 x k_gpu_vs_cpu_rel
+  double max_rel = 0;  // max |gpu - cpu| / max |cpu| (reported)
+  double top1 = 0;     // rows whose argmax agrees
 };
 
 compare_result compare(const std::vector<float>& gpu, const std::vector<float>& cpu, int64_t vocab) {
@@ -90,13 +100,24 @@ compare_result compare(const std::vector<float>& gpu, const std::vector<float>& 
     diff2 += d * d;
     ref2 += double(cpu[i]) * cpu[i];
   }
+  std::vector<double> row_rel;
+  int64_t outliers = 0;
   for (int64_t r = 0; r < rows; ++r) {
     auto g = std::max_element(gpu.begin() + r * vocab, gpu.begin() + (r + 1) * vocab) - gpu.begin();
     auto c = std::max_element(cpu.begin() + r * vocab, cpu.begin() + (r + 1) * vocab) - cpu.begin();
     agree += g == c;
+    double d2 = 0, c2 = 0;
+    for (int64_t v = r * vocab; v < (r + 1) * vocab; ++v) {
+      const double d = double(gpu[v]) - double(cpu[v]);
+      d2 += d * d;
+      c2 += double(cpu[v]) * cpu[v];
+    }
+    row_rel.push_back(std::sqrt(d2 / std::max(c2, 1e-30)));
+    outliers += row_rel.back() > 2 * k_gpu_vs_cpu_rel;
   }
-  return {std::sqrt(diff2 / std::max(ref2, 1e-30)), max_diff / std::max(max_ref, 1e-30),
-          double(agree) / double(rows)};
+  std::sort(row_rel.begin(), row_rel.end());
+  return {row_rel[row_rel.size() / 2], std::sqrt(diff2 / std::max(ref2, 1e-30)), double(outliers) / double(rows),
+          max_diff / std::max(max_ref, 1e-30), double(agree) / double(rows)};
 }
 
 // Every position's logits of `prompts` on the CPU (each prompt alone, from an empty cache).
@@ -136,9 +157,11 @@ void check_prefill_and_decode(bool moe) {
   auto ok = gpu->forward(items, logits);
   BOOST_REQUIRE_MESSAGE(ok, why(ok));
   auto r = compare(logits, cpu_logits(*host, prompts), c.vocab_size);
-  std::printf("%s prefill: GPU vs CPU rel L2 %.2e (max rel %.2e), top-1 agreement %.3f\n",
-              moe ? "MoE" : "dense", r.rel, r.max_rel, r.top1);
+  std::printf("%s prefill: GPU vs CPU rel L2 median row %.2e, all %.2e, outlier rows %.1f%% (max rel %.2e), "
+              "top-1 agreement %.3f\n",
+              moe ? "MoE" : "dense", r.rel, r.all_rel, 100 * r.outliers, r.max_rel, r.top1);
   BOOST_TEST(r.rel < k_gpu_vs_cpu_rel);
+  BOOST_TEST(r.outliers <= k_gpu_vs_cpu_outliers);
   BOOST_TEST(r.top1 >= k_top1_agreement);
   for (std::size_t i = 0; i < prompts.size(); ++i)
     BOOST_TEST(seqs.kv[i].length == static_cast<int64_t>(prompts[i].size()));
@@ -165,9 +188,12 @@ void check_prefill_and_decode(bool moe) {
     }
   }
   r = compare(gpu_rows, cpu_rows, c.vocab_size);
-  std::printf("%s decode: GPU vs CPU rel L2 %.2e (max rel %.2e), top-1 agreement %.3f, graphs %lld\n",
-              moe ? "MoE" : "dense", r.rel, r.max_rel, r.top1, static_cast<long long>(gpu->graphs_captured()));
+  std::printf("%s decode: GPU vs CPU rel L2 median row %.2e, all %.2e, outlier rows %.1f%% (max rel %.2e), "
+              "top-1 agreement %.3f, graphs %lld\n",
+              moe ? "MoE" : "dense", r.rel, r.all_rel, 100 * r.outliers, r.max_rel, r.top1,
+              static_cast<long long>(gpu->graphs_captured()));
   BOOST_TEST(r.rel < k_gpu_vs_cpu_rel);
+  BOOST_TEST(r.outliers <= k_gpu_vs_cpu_outliers);
   BOOST_TEST(r.top1 >= k_top1_agreement);
   BOOST_TEST(gpu->graphs_captured() >= 1);
 }
@@ -364,9 +390,11 @@ BOOST_AUTO_TEST_CASE(int4_experts_match_the_cpu_and_a_partial_update_repacks_in_
     auto ok = gpu->forward(items, logits);
     BOOST_REQUIRE_MESSAGE(ok, why(ok));
     auto r = compare(logits, cpu_logits(*host, prompts), c.vocab_size);
-    std::printf("INT4 (%s g128) MoE: GPU vs CPU rel L2 %.2e (max rel %.2e), top-1 agreement %.3f\n",
-                std::string(kernels::to_string(recipe)).c_str(), r.rel, r.max_rel, r.top1);
+    std::printf("INT4 (%s g128) MoE: GPU vs CPU rel L2 median row %.2e, all %.2e, outlier rows %.1f%% (max "
+                "rel %.2e), top-1 agreement %.3f\n",
+                std::string(kernels::to_string(recipe)).c_str(), r.rel, r.all_rel, 100 * r.outliers, r.max_rel, r.top1);
     BOOST_TEST(r.rel < k_gpu_vs_cpu_rel);
+    BOOST_TEST(r.outliers <= k_gpu_vs_cpu_outliers);
     BOOST_TEST(r.top1 >= k_top1_agreement);
 
     // A session: restore, one expert's gate_proj as BF16 (quantized by the host with the model's

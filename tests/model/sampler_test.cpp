@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "kernels/decoder_ops.hpp"
 #include "model/sampler.hpp"
 
 using rlserve::model::rng;
@@ -221,6 +222,53 @@ BOOST_AUTO_TEST_CASE(frequencies_follow_the_distribution_at_t1) {
     chi2 += (h[i] - e) * (h[i] - e) / e;
   }
   BOOST_TEST(chi2 < 13.82); // 2 dof, p = 0.001
+}
+
+// The GPU sampler's CPU twin (kernels::sample_ref, which the CUDA kernel is held to in
+// tests/kernels/decoder_ops_gpu_test.cu) draws what sampler::sample draws from the same uniform:
+// same token and logprob, bit for bit, over greedy rows, every filter and their mixes.
+BOOST_AUTO_TEST_CASE(gpu_sampler_reference_equals_the_host_sampler) {
+  std::mt19937_64 gen(2026);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const int64_t V = 3000;
+  int64_t rows_checked = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    std::vector<float> logits(static_cast<std::size_t>(V));
+    for (auto& l : logits)
+      l = normal(gen);
+    if (trial % 10 == 3)
+      logits[7] = std::numeric_limits<float>::quiet_NaN(); // NaN counts as -inf on both sides
+    sampling_config cfg;
+    cfg.temperature = trial % 6 == 0 ? 0.0f : 0.2f + 0.02f * static_cast<float>(trial % 50);
+    cfg.top_k = trial % 3 == 0 ? 1 + trial % 40 : -1;
+    cfg.top_p = trial % 4 == 1 ? 0.6f + 0.003f * static_cast<float>(trial) : 1.0f;
+    cfg.min_p = trial % 5 == 2 ? 0.02f : 0.0f;
+    sampler host(1000 + static_cast<uint64_t>(trial));
+    const float u = host.peek_uniform();
+    const sampled_token want = host.sample(logits, cfg);
+    const float temperature = cfg.temperature;
+    const int32_t top_k = cfg.top_k;
+    float token_logprob = 0.0f;
+    int32_t token = -2;
+    rlserve::kernels::sample_args a{logits.data(), &temperature, &top_k, &cfg.top_p, &cfg.min_p, &u,
+                                    &token, &token_logprob, 1, V};
+    BOOST_REQUIRE(rlserve::kernels::sample_ref(a) == rlserve::kernels::kernel_status::ok);
+    BOOST_TEST_INFO("trial " << trial << " T " << cfg.temperature << " top-k " << cfg.top_k << " top-p "
+                             << cfg.top_p << " min-p " << cfg.min_p);
+    BOOST_TEST(token == want.token);
+    BOOST_TEST(token_logprob == want.logprob);
+    ++rows_checked;
+  }
+  // A padding row (temperature < 0) yields -1 and reads no uniform.
+  std::vector<float> logits(16, 0.0f);
+  const float temperature = -1.0f, top_p = 1.0f, min_p = 0.0f, u = 0.5f;
+  const int32_t top_k = 0;
+  float lp = 0.0f;
+  int32_t token = 3;
+  rlserve::kernels::sample_args pad{logits.data(), &temperature, &top_k, &top_p, &min_p, &u, &token, &lp, 1, 16};
+  BOOST_REQUIRE(rlserve::kernels::sample_ref(pad) == rlserve::kernels::kernel_status::ok);
+  BOOST_TEST(token == -1);
+  BOOST_TEST(rows_checked == 120);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -31,20 +31,20 @@ using rlserve::test::why;
 namespace {
 
 // BF16 activations against fp32 ones through a few layers, per row (position) as relative L2 of
-// its logits. The reference gap is transformers' own BF16 forward against fp32 on such models:
-// relative L2 1.3-2.0%, top-1 97-99% (tests/gpu/test_transformers_parity.py). MoE layers add
-// outliers: where a token's router scores are nearly tied the two paths pick different experts
-// and that row (and the later rows of its prompt, through attention) differ by a lot -- measured
-// up to 19% max relative on these random models. So the bounds are on the typical row (the
-// median) and on how many rows may be outliers, not on the worst one: a wrong kernel moves every
-// row (relative error of order 1). Open (2026-12-03, H200): the BF16-expert MoE prefill case
-// measured median row 3.7e-2 with 22.9% outlier rows (decode 1.0e-2; the INT4 MoE models 0.8-1.1e-2)
-// and fails the median bound; with 8 experts top-2 it measured 7.0e-2 / 66.7%. Routing flips
-// spreading through attention explain it if they are frequent enough; a kernel fault at prefill
-// sizes is not excluded yet: tests/kernels/decoder_ops_gpu_test.cu (moe_bf16_matches_cpu) is the
-// next check.
-constexpr double k_gpu_vs_cpu_rel = 3e-2;      // median row
-constexpr double k_gpu_vs_cpu_outliers = 0.25; // rows above 2 x k_gpu_vs_cpu_rel, at most
+// its logits. Where a token's router scores are nearly tied, BF16 rounding picks a different
+// expert than fp32; that row differs by a lot, and the later rows of its prompt inherit part of
+// it through attention. How much a correct BF16 forward differs from fp32 is therefore a property
+// of the model and the prompts, calibrated by scripts/bf16_sensitivity.py (numpy: a float64
+// reference against the same forward rounded to bf16 wherever the GPU rounds). For this file's
+// models and prompts it gives: dense median row 9.6e-3, no outliers, top-1 95.8% (the GPU
+// measured 9.7e-3 and 95.8%); BF16-expert MoE (seed 7, mlp_only_layers {1}) median row 3.65e-2,
+// 20.8% of rows above 6e-2, top-1 89.6%: a flip at row 7 of the 40-token prompt lifts every later
+// row to 3-6e-2 (the GPU measured 3.7e-2, 22.9%, 87.5%; H200, 2026-12-03). The bounds sit above
+// that calibration; a wrong kernel moves every row by order 1.
+constexpr double k_dense_rel = 2e-2;       // median row, dense models
+constexpr double k_dense_outliers = 0.0;   // rows above 6e-2
+constexpr double k_moe_rel = 5e-2;         // median row, MoE models
+constexpr double k_moe_outliers = 0.30;    // rows above 6e-2, at most
 constexpr double k_top1_agreement = 0.85;
 
 model_config medium(bool moe) {
@@ -83,7 +83,7 @@ std::vector<int32_t> prompt(int64_t n, uint64_t seed, int64_t vocab) {
 struct compare_result {
   double rel = 0;      // median over rows of ||gpu - cpu|| / ||cpu|| (relative L2)
   double all_rel = 0;  // the same over all logits at once (reported)
-  double outliers = 0; // fraction of rows whose relative L2 exceeds 2 x k_gpu_vs_cpu_rel
+  double outliers = 0; // fraction of rows whose relative L2 exceeds 6e-2
   double max_rel = 0;  // max |gpu - cpu| / max |cpu| (reported)
   double top1 = 0;     // rows whose argmax agrees
 };
@@ -113,7 +113,7 @@ compare_result compare(const std::vector<float>& gpu, const std::vector<float>& 
       c2 += double(cpu[v]) * cpu[v];
     }
     row_rel.push_back(std::sqrt(d2 / std::max(c2, 1e-30)));
-    outliers += row_rel.back() > 2 * k_gpu_vs_cpu_rel;
+    outliers += row_rel.back() > 6e-2;
   }
   std::sort(row_rel.begin(), row_rel.end());
   return {row_rel[row_rel.size() / 2], std::sqrt(diff2 / std::max(ref2, 1e-30)), double(outliers) / double(rows),
@@ -160,8 +160,8 @@ void check_prefill_and_decode(bool moe) {
   std::printf("%s prefill: GPU vs CPU rel L2 median row %.2e, all %.2e, outlier rows %.1f%% (max rel %.2e), "
               "top-1 agreement %.3f\n",
               moe ? "MoE" : "dense", r.rel, r.all_rel, 100 * r.outliers, r.max_rel, r.top1);
-  BOOST_TEST(r.rel < k_gpu_vs_cpu_rel);
-  BOOST_TEST(r.outliers <= k_gpu_vs_cpu_outliers);
+  BOOST_TEST(r.rel < (moe ? k_moe_rel : k_dense_rel));
+  BOOST_TEST(r.outliers <= (moe ? k_moe_outliers : k_dense_outliers));
   BOOST_TEST(r.top1 >= k_top1_agreement);
   for (std::size_t i = 0; i < prompts.size(); ++i)
     BOOST_TEST(seqs.kv[i].length == static_cast<int64_t>(prompts[i].size()));
@@ -192,8 +192,8 @@ void check_prefill_and_decode(bool moe) {
               "top-1 agreement %.3f, graphs %lld\n",
               moe ? "MoE" : "dense", r.rel, r.all_rel, 100 * r.outliers, r.max_rel, r.top1,
               static_cast<long long>(gpu->graphs_captured()));
-  BOOST_TEST(r.rel < k_gpu_vs_cpu_rel);
-  BOOST_TEST(r.outliers <= k_gpu_vs_cpu_outliers);
+  BOOST_TEST(r.rel < (moe ? k_moe_rel : k_dense_rel));
+  BOOST_TEST(r.outliers <= (moe ? k_moe_outliers : k_dense_outliers));
   BOOST_TEST(r.top1 >= k_top1_agreement);
   BOOST_TEST(gpu->graphs_captured() >= 1);
 }
@@ -393,8 +393,8 @@ BOOST_AUTO_TEST_CASE(int4_experts_match_the_cpu_and_a_partial_update_repacks_in_
     std::printf("INT4 (%s g128) MoE: GPU vs CPU rel L2 median row %.2e, all %.2e, outlier rows %.1f%% (max "
                 "rel %.2e), top-1 agreement %.3f\n",
                 std::string(kernels::to_string(recipe)).c_str(), r.rel, r.all_rel, 100 * r.outliers, r.max_rel, r.top1);
-    BOOST_TEST(r.rel < k_gpu_vs_cpu_rel);
-    BOOST_TEST(r.outliers <= k_gpu_vs_cpu_outliers);
+    BOOST_TEST(r.rel < k_moe_rel);
+    BOOST_TEST(r.outliers <= k_moe_outliers);
     BOOST_TEST(r.top1 >= k_top1_agreement);
 
     // A session: restore, one expert's gate_proj as BF16 (quantized by the host with the model's

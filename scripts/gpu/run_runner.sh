@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Device-side run of the GPU runner work (issue 5) on a lent GPU machine, from the repository root,
 # with binaries built elsewhere and carried in $DEV (build-gemm/runner by default: rlserve,
-# rlserve_model_gpu_tests, rlserve_actors_gpu_tests, rlserve_kernels_gpu_tests, decode_bench and
-# the non-system shared libraries they link). Logs go to $OUT.
-#   scripts/gpu/run_runner.sh [tests|parity|bench|hf|all]...
+# rlserve_model_gpu_tests, rlserve_actors_gpu_tests, rlserve_kernels_gpu_tests, decode_bench,
+# kernels_bench and the non-system shared libraries they link). Logs go to $OUT.
+#   scripts/gpu/run_runner.sh [tests|parity|bench|moe|hf|all]...
 #     tests   the gpu-labelled C++ tests of the model, the actors and the kernels
 #     parity  tests/gpu/test_transformers_parity.py (engine cuda and cpu vs transformers)
 #     bench   benchmarks/gpu/decode_bench (Qwen3-30B-A3B shape, INT4 and BF16 experts)
+#     moe     benchmarks/gpu/kernels_bench --only moe (fused MoE, both paths at decode sizes)
 #     hf      benchmarks/gpu/transformers_decode.py (the transformers peer, same shape)
 # Nothing is built here, and nothing about the GPU is changed.
 set -uo pipefail
@@ -51,6 +52,11 @@ for what in "$@"; do
     bench|all)
       echo "=== decode_bench"
       timeout "${BENCH_TIMEOUT:-300}" "$DEV/decode_bench" ${BENCH_ARGS:-} --json "$OUT/decode.json" 2>&1 | tee "$OUT/decode_bench.log" | tail -30
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      ;;&
+    moe|all)
+      echo "=== kernels_bench --only moe"
+      timeout "${MOE_TIMEOUT:-120}" "$DEV/kernels_bench" --only moe 2>&1 | tee "$OUT/moe_bench.log" | grep "moe T"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       ;;&
     hf|all)

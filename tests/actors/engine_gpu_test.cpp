@@ -125,6 +125,21 @@ BOOST_AUTO_TEST_CASE(seeded_sampling_is_reproducible_and_a_dense_model_runs) {
     BOOST_TEST(lp <= 0.0f);
 }
 
+// What `rlserve generate|demo|serve --model DIR` do without --device: "auto" serves on the GPU
+// when one is visible (the CPU-only CI machines cover the other branch through the CLI tests).
+BOOST_AUTO_TEST_CASE(auto_device_picks_the_gpu_when_one_is_present) {
+  auto dir = medium_model("gpu-moe", "qwen3-moe", 21);
+  engine_config c = on_gpu();
+  c.device = "auto";
+  c.model_path = dir;
+  auto e = Engine::start(c); // not test::start, which pins "auto" to the CPU
+  BOOST_REQUIRE_MESSAGE(e.has_value(), (e ? std::string() : e.error()));
+  BOOST_TEST((*e)->target_manifest().device.find("cuda") != std::string::npos, (*e)->target_manifest().device);
+  auto out = (*e)->generate(greedy({5, 6, 7, 8}, 8));
+  BOOST_REQUIRE_MESSAGE(out.success, out.message);
+  BOOST_TEST(out.output_ids.size() == 8u);
+}
+
 BOOST_AUTO_TEST_CASE(a_missing_device_or_a_bad_device_name_fails_start_clearly) {
   auto dir = medium_model("gpu-dense", "qwen3", 4);
   engine_config c = on_gpu();

@@ -215,6 +215,7 @@ struct qwen3_gpu_model::impl {
   status gemm_bf16(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t m, void* y,
                    int64_t ldy, bool f32_out);
   status run_step(int64_t T, int64_t S, int64_t R);
+  kernels::fused_moe_args int4_moe_args(const gpu_layer& L, int64_t tokens) const;
   status prepare(std::span<forward_item> items, int64_t& T, int64_t& S, int64_t& R, bool padded);
   status launch(int64_t T, int64_t S, int64_t R, bool graph_ok);
   bool any_load_format() const {
@@ -574,26 +575,7 @@ status qwen3_gpu_model::impl::allocate_runtime() {
     const auto first = std::find_if(layers.begin(), layers.end(),
                                     [](const gpu_layer& L) { return L.sparse && L.w13 >= 0; });
     const auto& m = int4_modules[first->w13];
-    kernels::fused_moe_args f;
-    f.tokens = T;
-    f.max_tokens = T;
-    f.hidden = H;
-    f.intermediate = c.moe_intermediate_size;
-    f.experts = c.num_experts;
-    f.top_k = static_cast<int32_t>(c.num_experts_per_tok);
-    f.group_size = m.shape.group_size;
-    f.has_zero_point = !m.symmetric;
-    f.norm_topk_prob = c.norm_topk_prob;
-    const auto& w2 = int4_modules[first->w2];
-    f.router_logits = router_logits;
-    f.x = h;
-    f.w13 = m.weight;
-    f.w13_scale = m.scale;
-    f.w13_zero_point = m.zero_point;
-    f.w2 = w2.weight;
-    f.w2_scale = w2.scale;
-    f.w2_zero_point = w2.zero_point;
-    f.out = delta;
+    const kernels::fused_moe_args f = int4_moe_args(*first, T);
     if (kernels::fused_moe_can_implement(f) != kernel_status::ok)
       return fail(fmt::format("the INT4 fused-MoE kernel cannot run this model (hidden {}, "
                               "moe_intermediate {}, {} experts, top-{}, group size {}): hidden and "
@@ -828,6 +810,34 @@ status qwen3_gpu_model::impl::gemm(const gpu_linear& w, const uint16_t* x, int64
 
 // Enqueues one step over the metadata already in `dev`: T token rows, S sequences (the
 // attention's block-table rows), R logits rows. Captured into graphs as is.
+// The INT4 fused-MoE launch of sparse layer L for `tokens` rows (workspace laid out for
+// max_tokens: allocation sizes it with tokens = max_tokens, every step launches with its own).
+kernels::fused_moe_args qwen3_gpu_model::impl::int4_moe_args(const gpu_layer& L, int64_t tokens) const {
+  const auto& c = config;
+  const auto& w13 = int4_modules[L.w13];
+  const auto& w2 = int4_modules[L.w2];
+  kernels::fused_moe_args f;
+  f.tokens = tokens;
+  f.max_tokens = max_tokens;
+  f.hidden = c.hidden_size;
+  f.intermediate = c.moe_intermediate_size;
+  f.experts = c.num_experts;
+  f.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+  f.norm_topk_prob = c.norm_topk_prob;
+  f.group_size = w13.shape.group_size;
+  f.has_zero_point = !w13.symmetric;
+  f.router_logits = router_logits;
+  f.x = h;
+  f.w13 = w13.weight;
+  f.w13_scale = w13.scale;
+  f.w13_zero_point = w13.zero_point;
+  f.w2 = w2.weight;
+  f.w2_scale = w2.scale;
+  f.w2_zero_point = w2.zero_point;
+  f.out = delta;
+  return f;
+}
+
 status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
   const auto& c = config;
   const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size;
@@ -920,27 +930,7 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
         return s;
       mark("router GEMM");
       if (L.w13 >= 0) {
-        const auto& w13 = int4_modules[L.w13];
-        const auto& w2 = int4_modules[L.w2];
-        kernels::fused_moe_args f;
-        f.tokens = T;
-        f.max_tokens = max_tokens;
-        f.hidden = H;
-        f.intermediate = c.moe_intermediate_size;
-        f.experts = E;
-        f.top_k = static_cast<int32_t>(c.num_experts_per_tok);
-        f.norm_topk_prob = c.norm_topk_prob;
-        f.group_size = w13.shape.group_size;
-        f.has_zero_point = !w13.symmetric;
-        f.router_logits = router_logits;
-        f.x = h;
-        f.w13 = w13.weight;
-        f.w13_scale = w13.scale;
-        f.w13_zero_point = w13.zero_point;
-        f.w2 = w2.weight;
-        f.w2_scale = w2.scale;
-        f.w2_zero_point = w2.zero_point;
-        f.out = delta;
+        const kernels::fused_moe_args f = int4_moe_args(L, T);
         KERNEL_TRY("fused MoE (INT4)", kernels::fused_moe_launch(f, moe_ws, stream));
       } else {
         kernels::moe_bf16_args f;

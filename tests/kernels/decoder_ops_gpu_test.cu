@@ -48,12 +48,9 @@ std::vector<float> to_float(const std::vector<uint16_t>& v) {
   return f;
 }
 
+// Seeded bf16 values of standard deviation `sigma` (tests/kernels/int4_test_util.hpp).
 std::vector<uint16_t> random_bf16(std::size_t n, uint64_t seed, double sigma = 1.0) {
-  t4::rng r(seed);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v)
-    x = t4::bf16(sigma * r.gaussian());
-  return v;
+  return t4::gaussian_weights(n, seed, sigma);
 }
 
 std::vector<float> random_f32(std::size_t n, uint64_t seed, double sigma = 1.0) {

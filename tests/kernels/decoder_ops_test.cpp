@@ -20,12 +20,9 @@ namespace t4 = rlserve::int4_test;
 
 namespace {
 
+// Seeded bf16 values of standard deviation `sigma` (tests/kernels/int4_test_util.hpp).
 std::vector<uint16_t> random_bf16(std::size_t n, uint64_t seed, double sigma = 1.0) {
-  t4::rng r(seed);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v)
-    x = t4::bf16(sigma * r.gaussian());
-  return v;
+  return t4::gaussian_weights(n, seed, sigma);
 }
 
 // Both sides round once from a wider value: they may differ by one bf16 step where the wide values

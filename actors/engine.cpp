@@ -219,12 +219,21 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   auto options = load_options(config);
   if (!options)
     return std::move(options).take_failure();
+  auto device = resolve_device(config.device);
+  if (!device)
+    return std::move(device).take_failure();
+  // A GPU runner's host side keeps only the checkpoint's own bytes (validation, staging,
+  // checksums, get_weights_by_name, uploads); the fp32 compute copies are for CPU forwards and
+  // would quadruple the host memory of a BF16 model (about 120 GB more for Qwen3-30B-A3B).
+  options->compute_copies = *device < 0;
+  model::qwen3_load_options draft_options;
+  draft_options.compute_copies = options->compute_copies;
   auto target = load(path, "target", *options);
   if (!target)
     return std::move(target).take_failure();
   std::optional<loaded_model> draft;
   if (!config.draft_model_path.empty()) {
-    auto d = load(config.draft_model_path, "draft");
+    auto d = load(config.draft_model_path, "draft", draft_options);
     if (!d)
       return std::move(d).take_failure();
     if (d->model->config().vocab_size != target->model->config().vocab_size)
@@ -241,9 +250,6 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
                 std::to_string(config.kv_block_size) + ") tokens");
   if (config.max_running_requests < 1 || config.max_batch_tokens < 1)
     return fail("max_running_requests and max_batch_tokens must be at least 1");
-  auto device = resolve_device(config.device);
-  if (!device)
-    return std::move(device).take_failure();
   auto kv_blocks = config.kv_cache_tokens / config.kv_block_size;
   // GPU runners: the device copy of each model, made here so a device problem is an error of
   // start. A batch holds at most max_batch_tokens of prefill and decodes, plus the draft
@@ -273,6 +279,18 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
         return fail(why);
       std::fprintf(stderr, "rlserve: %s; serving on the CPU (pass --device cuda to make this an "
                            "error)\n", why.c_str());
+      // The models were loaded for a GPU runner (no compute copies): load them again for the CPU.
+      options->compute_copies = draft_options.compute_copies = true;
+      auto t2 = load(path, "target", *options);
+      if (!t2)
+        return std::move(t2).take_failure();
+      target = std::move(t2);
+      if (draft) {
+        auto d2 = load(config.draft_model_path, "draft", draft_options);
+        if (!d2)
+          return std::move(d2).take_failure();
+        draft = std::move(*d2);
+      }
     }
   }
 

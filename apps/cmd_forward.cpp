@@ -127,7 +127,9 @@ void run_forward(const forward_options& o) {
   auto ckpt = model::checkpoint::open(o.model);
   if (!ckpt)
     throw command_failed(ckpt.error());
-  auto m = model::qwen3_model::load(*config, *ckpt);
+  model::qwen3_load_options lo;
+  lo.compute_copies = o.device == "cpu"; // the GPU forward reads the checkpoint's own bytes
+  auto m = model::qwen3_model::load(*config, *ckpt, lo);
   if (!m)
     throw command_failed(m.error());
   std::vector<float> logits;

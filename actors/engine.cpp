@@ -225,14 +225,17 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   // A GPU runner's host side keeps only the checkpoint's own bytes (validation, staging,
   // checksums, get_weights_by_name, uploads); the fp32 compute copies are for CPU forwards and
   // would quadruple the host memory of a BF16 model (about 120 GB more for Qwen3-30B-A3B).
-  options->compute_copies = *device < 0;
-  model::qwen3_load_options draft_options;
-  draft_options.compute_copies = options->compute_copies;
-  auto target = load(path, "target", *options);
-  if (!target)
-    return std::move(target).take_failure();
-  std::optional<loaded_model> draft;
-  if (!config.draft_model_path.empty()) {
+  std::optional<loaded_model> target, draft;
+  auto load_models = [&](bool compute_copies) -> status {
+    options->compute_copies = compute_copies;
+    model::qwen3_load_options draft_options; // the draft is never quantized at load
+    draft_options.compute_copies = compute_copies;
+    auto t = load(path, "target", *options);
+    if (!t)
+      return std::move(t).take_failure();
+    target = std::move(*t);
+    if (config.draft_model_path.empty())
+      return {};
     auto d = load(config.draft_model_path, "draft", draft_options);
     if (!d)
       return std::move(d).take_failure();
@@ -241,7 +244,10 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
                   " differs from the target's " +
                   std::to_string(target->model->config().vocab_size));
     draft = std::move(*d);
-  }
+    return {};
+  };
+  if (auto s = load_models(*device < 0); !s)
+    return std::move(s).take_failure();
 
   // Every check of the configuration before anything is spawned.
   if (config.kv_block_size < 1 || config.kv_cache_tokens < config.kv_block_size)
@@ -280,17 +286,8 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
       std::fprintf(stderr, "rlserve: %s; serving on the CPU (pass --device cuda to make this an "
                            "error)\n", why.c_str());
       // The models were loaded for a GPU runner (no compute copies): load them again for the CPU.
-      options->compute_copies = draft_options.compute_copies = true;
-      auto t2 = load(path, "target", *options);
-      if (!t2)
-        return std::move(t2).take_failure();
-      target = std::move(t2);
-      if (draft) {
-        auto d2 = load(config.draft_model_path, "draft", draft_options);
-        if (!d2)
-          return std::move(d2).take_failure();
-        draft = std::move(*d2);
-      }
+      if (auto s = load_models(true); !s)
+        return std::move(s).take_failure();
     }
   }
 

@@ -234,37 +234,29 @@ moe_combine_kernel(const float* __restrict__ y,       // [T*k, H]
   }
 }
 
-
 // ---- small-T decode path: GEMV over serving tiles ---------------------------------------------------
 
 constexpr int k_gemv_max_warps = 8;
 constexpr int k_gemv_batch = 8; // serving tiles a warp loads before it uses them
 
-__device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
-  const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-__device__ __forceinline__ void mma_bf16_16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// The k-tiles [begin, end) warp `warp` of a GEMV CTA takes: k/16 tiles split evenly over the warps.
+struct warp_k_range {
+  int32_t begin, end;
+  __device__ warp_k_range(int32_t k, int warp, int warps) {
+    const int32_t kts = k / 16, per = (kts + warps - 1) / warps;
+    begin = min(kts, warp * per);
+    end = min(kts, begin + per);
+  }
+};
 
 // One (pair, 64-column tile) of out = x W^T for the serving matrix `w` ([k/16, 2n] words, tile
 // (kt, nt) at word (kt * n/64 + nt) * 128), swap-AB on the tensor cores: D [16 n x 8] = W [16 n x
 // 16 k] X [16 k x 8], X's column 0 the input vector, its other columns zero. The 4 words lane l
-// loads from a serving tile are, dequantized, exactly its A fragments of the tile's four n16 blocks
-// (serving_tile_element: rows n = l/4 and l/4 + 8, columns k = r, r+1, r+8, r+9 with r = 2 (l % 4)),
-// so no shuffles are needed. Dequantization is the reference's: bf16_rn((q - z) * s), the codes
-// as bf16 pairs (word >> 4p) & 0x000F000F | 0x43004300 = 128 + q, minus 128 + z, times s; FP32
-// accumulation. Warp w of the CTA takes k-tiles [w*per, (w+1)*per) and the warps' partial columns
-// are summed in warp order (deterministic). Returns the 64 FP32 columns in red[0..63] (after the
-// block barrier).
+// loads from a serving tile are, dequantized by the GEMM core's dequant_word, exactly its A
+// fragments of the tile's four n16 blocks (docs/formats.md §4), so no shuffles are needed; the
+// dequantization is the reference's bf16_rn((q - z) * s), FP32 accumulation. Warp w of the CTA
+// takes the k-tiles of warp_k_range and the warps' partial columns are summed in warp order
+// (deterministic). Returns the 64 FP32 columns in red[0..63] (after the block barrier).
 __device__ __forceinline__ void gemv_tile(const int32_t* __restrict__ w, const uint16_t* __restrict__ scale,
                                           const int32_t* __restrict__ zp, bool has_zp, const uint16_t* __restrict__ xs,
                                           int32_t n, int32_t k, int32_t groups, int32_t glen_log2, int32_t nt,
@@ -272,58 +264,34 @@ __device__ __forceinline__ void gemv_tile(const int32_t* __restrict__ w, const u
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int c = lane >> 2, r = 2 * (lane & 3);
   const bool token_lane = c == 0; // B fragment column 0 = lanes 0..3
-  const int32_t kts = k / 16;
-  const int32_t per = (kts + warps - 1) / warps;
-  const int32_t kb = min(kts, warp * per), ke = min(kts, kb + per);
+  const warp_k_range range(k, warp, warps);
   const int64_t slab_u4 = n / 2; // uint4 per 16-row slab (2n words)
   const uint4* wp = reinterpret_cast<const uint4*>(w) + static_cast<int64_t>(nt) * 32 + lane;
-  const bool single = groups == 1;
+  const bool grouped = groups > 1;
   float acc[4][4];
 #pragma unroll
   for (int j = 0; j < 4; ++j)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       acc[j][i] = 0.0f;
-  // Group constants of the lane's 8 columns c + 8m (m = 2j + half): (s, s) and (128 + z, 128 + z).
-  uint32_t s2[8], z2[8];
+  uint32_t sc[8], nz[8]; // the lane's 8 columns c + 8m (m = 2j + half) for the current group
   int32_t cur = -1;
-  auto load_group = [&](int32_t g) {
-    uint32_t sb[8];
-    if (!single) {
-      const uint4 sv = *reinterpret_cast<const uint4*>(scale + static_cast<int64_t>(g) * n + 64 * nt + 8 * c);
-      const uint32_t words[4] = {sv.x, sv.y, sv.z, sv.w};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        sb[2 * q] = words[q] & 0xffffu;
-        sb[2 * q + 1] = words[q] >> 16;
-      }
-    } else {
-#pragma unroll
-      for (int m = 0; m < 8; ++m)
-        sb[m] = scale[serving_scale_position(64 * nt + c + 8 * m, true)];
-    }
-    const uint32_t zw = has_zp ? static_cast<uint32_t>(zp[static_cast<int64_t>(g) * (n / 8) + 8 * nt + c]) : 0u;
-#pragma unroll
-    for (int m = 0; m < 8; ++m) {
-      s2[m] = sb[m] | (sb[m] << 16);
-      const uint32_t z = has_zp ? int4_get_nibble(zw, int4_interleave_slot(m)) : 8u;
-      z2[m] = (0x4300u | z) * 0x00010001u; // bf16 128 + z in both halves
-    }
-  };
-  for (int32_t k0 = kb; k0 < ke; k0 += k_gemv_batch) {
+  for (int32_t k0 = range.begin; k0 < range.end; k0 += k_gemv_batch) {
     uint4 t[k_gemv_batch];
 #pragma unroll
     for (int u = 0; u < k_gemv_batch; ++u)
-      if (k0 + u < ke)
+      if (k0 + u < range.end)
         t[u] = __ldg(wp + static_cast<int64_t>(k0 + u) * slab_u4);
 #pragma unroll
     for (int u = 0; u < k_gemv_batch; ++u) {
-      if (k0 + u >= ke)
+      if (k0 + u >= range.end)
         break;
       const int32_t kt = k0 + u;
-      const int32_t g = single ? 0 : (kt * 16) >> glen_log2;
+      const int32_t g = grouped ? (kt * 16) >> glen_log2 : 0;
       if (g != cur) {
-        load_group(g);
+        const auto* zrow = has_zp ? reinterpret_cast<const uint32_t*>(zp) + static_cast<int64_t>(g) * (n / 8) + 8 * nt
+                                  : nullptr;
+        w4a16::load_group(grouped, has_zp, scale + static_cast<int64_t>(g) * n + 64 * nt, zrow, lane, sc, nz);
         cur = g;
       }
       const uint32_t xa = *reinterpret_cast<const uint32_t*>(xs + 16 * kt + r);
@@ -332,15 +300,10 @@ __device__ __forceinline__ void gemv_tile(const int32_t* __restrict__ w, const u
       const uint32_t words[4] = {t[u].x, t[u].y, t[u].z, t[u].w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        uint32_t d[4]; // pair p: elements 2p, 2p + 1 = (k r + 8 (p & 1) + {0, 1}, n c + 8 (p >> 1))
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          const uint32_t v = ((words[j] >> (4 * p)) & 0x000f000fu) | 0x43004300u;
-          const int m = 2 * j + (p >> 1);
-          d[p] = bf16x2_mul(bf16x2_sub(v, z2[m]), s2[m]);
-        }
+        uint32_t d[4];
+        w4a16::dequant_word(words[j], nz[2 * j], sc[2 * j], nz[2 * j + 1], sc[2 * j + 1], d);
         const uint32_t a[4] = {d[0], d[2], d[1], d[3]}; // A: (n, k) (n + 8, k) (n, k + 8) (n + 8, k + 8)
-        mma_bf16_16816(acc[j], a, b0, b1);
+        w4a16::mma_bf16(acc[j], a, b0, b1);
       }
     }
   }
@@ -362,16 +325,15 @@ __device__ __forceinline__ void gemv_tile(const int32_t* __restrict__ w, const u
   __syncthreads();
 }
 
-// Pulls the serving tiles this warp of gemv_tile will read (same split of k) into L2, so their
+// Pulls the serving tiles this warp of gemv_tile will read (same warp_k_range) into L2, so their
 // DRAM latency overlaps the staging of the input vector.
 __device__ __forceinline__ void gemv_prefetch(const int32_t* __restrict__ w, int32_t n, int32_t k, int32_t nt) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  const int32_t kts = k / 16;
-  const int32_t per = (kts + warps - 1) / warps;
-  const int32_t kb = min(kts, warp * per), ke = min(kts, kb + per);
+  const int lane = threadIdx.x & 31;
+  const warp_k_range range(k, threadIdx.x >> 5, blockDim.x >> 5);
   const char* base = reinterpret_cast<const char*>(w + static_cast<int64_t>(nt) * 128);
-  for (int32_t i = lane; i < (ke - kb) * 4; i += 32) // 4 lines of 128 B per 512 B tile
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + static_cast<int64_t>(kb + i / 4) * n * 8 + (i % 4) * 128));
+  for (int32_t i = lane; i < (range.end - range.begin) * 4; i += 32) // 4 lines of 128 B per 512 B tile
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(base + static_cast<int64_t>(range.begin + i / 4) * n * 8 +
+                                                  (i % 4) * 128));
 }
 
 // w13: grid (2I/64, pairs), pair = token * top_k + slot. Warp 0 routes the CTA's token (the same
@@ -386,7 +348,7 @@ moe_gemv13_kernel(const uint16_t* __restrict__ x, const float* __restrict__ logi
   extern __shared__ uint16_t xs[]; // [H] bf16
   __shared__ float red[64];
   __shared__ int32_t route_ids[32];
-  __shared__ float route_w[32]  /* top_k <= 32 */;
+  __shared__ float route_w[32]; // top_k <= 32
   const int32_t pair = blockIdx.y, nt = blockIdx.x, n = 2 * inter;
   const int32_t t = pair / top_k, slot = pair % top_k;
   if (threadIdx.x < 32)

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/int4_format.hpp"
 #include "kernels/kernel_status.hpp"
 
 using cudaStream_t = struct CUstream_st*;
@@ -103,6 +104,98 @@ kernel_status run(const problem& p, int block_rows, int grid, int* counters, flo
 #define RLSERVE_W4A16_PDL 1
 #endif
 #if defined(__CUDACC__)
+// ---- serving-tile arithmetic shared by the GEMM core and the MoE's GEMV path -------------------
+
+// D = A * B + D on the tensor cores: A 16x16 bf16 (row), B 16x8 bf16 (col), FP32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+               "{%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (a & b) | c in one instruction (lookup table 0xEA = (0xF0 & 0xCC) | 0xAA): masks two nibbles
+// and ORs the bf16 exponent in.
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// a * b + c on two bf16 lanes with one rounding (sm_80+; subtract and multiply below are both
+// this instruction, so sm_80 and sm_90 give the same bits).
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Nibble slots (s, s+4) of a serving word land in the low and high halves of a bf16x2.
+constexpr uint32_t k_nibble_pair_mask = 0x000f000fu;
+// bf16 128.0 in both halves: 128 has exponent 2^7 and 7 mantissa bits, so mantissa value q
+// (0..15) ORed into it reads as exactly 128 + q.
+constexpr uint32_t k_bf16x2_128 = 0x43004300u;
+constexpr uint32_t k_bf16x2_one = 0x3f803f80u;       // (1.0, 1.0)
+constexpr uint32_t k_bf16x2_neg_zero = 0x80008000u;  // (-0.0, -0.0): x * s + -0 == x * s exactly
+constexpr uint32_t k_bf16x2_neg_128 = 0xc300c300u;   // -(128 + z) = 0xc300 | z for z in 0..15
+constexpr uint32_t k_bf16x2_neg_136 = 0xc308c308u;   // symmetric: -(128 + 8)
+
+// The dequantized B fragments of one serving word for the two n8 tiles of its n16 block:
+// b[0], b[1] = k rows (r, r+1), (r+8, r+9) of tile 2j; b[2], b[3] the same of tile 2j+1.
+// Read swap-AB (weights as the A operand), {b[0], b[2], b[1], b[3]} is the A fragment of the
+// 16 x 16 block (docs/formats.md §4).
+__device__ __forceinline__ void dequant_word(uint32_t w, uint32_t nz0, uint32_t s0, uint32_t nz1,
+                                             uint32_t s1, uint32_t (&b)[4]) {
+  const uint32_t q0 = lop3_and_or(w, k_nibble_pair_mask, k_bf16x2_128);       // slots 0, 4
+  const uint32_t q1 = lop3_and_or(w >> 4, k_nibble_pair_mask, k_bf16x2_128);  // slots 1, 5
+  const uint32_t q2 = lop3_and_or(w >> 8, k_nibble_pair_mask, k_bf16x2_128);  // slots 2, 6
+  const uint32_t q3 = lop3_and_or(w >> 12, k_nibble_pair_mask, k_bf16x2_128); // slots 3, 7
+  b[0] = fma_bf16x2(fma_bf16x2(q0, k_bf16x2_one, nz0), s0, k_bf16x2_neg_zero);
+  b[1] = fma_bf16x2(fma_bf16x2(q1, k_bf16x2_one, nz0), s0, k_bf16x2_neg_zero);
+  b[2] = fma_bf16x2(fma_bf16x2(q2, k_bf16x2_one, nz1), s1, k_bf16x2_neg_zero);
+  b[3] = fma_bf16x2(fma_bf16x2(q3, k_bf16x2_one, nz1), s1, k_bf16x2_neg_zero);
+}
+
+// Scale and negated zero-point pairs of the lane's 8 columns (c + 8t, t = 0..7) of one 64-column
+// serving tile for one group: srow = the tile's 64 scales of that group, zrow = its 8 zero-point
+// words (asymmetric only). `grouped` = more than one group along k (else the single permutation).
+__device__ __forceinline__ void load_group(bool grouped, bool has_zero_point, const uint16_t* srow,
+                                           const uint32_t* zrow, int lane, uint32_t (&sc)[8], uint32_t (&nz)[8]) {
+  const int c = lane >> 2;
+  if (grouped) {
+    // Grouped permutation: position 8c + t holds column c + 8t, one 16-byte read.
+    const uint4 v = *reinterpret_cast<const uint4*>(srow + 8 * c);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sc[2 * i] = __byte_perm(w[i], 0, 0x1010);     // low half in both halves
+      sc[2 * i + 1] = __byte_perm(w[i], 0, 0x3232); // high half in both halves
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      const uint32_t h = srow[serving_scale_position(8 * t + c, true)];
+      sc[t] = h | (h << 16);
+    }
+  }
+  if (has_zero_point) {
+    // The zero-point word is interleaved like a weight word: slots (i, i+4) hold the zero points
+    // of tiles 2i, 2i+1, so the weights' lop3 with a negative magic gives -(128 + z) pairs, and a
+    // byte permute broadcasts each half.
+    const uint32_t zw = zrow[c];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t pz = lop3_and_or(zw >> (4 * i), k_nibble_pair_mask, k_bf16x2_neg_128);
+      nz[2 * i] = __byte_perm(pz, 0, 0x1010);
+      nz[2 * i + 1] = __byte_perm(pz, 0, 0x3232);
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+      nz[t] = k_bf16x2_neg_136;
+  }
+}
+
 __device__ __forceinline__ void grid_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && RLSERVE_W4A16_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");

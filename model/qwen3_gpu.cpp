@@ -216,6 +216,7 @@ struct qwen3_gpu_model::impl {
                    int64_t ldy, bool f32_out);
   status run_step(int64_t T, int64_t S, int64_t R);
   kernels::fused_moe_args int4_moe_args(const gpu_layer& L, int64_t tokens) const;
+  kernels::moe_bf16_args bf16_moe_args(const gpu_layer& L, int64_t tokens) const;
   status prepare(std::span<forward_item> items, int64_t& T, int64_t& S, int64_t& R, bool padded);
   status launch(int64_t T, int64_t S, int64_t R, bool graph_ok);
   bool any_load_format() const {
@@ -585,21 +586,9 @@ status qwen3_gpu_model::impl::allocate_runtime() {
     moe_bytes = std::max(moe_bytes, kernels::fused_moe_workspace_bytes(f));
   }
   if (any_bf16_moe) {
-    kernels::moe_bf16_args f;
-    f.tokens = T;
-    f.max_tokens = T;
-    f.hidden = H;
-    f.intermediate = c.moe_intermediate_size;
-    f.experts = c.num_experts;
-    f.top_k = static_cast<int32_t>(c.num_experts_per_tok);
-    f.norm_topk_prob = c.norm_topk_prob;
     const auto first = std::find_if(layers.begin(), layers.end(),
                                     [](const gpu_layer& L) { return L.sparse && L.w13 < 0; });
-    f.router_logits = router_logits;
-    f.x = h;
-    f.w13 = first->w13_bf16;
-    f.w2 = first->w2_bf16;
-    f.out = delta;
+    const kernels::moe_bf16_args f = bf16_moe_args(*first, T);
     if (kernels::moe_bf16_can_implement(f) != kernel_status::ok)
       return fail(fmt::format("the BF16 fused-MoE kernel cannot run this model (hidden {}, "
                               "moe_intermediate {}, {} experts, top-{})", H,
@@ -838,6 +827,25 @@ kernels::fused_moe_args qwen3_gpu_model::impl::int4_moe_args(const gpu_layer& L,
   return f;
 }
 
+// The BF16 fused-MoE launch of sparse layer L (its twin for BF16 experts).
+kernels::moe_bf16_args qwen3_gpu_model::impl::bf16_moe_args(const gpu_layer& L, int64_t tokens) const {
+  const auto& c = config;
+  kernels::moe_bf16_args f;
+  f.tokens = tokens;
+  f.max_tokens = max_tokens;
+  f.hidden = c.hidden_size;
+  f.intermediate = c.moe_intermediate_size;
+  f.experts = c.num_experts;
+  f.top_k = static_cast<int32_t>(c.num_experts_per_tok);
+  f.norm_topk_prob = c.norm_topk_prob;
+  f.router_logits = router_logits;
+  f.x = h;
+  f.w13 = L.w13_bf16;
+  f.w2 = L.w2_bf16;
+  f.out = delta;
+  return f;
+}
+
 status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
   const auto& c = config;
   const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size;
@@ -933,19 +941,7 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
         const kernels::fused_moe_args f = int4_moe_args(L, T);
         KERNEL_TRY("fused MoE (INT4)", kernels::fused_moe_launch(f, moe_ws, stream));
       } else {
-        kernels::moe_bf16_args f;
-        f.tokens = T;
-        f.max_tokens = max_tokens;
-        f.hidden = H;
-        f.intermediate = c.moe_intermediate_size;
-        f.experts = E;
-        f.top_k = static_cast<int32_t>(c.num_experts_per_tok);
-        f.norm_topk_prob = c.norm_topk_prob;
-        f.router_logits = router_logits;
-        f.x = h;
-        f.w13 = L.w13_bf16;
-        f.w2 = L.w2_bf16;
-        f.out = delta;
+        const kernels::moe_bf16_args f = bf16_moe_args(L, T);
         KERNEL_TRY("fused MoE (BF16)", kernels::moe_bf16_launch(f, moe_ws, stream));
       }
     }

@@ -23,13 +23,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 import test_qwen3_parity as ref  # noqa: E402
+from test_qwen3_int4_parity import round_to_bf16  # noqa: E402
 
 
 def bf16(x):
-    """Round to the nearest bf16 (ties to even), returned as float64."""
-    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+    """Round to the nearest bf16 (ties to even, through float32), returned as float64."""
+    return round_to_bf16(np.asarray(x, dtype=np.float32)).astype(np.float64)
 
 
 def bf16_logits(cfg, w, ids):

@@ -1,6 +1,6 @@
 // The small ops of the GPU decoder forward (model/qwen3_gpu.cu): embedding gather, fused
-// residual-add + RMSNorm, q/k-norm + RoPE + paged KV write, paged attention, SiLU-mul, a BF16
-// fused MoE (the engine's own BF16 baseline beside the INT4 one) and the sampler.
+// residual-add + RMSNorm, q/k-norm + RoPE + paged KV write, paged attention, a BF16 GEMV for
+// decode-size linear layers, SiLU-mul, a BF16 fused MoE (the engine's own BF16 baseline beside the INT4 one) and the sampler.
 //
 // Conventions shared by every op here:
 //   - One args struct per op; `*_ref` is the CPU reference (host pointers), `*_launch` the CUDA
@@ -108,9 +108,37 @@ struct paged_attention_args {
 };
 kernel_status paged_attention_can_implement(const paged_attention_args& a);
 kernel_status paged_attention_ref(const paged_attention_args& a);
-// Scratch for split-KV partials; depends only on the static sizes. May be 0.
+// Scratch for split-KV partials and the merge's arrival counters; depends only on the static
+// sizes. May be 0. The counters must be zero before the first launch (workspace_init, or a memset
+// of the whole workspace); every launch leaves them zero again.
 std::size_t paged_attention_workspace_bytes(const paged_attention_args& a);
+kernel_status paged_attention_workspace_init(const paged_attention_args& a, void* workspace, cudaStream_t stream);
 kernel_status paged_attention_launch(const paged_attention_args& a, void* workspace, cudaStream_t stream);
+
+// ---- BF16 linear at decode sizes (GEMV) ----------------------------------------------------------
+// y[r, c] = sum_j float(x[r, j]) * float(w[c, j]) for r < rows, c < n: a BF16 linear layer
+// (Hugging Face orientation, w is [n, k]) for the few rows of a decode step, written as bf16 or
+// fp32 with row stride ldy. fp32 sums on the GPU, double in the reference; one rounding of the
+// output. Launched as a programmatic dependent: its first weights load while the kernel that
+// wrote x finishes.
+constexpr int64_t k_gemv_max_rows = 8;
+// Where it beats cuBLAS (H200, kernels_bench --only gemv, back-to-back): at one row (o_proj
+// 2048 x 4096 1.53x, q/k/v 5120 x 2048 1.09x, lm_head 151936 x 2048 1.07x) and for narrow
+// outputs at any row count (the 128-expert router, 2.4x); at 4-8 rows of a wide output cuBLAS is
+// faster (0.46-0.75x: each weight word is unpacked once per row of x).
+constexpr bool gemv_bf16_preferred(int64_t rows, int64_t n) {
+  return rows >= 1 && rows <= k_gemv_max_rows && (rows == 1 || n <= 1024);
+}
+struct gemv_bf16_args {
+  const uint16_t* x = nullptr; // bf16 [rows, k], 16-byte aligned rows
+  const uint16_t* w = nullptr; // bf16 [n, k], 16-byte aligned
+  void* y = nullptr;           // bf16 or fp32 [rows, ldy]
+  int64_t rows = 0, n = 0, k = 0, ldy = 0; // 1 <= rows <= k_gemv_max_rows, k % 8 == 0, ldy >= n
+  bool f32_out = false;
+};
+kernel_status gemv_bf16_can_implement(const gemv_bf16_args& a);
+kernel_status gemv_bf16_ref(const gemv_bf16_args& a);
+kernel_status gemv_bf16_launch(const gemv_bf16_args& a, cudaStream_t stream);
 
 // ---- SiLU-mul -----------------------------------------------------------------------------------
 // out[r, c] = bf16( bf16(silu(g)) * u ) with g = gate_up[r, c], u = gate_up[r, cols + c] (fp32

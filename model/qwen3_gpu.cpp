@@ -764,6 +764,14 @@ status qwen3_gpu_model::impl::gemm_bf16(const uint16_t* w, int64_t n, int64_t k,
                                         int64_t m, void* y, int64_t ldy, bool f32_out) {
   // Row-major y[m, n] = x[m, k] w[n, k]^T is column-major y^T[n, m] = w^T... : cuBLAS sees w as a
   // column-major [k, n] matrix (op T gives [n, k]) and x as column-major [k, m].
+  if (options.bf16_gemv && kernels::gemv_bf16_preferred(m, n)) {
+    const kernels::gemv_bf16_args g{x, w, y, m, n, k, ldy, f32_out};
+    const auto st = kernels::gemv_bf16_launch(g, stream);
+    if (st == kernel_status::ok)
+      return {};
+    if (st != kernel_status::misaligned_operand) // misaligned: cuBLAS takes it
+      return fail(fmt::format("BF16 GEMV [{} x {}] x [{} x {}]^T failed ({})", m, k, n, k, kernels::to_string(st)));
+  }
   const float alpha = 1.0f, beta = 0.0f;
   auto st = cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                          static_cast<int>(k), &alpha, w, CUDA_R_16BF, static_cast<int>(k), x,

@@ -54,6 +54,11 @@ struct gpu_options {
   int64_t max_sequences = 256;     // sequences one forward may hold; the largest graph bucket
   int64_t max_logit_rows = 0;      // logits rows one forward may ask for (0: max_batch_tokens)
   bool cuda_graphs = true;
+  // BF16 linear layers where kernels::gemv_bf16_preferred says so (batch-1 decode: the attention
+  // projections, routers and lm_head; the routers up to 8 rows) on the project's GEMV
+  // (kernels/decoder_ops.hpp) rather than cuBLAS; off only to compare the two
+  // (decode_bench --linears cublas).
+  bool bf16_gemv = true;
 };
 
 // One decode row's sampling request (forward_sample): model::sampler's rule, evaluated on the

@@ -18,7 +18,9 @@
 // the time per phase is printed (graph gaps then show as launch overhead).
 //
 //   decode_bench [--batches 1,8,32,128] [--prompt 128] [--steps 32] [--mode both|int4|bf16]
-//                [--layers 48] [--no-graphs] [--json FILE]
+//                [--layers 48] [--no-graphs] [--linears gemv|cublas] [--json FILE]
+// --linears cublas runs the decode-size BF16 linears on cuBLAS instead of the project's GEMV
+// (gpu_options::bf16_gemv), to compare the two.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -45,6 +47,7 @@ struct options {
   int64_t layers = 48;
   std::string mode = "both";
   bool graphs = true;
+  bool gemv = true;
   std::string json;
 };
 
@@ -121,6 +124,7 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
   g.max_batch_tokens = 2048;
   g.max_sequences = max_b;
   g.cuda_graphs = o.graphs;
+  g.bf16_gemv = o.gemv;
   auto t0 = std::chrono::steady_clock::now();
   auto made = qwen3_gpu_model::create_random(c, int4 ? std::optional<random_int4>(random_int4{128, false})
                                                      : std::nullopt,
@@ -130,8 +134,8 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
     return false;
   }
   auto& m = **made;
-  std::printf("%s model on %s: %.1f GB of weights, %.2f GB of KV, made in %.1f s\n",
-              int4 ? "INT4-asym g128 experts" : "BF16", m.device_name().c_str(),
+  std::printf("%s model on %s (decode-size BF16 linears on %s): %.1f GB of weights, %.2f GB of KV, made in %.1f s\n",
+              int4 ? "INT4-asym g128 experts" : "BF16", m.device_name().c_str(), o.gemv ? "the GEMV" : "cuBLAS",
               double(m.weight_bytes()) / 1e9, double(m.kv_bytes()) / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   std::mt19937_64 rng(7);
@@ -232,6 +236,14 @@ int main(int argc, char** argv) {
       o.mode = value();
     else if (arg == "--no-graphs")
       o.graphs = false;
+    else if (arg == "--linears") {
+      const std::string v = value();
+      if (v != "gemv" && v != "cublas") {
+        std::fprintf(stderr, "decode_bench: --linears takes gemv or cublas, not '%s'\n", v.c_str());
+        return 2;
+      }
+      o.gemv = v == "gemv";
+    }
     else if (arg == "--json")
       o.json = value();
     else {

@@ -1,6 +1,6 @@
-// kernels_bench: the W4A16 GEMM, the fused MoE and the quantize-to-serving kernel on one GPU, in one
-// run, against the ceilings measured in the same run (device-to-device copy bandwidth, cuBLAS
-// BF16 on the same GEMM shapes). Prints a table per section and writes them as Markdown (--md).
+// kernels_bench: the W4A16 GEMM, the BF16 GEMV, the fused MoE and the quantize-to-serving kernel
+// on one GPU, in one run, against the ceilings measured in the same run (device-to-device copy
+// bandwidth, cuBLAS BF16 on the same GEMM shapes). Prints a table per section and writes them as Markdown (--md).
 //
 // Method (w4a16-kernels.md §7): weights rotate over >= 4 x L2 of distinct copies (activations
 // stay hot, as in decode), CUDA events around every launch after 10 warm-ups, 200 timed runs,
@@ -8,7 +8,7 @@
 // throughput. Bytes: INT4 weights + bf16 scales + zero points + activations + outputs; for the
 // MoE, the experts each call actually touches (counted from its routing on the host).
 //
-// Usage: kernels_bench [--md FILE] [--iters N] [--quick] [--only gemm|moe|quant] [--ms 1,16] [--ts 1,16]
+// Usage: kernels_bench [--md FILE] [--iters N] [--quick] [--only gemm|gemv|moe|quant] [--ms 1,16] [--ts 1,16]
 //                      [--ctas 132,264]   (GEMM grid caps to compare, m = first of --ms)
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/decoder_ops.hpp"
 #include "kernels/fused_moe.hpp"
 #include "kernels/gemm_w4a16.hpp"
 #include "kernels/int4_format.hpp"
@@ -278,6 +279,55 @@ void bench_gemm(int64_t k, int64_t n, const std::vector<int64_t>& ms, size_t rot
   CHECK_CUDA(cudaFree(work));
 }
 
+// ---- 2b. BF16 GEMV at decode sizes (the model's attention projections, router, lm_head) ----------------
+
+void bench_gemv(int64_t n, int64_t k, bool f32_out, const char* what, const std::vector<int64_t>& ms,
+                size_t rotate_bytes, double copy_bw, table& out) {
+  const size_t wb = static_cast<size_t>(n) * k * 2;
+  const int copies = static_cast<int>(std::max<size_t>(2, (rotate_bytes + wb - 1) / wb));
+  std::vector<void*> w(copies);
+  for (int i = 0; i < copies; ++i) {
+    w[i] = dalloc(wb);
+    uniform(w[i], wb / 2, 60 + i, -0.05f, 0.05f);
+  }
+  const int64_t max_m = *std::max_element(ms.begin(), ms.end());
+  auto* x = static_cast<uint16_t*>(dalloc(max_m * k * 2));
+  void* y = dalloc(max_m * n * 4);
+  uniform(x, max_m * k, 5, -1.0f, 1.0f);
+  cublasHandle_t h;
+  CHECK_CUBLAS(cublasCreate(&h));
+  for (int64_t m : ms) {
+    if (m > k_gemv_max_rows)
+      continue;
+    const stats gv = time_launches([&](int i) {
+      gemv_bf16_args g{x, static_cast<const uint16_t*>(w[i % copies]), y, m, n, k, n, f32_out};
+      CHECK_OK(gemv_bf16_launch(g, nullptr));
+    });
+    const float alpha = 1.0f, beta = 0.0f;
+    const stats cb = time_launches([&](int i) {
+      CHECK_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                                static_cast<int>(k), &alpha, w[i % copies], CUDA_R_16BF, static_cast<int>(k), x,
+                                CUDA_R_16BF, static_cast<int>(k), &beta, y, f32_out ? CUDA_R_32F : CUDA_R_16BF,
+                                static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    });
+    const double bytes = static_cast<double>(wb) + 2.0 * m * k + (f32_out ? 4.0 : 2.0) * m * n;
+    auto tbs = [&](const stats& s) { return bytes / (s.b2b_us * 1e-6) / 1e12; };
+    out.rows.push_back({what, std::to_string(n) + " x " + std::to_string(k), std::to_string(m),
+                        fmt("%.2f", gv.median_us), fmt("%.2f", gv.b2b_us), fmt("%.2f", tbs(gv)),
+                        fmt("%.0f%%", 100.0 * tbs(gv) * 1e12 / copy_bw), fmt("%.2f", cb.median_us),
+                        fmt("%.2f", cb.b2b_us), fmt("%.2f", tbs(cb)), fmt("%.2fx", cb.b2b_us / gv.b2b_us)});
+    std::printf("gemv %s n=%ld k=%ld m=%ld: gemv %.2f us (b2b %.2f, %.2f TB/s) | cublas %.2f us (b2b %.2f, %.2f TB/s) | %.2fx\n",
+                what, static_cast<long>(n), static_cast<long>(k), static_cast<long>(m), gv.median_us, gv.b2b_us,
+                tbs(gv), cb.median_us, cb.b2b_us, tbs(cb), cb.b2b_us / gv.b2b_us);
+    std::fflush(stdout);
+  }
+  CHECK_CUBLAS(cublasDestroy(h));
+  for (auto p : w)
+    CHECK_CUDA(cudaFree(p));
+  CHECK_CUDA(cudaFree(x));
+  CHECK_CUDA(cudaFree(y));
+}
+
 // ---- 3. fused MoE --------------------------------------------------------------------------------------
 
 void bench_moe(const std::vector<int64_t>& ts, double copy_bw, table& out) {
@@ -485,6 +535,17 @@ int main(int argc, char** argv) {
       bench_gemm(8192, 8192, ms, rotate, copy_bw, g);
   }
 
+  table v{"BF16 GEMV (gemv_bf16_launch) vs cuBLAS at decode sizes, Qwen3-30B-A3B layers; times in us (median of "
+          "per-launch events, b2b = back-to-back average; TB/s from b2b)",
+          {"layer", "n x k", "m", "gemv", "gemv b2b", "TB/s", "% copy", "cuBLAS", "cuBLAS b2b", "TB/s", "speed-up (b2b)"}};
+  if (only.empty() || only == "gemv") {
+    const std::vector<int64_t> vms = !ms_opt.empty() ? ms_opt : std::vector<int64_t>{1, 4, 8};
+    bench_gemv(5120, 2048, false, "qkv_proj", vms, rotate, copy_bw, v);
+    bench_gemv(2048, 4096, false, "o_proj", vms, rotate, copy_bw, v);
+    bench_gemv(128, 2048, true, "router", vms, rotate, copy_bw, v);
+    bench_gemv(151936, 2048, true, "lm_head", vms, rotate, copy_bw, v);
+  }
+
   table m{"Fused MoE, Qwen3-30B-A3B shapes (E 128, H 2048, I 768, top-8, asym g128): bytes = experts touched "
           "(weights + scales + zero points) + x and out; times in us",
           {"T", "path", "experts touched", "MB", "eager", "p10 / p90", "graph / call", "TB/s eager", "% copy", "TB/s graph",
@@ -504,7 +565,7 @@ int main(int argc, char** argv) {
   std::ostringstream all;
   all << "device: " << prop.name << ", " << prop.multiProcessorCount << " SMs, L2 " << (l2 >> 20)
       << " MB; device-to-device copy " << fmt("%.2f", copy_bw / 1e12) << " TB/s (read + write, 1 GiB)\n"
-      << g.markdown() << m.markdown() << q.markdown();
+      << g.markdown() << v.markdown() << m.markdown() << q.markdown();
   std::printf("%s", all.str().c_str());
   if (!md.empty())
     std::ofstream(md) << all.str();

@@ -1,5 +1,5 @@
 // CPU references of kernels/decoder_ops.hpp: plain loops, sums in double, one bf16 rounding per
-// stored value. The CUDA twins live in kernels/cuda/{decoder_ops,paged_attention,moe_bf16,sampler}.cu;
+// stored value. The CUDA twins live in kernels/cuda/{decoder_ops,paged_attention,gemv_bf16,moe_bf16,sampler}.cu;
 // without CUDA their launches answer not_supported (bottom of this file).
 #include <algorithm>
 #include <cmath>
@@ -202,6 +202,32 @@ kernel_status paged_attention_ref(const paged_attention_args& a) {
 }
 
 // ---- SiLU-mul -----------------------------------------------------------------------------------
+
+// ---- BF16 GEMV --------------------------------------------------------------------------------------
+
+kernel_status gemv_bf16_can_implement(const gemv_bf16_args& a) {
+  if (a.rows < 1 || a.rows > k_gemv_max_rows || a.n < 1 || a.k < 8 || a.k % 8 != 0 || a.ldy < a.n)
+    return kernel_status::invalid_problem;
+  if (a.x == nullptr || a.w == nullptr || a.y == nullptr)
+    return kernel_status::invalid_problem;
+  return kernel_status::ok;
+}
+
+kernel_status gemv_bf16_ref(const gemv_bf16_args& a) {
+  if (auto s = gemv_bf16_can_implement(a); s != kernel_status::ok)
+    return s;
+  for (int64_t r = 0; r < a.rows; ++r)
+    for (int64_t c = 0; c < a.n; ++c) {
+      double acc = 0.0;
+      for (int64_t j = 0; j < a.k; ++j)
+        acc += double(bf16_to_float(a.x[r * a.k + j])) * double(bf16_to_float(a.w[c * a.k + j]));
+      if (a.f32_out)
+        static_cast<float*>(a.y)[r * a.ldy + c] = static_cast<float>(acc);
+      else
+        static_cast<uint16_t*>(a.y)[r * a.ldy + c] = float_to_bf16(static_cast<float>(acc));
+    }
+  return kernel_status::ok;
+}
 
 kernel_status silu_mul_bf16_can_implement(const silu_mul_bf16_args& a) {
   if (a.rows < 0 || a.cols <= 0 || a.cols % 8 != 0)
@@ -406,9 +432,13 @@ kernel_status qk_norm_rope_kv_launch(const qk_norm_rope_kv_args&, cudaStream_t) 
   return kernel_status::not_supported;
 }
 std::size_t paged_attention_workspace_bytes(const paged_attention_args&) { return 0; }
+kernel_status paged_attention_workspace_init(const paged_attention_args&, void*, cudaStream_t) {
+  return kernel_status::not_supported;
+}
 kernel_status paged_attention_launch(const paged_attention_args&, void*, cudaStream_t) {
   return kernel_status::not_supported;
 }
+kernel_status gemv_bf16_launch(const gemv_bf16_args&, cudaStream_t) { return kernel_status::not_supported; }
 kernel_status silu_mul_bf16_launch(const silu_mul_bf16_args&, cudaStream_t) { return kernel_status::not_supported; }
 std::size_t moe_bf16_workspace_bytes(const moe_bf16_args&) { return 0; }
 kernel_status moe_bf16_workspace_init(const moe_bf16_args&, void*, cudaStream_t) {

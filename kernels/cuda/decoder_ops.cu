@@ -1,13 +1,15 @@
 // CUDA twins of the small decoder ops of kernels/decoder_ops.hpp: embedding gather, residual add +
 // RMSNorm, q/k-norm + RoPE + paged KV write, SiLU-mul. All 16-byte vectorized, one warp or CTA per
 // row/head, fp32 math, one bf16 rounding per stored value; graph-capturable (grids depend only on
-// the static sizes, per-step data is read from device memory).
+// the static sizes, per-step data is read from device memory). Launched as programmatic dependents
+// (kernels/cuda/programmatic_launch.cuh): every kernel waits for its predecessor first thing.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/programmatic_launch.cuh"
 #include "kernels/decoder_ops.hpp"
 
 namespace rlserve::kernels {
@@ -42,6 +44,8 @@ constexpr int k_embed_warps = 8;
 __global__ void __launch_bounds__(32 * k_embed_warps)
 embed_kernel(const int32_t* __restrict__ ids, const uint16_t* __restrict__ table, float* __restrict__ residual,
              int64_t tokens, int64_t vocab, int64_t hidden) {
+  programmatic_wait();
+  programmatic_trigger();
   const int64_t t = int64_t{blockIdx.x} * k_embed_warps + threadIdx.x / 32;
   if (t >= tokens)
     return;
@@ -83,6 +87,8 @@ add_rms_norm_kernel(float* __restrict__ residual, const uint16_t* __restrict__ d
                     const uint16_t* __restrict__ weight, const int32_t* __restrict__ rows_index,
                     uint16_t* __restrict__ out, int64_t cols, float eps) {
   __shared__ float scratch[k_norm_threads / 32];
+  programmatic_wait();
+  programmatic_trigger();
   const int64_t r = blockIdx.x;
   const int64_t src = rows_index ? rows_index[r] : r;
   const int64_t chunks = cols / 8;
@@ -148,6 +154,8 @@ qk_norm_rope_kv_kernel(const uint16_t* __restrict__ qkv, const uint16_t* __restr
                        uint16_t* __restrict__ v_cache, int64_t tokens, int32_t q_heads, int32_t kv_heads,
                        int64_t max_positions, int64_t num_slots, float eps) {
   constexpr int E = D / 64, half = D / 2;
+  programmatic_wait();
+  programmatic_trigger();
   const int64_t unit = int64_t{blockIdx.x} * k_rope_warps + threadIdx.x / 32;
   const int heads = q_heads + kv_heads;
   if (unit >= tokens * heads)
@@ -201,6 +209,8 @@ constexpr int k_silu_threads = 256;
 
 __global__ void __launch_bounds__(k_silu_threads)
 silu_mul_kernel(const uint16_t* __restrict__ gate_up, uint16_t* __restrict__ out, int64_t rows, int64_t cols) {
+  programmatic_wait();
+  programmatic_trigger();
   const int64_t chunks = cols / 8;
   const int64_t i = int64_t{blockIdx.x} * k_silu_threads + threadIdx.x;
   if (i >= rows * chunks)
@@ -228,8 +238,8 @@ kernel_status embed_launch(const embed_args& a, cudaStream_t stream) {
   if (!aligned16(a.table) || !aligned16(a.residual))
     return kernel_status::misaligned_operand;
   const auto grid = static_cast<unsigned>((a.tokens + k_embed_warps - 1) / k_embed_warps);
-  embed_kernel<<<grid, 32 * k_embed_warps, 0, stream>>>(a.ids, a.table, a.residual, a.tokens, a.vocab, a.hidden);
-  RLSERVE_CUDA_CHECK_LAUNCH();
+  RLSERVE_CUDA_TRY(launch_programmatic(embed_kernel, grid, 32 * k_embed_warps, 0, stream, a.ids, a.table, a.residual,
+                                      a.tokens, a.vocab, a.hidden));
   return kernel_status::ok;
 }
 
@@ -242,9 +252,8 @@ kernel_status add_rms_norm_launch(const add_rms_norm_args& a, cudaStream_t strea
     return kernel_status::invalid_problem;
   if (!aligned16(a.residual) || !aligned16(a.weight) || !aligned16(a.out) || (a.delta && !aligned16(a.delta)))
     return kernel_status::misaligned_operand;
-  add_rms_norm_kernel<<<static_cast<unsigned>(a.rows), k_norm_threads, 0, stream>>>(
-    a.residual, a.delta, a.weight, a.rows_index, a.out, a.cols, a.eps);
-  RLSERVE_CUDA_CHECK_LAUNCH();
+  RLSERVE_CUDA_TRY(launch_programmatic(add_rms_norm_kernel, static_cast<unsigned>(a.rows), k_norm_threads, 0, stream,
+                                      a.residual, a.delta, a.weight, a.rows_index, a.out, a.cols, a.eps));
   return kernel_status::ok;
 }
 
@@ -256,15 +265,10 @@ kernel_status qk_norm_rope_kv_launch(const qk_norm_rope_kv_args& a, cudaStream_t
   const int64_t units = a.tokens * (a.q_heads + a.kv_heads);
   const auto grid = static_cast<unsigned>((units + k_rope_warps - 1) / k_rope_warps);
   const auto qh = static_cast<int32_t>(a.q_heads), kvh = static_cast<int32_t>(a.kv_heads);
-  if (a.head_dim == 128)
-    qk_norm_rope_kv_kernel<128><<<grid, 32 * k_rope_warps, 0, stream>>>(
-      a.qkv, a.q_norm, a.k_norm, a.rope_cos, a.rope_sin, a.positions, a.slots, a.q_out, a.k_cache, a.v_cache,
-      a.tokens, qh, kvh, a.max_positions, a.num_slots, a.eps);
-  else
-    qk_norm_rope_kv_kernel<64><<<grid, 32 * k_rope_warps, 0, stream>>>(
-      a.qkv, a.q_norm, a.k_norm, a.rope_cos, a.rope_sin, a.positions, a.slots, a.q_out, a.k_cache, a.v_cache,
-      a.tokens, qh, kvh, a.max_positions, a.num_slots, a.eps);
-  RLSERVE_CUDA_CHECK_LAUNCH();
+  RLSERVE_CUDA_TRY(launch_programmatic(a.head_dim == 128 ? qk_norm_rope_kv_kernel<128> : qk_norm_rope_kv_kernel<64>,
+                                      grid, 32 * k_rope_warps, 0, stream, a.qkv, a.q_norm, a.k_norm, a.rope_cos,
+                                      a.rope_sin, a.positions, a.slots, a.q_out, a.k_cache, a.v_cache, a.tokens, qh,
+                                      kvh, a.max_positions, a.num_slots, a.eps));
   return kernel_status::ok;
 }
 
@@ -276,9 +280,8 @@ kernel_status silu_mul_bf16_launch(const silu_mul_bf16_args& a, cudaStream_t str
   if (!aligned16(a.gate_up) || !aligned16(a.out))
     return kernel_status::misaligned_operand;
   const int64_t n = a.rows * (a.cols / 8);
-  silu_mul_kernel<<<static_cast<unsigned>((n + k_silu_threads - 1) / k_silu_threads), k_silu_threads, 0, stream>>>(
-    a.gate_up, a.out, a.rows, a.cols);
-  RLSERVE_CUDA_CHECK_LAUNCH();
+  RLSERVE_CUDA_TRY(launch_programmatic(silu_mul_kernel, static_cast<unsigned>((n + k_silu_threads - 1) / k_silu_threads),
+                                      k_silu_threads, 0, stream, a.gate_up, a.out, a.rows, a.cols));
   return kernel_status::ok;
 }
 

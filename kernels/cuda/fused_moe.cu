@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/programmatic_launch.cuh"
 #include "kernels/cuda/gemm_w4a16_problem.cuh"
 #include "kernels/fused_moe.hpp"
 
@@ -349,6 +350,8 @@ moe_gemv13_kernel(const uint16_t* __restrict__ x, const float* __restrict__ logi
   __shared__ float red[64];
   __shared__ int32_t route_ids[32];
   __shared__ float route_w[32]; // top_k <= 32
+  programmatic_wait(); // router logits and x (kernels/cuda/programmatic_launch.cuh)
+  programmatic_trigger();
   const int32_t pair = blockIdx.y, nt = blockIdx.x, n = 2 * inter;
   const int32_t t = pair / top_k, slot = pair % top_k;
   if (threadIdx.x < 32)
@@ -382,6 +385,8 @@ moe_gemv2_kernel(const float* __restrict__ gu, const int32_t* __restrict__ topk_
   extern __shared__ uint16_t hs[]; // [I] bf16
   __shared__ float red[64];
   __shared__ bool last;
+  programmatic_wait(); // the routing and gu of the w13 kernel
+  programmatic_trigger();
   const int32_t pair = blockIdx.y, nt = blockIdx.x;
   const int32_t t = pair / top_k;
   const int32_t e = topk_ids[pair];
@@ -576,18 +581,16 @@ kernel_status fused_moe_launch(const fused_moe_args& a, void* workspace, cudaStr
     auto* gu = reinterpret_cast<float*>(base + l.gu);
     auto* arrivals = reinterpret_cast<int32_t*>(base + l.arrivals);
     const int w13_warps = gemv_warps(H), w2_warps = gemv_warps(I);
-    moe_gemv13_kernel<<<dim3(static_cast<unsigned>(2 * I / 64), static_cast<unsigned>(num_ids)), 32 * w13_warps,
-                        H * sizeof(uint16_t), stream>>>(
-      a.x, a.router_logits, static_cast<int32_t>(a.experts), a.norm_topk_prob, a.top_k, v.topk_ids, v.topk_weights,
-      a.w13, a.w13_scale, a.w13_zero_point, a.has_zero_point, static_cast<int32_t>(H), static_cast<int32_t>(I),
-      static_cast<int32_t>(groups13), glen_log2, gu);
-    RLSERVE_CUDA_CHECK_LAUNCH();
-    moe_gemv2_kernel<<<dim3(static_cast<unsigned>(H / 64), static_cast<unsigned>(num_ids)), 32 * w2_warps,
-                       I * sizeof(uint16_t), stream>>>(
-      gu, v.topk_ids, v.topk_weights, a.top_k, a.w2, a.w2_scale, a.w2_zero_point, a.has_zero_point,
-      static_cast<int32_t>(H), static_cast<int32_t>(I), static_cast<int32_t>(groups2), glen_log2, v.y, arrivals,
-      a.out);
-    RLSERVE_CUDA_CHECK_LAUNCH();
+    RLSERVE_CUDA_TRY(launch_programmatic(
+      moe_gemv13_kernel, dim3(static_cast<unsigned>(2 * I / 64), static_cast<unsigned>(num_ids)), 32 * w13_warps,
+      H * sizeof(uint16_t), stream, a.x, a.router_logits, static_cast<int32_t>(a.experts), a.norm_topk_prob,
+      a.top_k, v.topk_ids, v.topk_weights, a.w13, a.w13_scale, a.w13_zero_point, a.has_zero_point,
+      static_cast<int32_t>(H), static_cast<int32_t>(I), static_cast<int32_t>(groups13), glen_log2, gu));
+    RLSERVE_CUDA_TRY(launch_programmatic(
+      moe_gemv2_kernel, dim3(static_cast<unsigned>(H / 64), static_cast<unsigned>(num_ids)), 32 * w2_warps,
+      I * sizeof(uint16_t), stream, gu, v.topk_ids, v.topk_weights, a.top_k, a.w2, a.w2_scale, a.w2_zero_point,
+      a.has_zero_point, static_cast<int32_t>(H), static_cast<int32_t>(I), static_cast<int32_t>(groups2), glen_log2,
+      v.y, arrivals, a.out));
     return kernel_status::ok;
   }
   moe_align_args align{num_ids, a.experts, block, v.topk_ids, v.sorted_ids, v.block_expert, v.num_padded};

@@ -6,7 +6,10 @@
 // S(L) = 32 * 2^e (the smallest e with ceil(L / S) <= 32) -- a function of the row's own length
 // only, so a sequence's reduction order never depends on the batch around it. A row with one
 // split writes its output directly; otherwise each split writes (o / l, log2-sum-exp) in fp32 to
-// the workspace and a second tiny kernel merges the splits in index order.
+// the workspace, and the last CTA of the (row, kv head) to finish -- an arrival counter per pair in
+// the workspace, reset by that CTA -- merges the splits in index order. (A separate merge kernel
+// cost 6.4 us per layer at batch 1: a launch and a dependent chain of its own.) Which CTA merges
+// varies; what it computes does not.
 //
 // Inside the CTA (128 threads): 32-token tiles of K and V stream through a 2-stage cp.async
 // ring in shared memory (rows padded by 16 bytes: conflict-free 16-byte reads of different rows);
@@ -19,6 +22,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/programmatic_launch.cuh"
 #include "kernels/decoder_ops.hpp"
 
 namespace rlserve::kernels {
@@ -80,6 +84,33 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
   return make_uint4(u[0], u[1], u[2], u[3]);
 }
 
+// Merge of query head qh's splits in split order, dims dc*8 .. dc*8+7:
+// o = sum_j 2^(lse_j - M) o_j / sum_j 2^(lse_j - M). Partials are read through L2 (ld.cg): other
+// CTAs wrote them during this launch.
+template <int D>
+__device__ __forceinline__ void merge_splits(const float* part_o, const float* part_lse, uint16_t* out, int64_t qh,
+                                             int dc, int32_t ns, int nsp) {
+  const float* lse = part_lse + qh * ns;
+  float M = -INFINITY;
+  for (int j = 0; j < nsp; ++j)
+    M = fmaxf(M, __ldcg(lse + j));
+  float acc[8] = {}, wsum = 0.0f;
+  for (int j = 0; j < nsp; ++j) {
+    const float w = M == -INFINITY ? 0.0f : exp2f(__ldcg(lse + j) - M);
+    wsum += w;
+    const float4* src = reinterpret_cast<const float4*>(part_o + (qh * ns + j) * D + dc * 8);
+    const float4 a = __ldcg(src), b = __ldcg(src + 1);
+    acc[0] = fmaf(w, a.x, acc[0]), acc[1] = fmaf(w, a.y, acc[1]), acc[2] = fmaf(w, a.z, acc[2]);
+    acc[3] = fmaf(w, a.w, acc[3]), acc[4] = fmaf(w, b.x, acc[4]), acc[5] = fmaf(w, b.y, acc[5]);
+    acc[6] = fmaf(w, b.z, acc[6]), acc[7] = fmaf(w, b.w, acc[7]);
+  }
+  const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    acc[j] *= inv;
+  reinterpret_cast<uint4*>(out + qh * D)[dc] = pack8(acc);
+}
+
 template <int D>
 __global__ void __launch_bounds__(k_threads)
 paged_attention_kernel(const uint16_t* __restrict__ q,        // [tokens, q_heads, D]
@@ -90,6 +121,7 @@ paged_attention_kernel(const uint16_t* __restrict__ q,        // [tokens, q_head
                        uint16_t* __restrict__ out,            // [tokens, q_heads, D]
                        float* __restrict__ part_o,            // [tokens, q_heads, NS, D]
                        float* __restrict__ part_lse,          // [tokens, q_heads, NS]
+                       unsigned* __restrict__ arrivals,       // [tokens, kv_heads], zero between launches
                        int32_t q_heads, int32_t kv_heads, int32_t max_blocks, int32_t block_size,
                        int64_t context, int32_t ns, float scale2) {
   constexpr int C = D / 8;              // 16-byte chunks per row
@@ -102,6 +134,8 @@ paged_attention_kernel(const uint16_t* __restrict__ q,        // [tokens, q_head
   __shared__ float ps[k_max_group][k_tile];
   __shared__ float m_run[k_max_group], l_run[k_max_group], alpha[k_max_group];
 
+  programmatic_wait(); // q and the KV written by the previous kernel
+  programmatic_trigger();
   const int64_t t = blockIdx.x;
   const int g = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
   const int G = q_heads / kv_heads;
@@ -274,53 +308,29 @@ paged_attention_kernel(const uint16_t* __restrict__ q,        // [tokens, q_head
         part_lse[qh * ns + split] = l > 0.0f ? m_run[h] + log2f(l) : -INFINITY;
     }
   }
-}
-
-// Merge of a row's splits in split order: o = sum_j 2^(lse_j - M) o_j / sum_j 2^(lse_j - M).
-constexpr int k_merge_threads = 256;
-
-template <int D>
-__global__ void __launch_bounds__(k_merge_threads)
-merge_kernel(const int32_t* __restrict__ row_seq, const int32_t* __restrict__ row_pos,
-             const float* __restrict__ part_o, const float* __restrict__ part_lse, uint16_t* __restrict__ out,
-             int32_t q_heads, int64_t context, int32_t ns) {
-  const int64_t t = blockIdx.x;
-  if (row_seq[t] < 0)
+  if (nsp == 1)
     return;
-  int64_t L = int64_t{row_pos[t]} + 1;
-  L = L < 1 ? 1 : (L > context ? context : L);
-  const int S = split_len(L);
-  const int nsp = static_cast<int>((L + S - 1) / S);
-  if (nsp <= 1)
-    return;
-  constexpr int C = D / 8;
-  for (int i = threadIdx.x; i < q_heads * C; i += k_merge_threads) {
-    const int h = i / C, dc = i % C;
-    const int64_t qh = t * q_heads + h;
-    const float* lse = part_lse + qh * ns;
-    float M = -INFINITY;
-    for (int j = 0; j < nsp; ++j)
-      M = fmaxf(M, lse[j]);
-    float acc[8] = {}, wsum = 0.0f;
-    for (int j = 0; j < nsp; ++j) {
-      const float w = M == -INFINITY ? 0.0f : exp2f(lse[j] - M);
-      wsum += w;
-      const float4* src = reinterpret_cast<const float4*>(part_o + (qh * ns + j) * D + dc * 8);
-      const float4 a = src[0], b = src[1];
-      acc[0] = fmaf(w, a.x, acc[0]), acc[1] = fmaf(w, a.y, acc[1]), acc[2] = fmaf(w, a.z, acc[2]);
-      acc[3] = fmaf(w, a.w, acc[3]), acc[4] = fmaf(w, b.x, acc[4]), acc[5] = fmaf(w, b.y, acc[5]);
-      acc[6] = fmaf(w, b.z, acc[6]), acc[7] = fmaf(w, b.w, acc[7]);
-    }
-    const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      acc[j] *= inv;
-    reinterpret_cast<uint4*>(out + qh * D)[dc] = pack8(acc);
+  // The last of the row's nsp CTAs for kv head g merges their G heads.
+  __shared__ unsigned s_last;
+  __threadfence(); // this CTA's partials are visible before its arrival counts
+  __syncthreads();
+  if (tid == 0) {
+    unsigned* counter = arrivals + t * kv_heads + g;
+    const unsigned seen = atomicAdd(counter, 1u);
+    s_last = seen == static_cast<unsigned>(nsp - 1);
+    if (s_last)
+      *counter = 0; // ready for the next launch (every other CTA of the pair has arrived)
   }
+  __syncthreads();
+  if (!s_last)
+    return;
+  __threadfence();
+  for (int i = tid; i < G * C; i += k_threads)
+    merge_splits<D>(part_o, part_lse, out, t * q_heads + int64_t{g} * G + i / C, i % C, ns, nsp);
 }
 
 struct attn_layout {
-  std::size_t o = 0, lse = 0, total = 0;
+  std::size_t o = 0, lse = 0, arrivals = 0, total = 0;
 };
 attn_layout attn_layout_of(const paged_attention_args& a) {
   attn_layout l;
@@ -330,7 +340,8 @@ attn_layout attn_layout_of(const paged_attention_args& a) {
   const auto rows = static_cast<std::size_t>(a.tokens * a.q_heads * ns);
   l.o = 0;
   l.lse = (rows * a.head_dim * sizeof(float) + 255) / 256 * 256;
-  l.total = l.lse + (rows * sizeof(float) + 255) / 256 * 256;
+  l.arrivals = l.lse + (rows * sizeof(float) + 255) / 256 * 256;
+  l.total = l.arrivals + (static_cast<std::size_t>(a.tokens * a.kv_heads) * sizeof(unsigned) + 255) / 256 * 256;
   return l;
 }
 
@@ -340,6 +351,18 @@ std::size_t paged_attention_workspace_bytes(const paged_attention_args& a) {
   if (paged_attention_can_implement(a) != kernel_status::ok)
     return 0;
   return attn_layout_of(a).total;
+}
+
+kernel_status paged_attention_workspace_init(const paged_attention_args& a, void* workspace, cudaStream_t stream) {
+  if (auto s = paged_attention_can_implement(a); s != kernel_status::ok)
+    return s;
+  const attn_layout l = attn_layout_of(a);
+  if (l.total == 0)
+    return kernel_status::ok;
+  if (workspace == nullptr)
+    return kernel_status::workspace_null;
+  RLSERVE_CUDA_TRY(cudaMemsetAsync(static_cast<unsigned char*>(workspace) + l.arrivals, 0, l.total - l.arrivals, stream));
+  return kernel_status::ok;
 }
 
 kernel_status paged_attention_launch(const paged_attention_args& a, void* workspace, cudaStream_t stream) {
@@ -359,30 +382,17 @@ kernel_status paged_attention_launch(const paged_attention_args& a, void* worksp
   auto* base = static_cast<unsigned char*>(workspace);
   float* part_o = l.total ? reinterpret_cast<float*>(base + l.o) : nullptr;
   float* part_lse = l.total ? reinterpret_cast<float*>(base + l.lse) : nullptr;
+  auto* arrivals = l.total ? reinterpret_cast<unsigned*>(base + l.arrivals) : nullptr;
   const auto ns = static_cast<int32_t>(static_splits(a));
   const int64_t context = context_of(a);
   const dim3 grid(static_cast<unsigned>(a.tokens), static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(ns));
   const float scale2 = a.scale * k_log2e;
   const auto qh = static_cast<int32_t>(a.q_heads), kvh = static_cast<int32_t>(a.kv_heads);
   const auto mb = static_cast<int32_t>(a.max_blocks), bs = static_cast<int32_t>(a.block_size);
-  if (a.head_dim == 128)
-    paged_attention_kernel<128><<<grid, k_threads, 0, stream>>>(a.q, a.k_cache, a.v_cache, a.block_table, a.row_seq,
-                                                                 a.row_pos, a.out, part_o, part_lse, qh, kvh, mb, bs,
-                                                                 context, ns, scale2);
-  else
-    paged_attention_kernel<64><<<grid, k_threads, 0, stream>>>(a.q, a.k_cache, a.v_cache, a.block_table, a.row_seq,
-                                                                a.row_pos, a.out, part_o, part_lse, qh, kvh, mb, bs,
-                                                                context, ns, scale2);
-  RLSERVE_CUDA_CHECK_LAUNCH();
-  if (ns > 1) {
-    if (a.head_dim == 128)
-      merge_kernel<128><<<static_cast<unsigned>(a.tokens), k_merge_threads, 0, stream>>>(
-        a.row_seq, a.row_pos, part_o, part_lse, a.out, qh, context, ns);
-    else
-      merge_kernel<64><<<static_cast<unsigned>(a.tokens), k_merge_threads, 0, stream>>>(
-        a.row_seq, a.row_pos, part_o, part_lse, a.out, qh, context, ns);
-    RLSERVE_CUDA_CHECK_LAUNCH();
-  }
+  RLSERVE_CUDA_TRY(launch_programmatic(a.head_dim == 128 ? paged_attention_kernel<128> : paged_attention_kernel<64>,
+                                      grid, k_threads, 0, stream, a.q, a.k_cache, a.v_cache, a.block_table, a.row_seq,
+                                      a.row_pos, a.out, part_o, part_lse, arrivals, qh, kvh, mb, bs, context, ns,
+                                      scale2));
   return kernel_status::ok;
 }
 

@@ -3,11 +3,12 @@
 # with binaries built elsewhere and carried in $DEV (build-gemm/runner by default: rlserve,
 # rlserve_model_gpu_tests, rlserve_actors_gpu_tests, rlserve_kernels_gpu_tests, decode_bench,
 # kernels_bench and the non-system shared libraries they link). Logs go to $OUT.
-#   scripts/gpu/run_runner.sh [tests|parity|bench|moe|hf|all]...
+#   scripts/gpu/run_runner.sh [tests|parity|bench|moe|gemv|hf|all]...
 #     tests   the gpu-labelled C++ tests of the model, the actors and the kernels
 #     parity  tests/gpu/test_transformers_parity.py (engine cuda and cpu vs transformers)
 #     bench   benchmarks/gpu/decode_bench (Qwen3-30B-A3B shape, INT4 and BF16 experts)
 #     moe     benchmarks/gpu/kernels_bench --only moe (fused MoE, both paths at decode sizes)
+#     gemv    benchmarks/gpu/kernels_bench --only gemv (BF16 GEMV vs cuBLAS at decode sizes)
 #     hf      benchmarks/gpu/transformers_decode.py (the transformers peer, same shape)
 # Nothing is built here, and nothing about the GPU is changed.
 set -uo pipefail
@@ -57,6 +58,11 @@ for what in "$@"; do
     moe|all)
       echo "=== kernels_bench --only moe"
       timeout "${MOE_TIMEOUT:-120}" "$DEV/kernels_bench" --only moe 2>&1 | tee "$OUT/moe_bench.log" | grep "moe T"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      ;;&
+    gemv|all)
+      echo "=== kernels_bench --only gemv"
+      timeout "${GEMV_TIMEOUT:-120}" "$DEV/kernels_bench" --only gemv 2>&1 | tee "$OUT/gemv_bench.log" | grep "^gemv"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       ;;&
     hf|all)

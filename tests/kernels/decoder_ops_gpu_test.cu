@@ -1,12 +1,14 @@
 // The CUDA decoder ops (kernels/decoder_ops.hpp) against their CPU references, op by op:
 // embedding (bit-exact), residual add + RMSNorm, q/k norm + RoPE + paged KV write, paged attention
-// (decode rows and prefill chunks, short and split-KV contexts, GQA, padding rows), SiLU-mul, the
+// (decode rows and prefill chunks, short and split-KV contexts, GQA, padding rows), the BF16 GEMV
+// (every row count and each (R, KS) choice of its launch, at the Qwen3-30B-A3B shapes), SiLU-mul, the
 // BF16 fused MoE (decode and prefill token counts, 8 to 32 experts) and the sampler (greedy and
 // filtered draws from the same uniforms). Needs a GPU.
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -194,13 +196,91 @@ BOOST_AUTO_TEST_CASE(paged_attention_matches_cpu) {
       g.q = dq.get(), g.k_cache = dk.get(), g.v_cache = dv.get(), g.block_table = dt.get();
       g.row_seq = drs.get(), g.row_pos = drp.get(), g.out = dout.get();
       device_buffer<unsigned char> ws(std::max<std::size_t>(1, paged_attention_workspace_bytes(g)));
+      require_ok(paged_attention_workspace_init(g, ws.get(), nullptr), "paged_attention_workspace_init");
       require_ok(paged_attention_launch(g, ws.get(), nullptr), "paged_attention_launch");
       const auto got = dout.download();
       BOOST_TEST_INFO("head_dim " << D << " group " << group);
       BOOST_TEST(rel_l2(to_float(got), to_float(want)) < k_attention_rel);
       for (int64_t i = (T - 2) * QH * D; i < T * QH * D; ++i)
         BOOST_TEST(got[static_cast<std::size_t>(i)] == 0);
+      // The split merge's arrival counters reset themselves: a second launch (as a graph replay
+      // does) gives the same bits.
+      require_ok(paged_attention_launch(g, ws.get(), nullptr), "paged_attention_launch (again)");
+      BOOST_TEST(dout.download() == got);
     }
+}
+
+// fp32 sums against the reference's double. The fp32 sum of k products (|dot| ~ 0.05 sqrt(k))
+// errs by a few ulps times sqrt(k); a bf16 output adds its rounding, half a bf16 ulp (2^-8 relative).
+// Both are compared with the exact (double) dot, so a sum near zero that rounds to a tiny value
+// of the other sign still passes. Shapes: the decode step's q/k/v, o_proj, router and
+// lm_head-like sizes (each picks a different warps-per-row / rows-per-warp split), odd n and k.
+BOOST_AUTO_TEST_CASE(gemv_bf16_matches_cpu) {
+  rlserve::test::require_device();
+  struct shape {
+    int64_t n, k;
+  };
+  for (const shape sh : {shape{5120, 2048}, shape{2048, 4096}, shape{128, 2048}, shape{20000, 2048},
+                         shape{37, 296}, shape{3, 8}})
+    for (int64_t rows : {1, 2, 3, 5, 8})
+      for (bool f32 : {true, false}) {
+        const int64_t ldy = sh.n + 3;
+        const auto x = random_bf16(static_cast<std::size_t>(rows * sh.k), 900 + rows);
+        const auto w = random_bf16(static_cast<std::size_t>(sh.n * sh.k), 910 + sh.n, 0.05);
+        std::vector<float> exact(static_cast<std::size_t>(rows * ldy), 0.0f);
+        gemv_bf16_args a{x.data(), w.data(), exact.data(), rows, sh.n, sh.k, ldy, true};
+        require_ok(gemv_bf16_ref(a), "gemv_bf16_ref");
+        device_buffer<uint16_t> dx(x), dw(w);
+        device_buffer<float> dy32(f32 ? exact.size() : 0);
+        device_buffer<uint16_t> dy16(f32 ? 0 : exact.size());
+        gemv_bf16_args g = a;
+        g.x = dx.get(), g.w = dw.get(), g.f32_out = f32;
+        g.y = f32 ? static_cast<void*>(dy32.get()) : dy16.get();
+        require_ok(gemv_bf16_launch(g, nullptr), "gemv_bf16_launch");
+        std::vector<float> got(exact.size());
+        std::vector<bool> poison_kept(exact.size());
+        if (f32) {
+          const auto y = dy32.download();
+          for (std::size_t i = 0; i < y.size(); ++i) {
+            got[i] = y[i];
+            poison_kept[i] = std::memcmp(&y[i], "\xd5\xd5\xd5\xd5", 4) == 0;
+          }
+        } else {
+          const auto y = dy16.download();
+          for (std::size_t i = 0; i < y.size(); ++i) {
+            got[i] = bf16_to_float(y[i]);
+            poison_kept[i] = y[i] == 0xD5D5;
+          }
+        }
+        const float root_k = std::sqrt(float(sh.k));
+        int64_t bad = 0, untouched_bad = 0;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < ldy; ++c) {
+            const auto i = static_cast<std::size_t>(r * ldy + c);
+            if (c >= sh.n) { // past n: the 0xD5 poison stays
+              untouched_bad += !poison_kept[i];
+              continue;
+            }
+            const float sum_err = 2e-6f * root_k * (0.05f * root_k + std::abs(exact[i]));
+            const float tol = sum_err + (f32 ? 0.0f : std::ldexp(std::abs(exact[i]) + sum_err, -8));
+            if (!(std::abs(got[i] - exact[i]) <= tol)) {
+              if (bad == 0)
+                BOOST_TEST_MESSAGE("first mismatch at row " << r << " col " << c << ": " << got[i] << " vs exact "
+                                                            << exact[i] << " (tolerance " << tol << ")");
+              ++bad;
+            }
+          }
+        BOOST_TEST(bad == 0, "n " << sh.n << " k " << sh.k << " rows " << rows << (f32 ? " fp32" : " bf16") << ": "
+                                  << bad << " outputs off");
+        BOOST_TEST(untouched_bad == 0);
+      }
+  // Refusals: misaligned x, too many rows.
+  device_buffer<uint16_t> dx(64), dw(64);
+  device_buffer<float> dy(8);
+  gemv_bf16_args m{dx.get() + 1, dw.get(), dy.get(), 1, 2, 16, 2, true};
+  BOOST_TEST((gemv_bf16_launch(m, nullptr) == kernel_status::misaligned_operand));
+  gemv_bf16_args big{dx.get(), dw.get(), dy.get(), k_gemv_max_rows + 1, 2, 16, 2, true};
+  BOOST_TEST((gemv_bf16_launch(big, nullptr) == kernel_status::invalid_problem));
 }
 
 BOOST_AUTO_TEST_CASE(silu_mul_matches_cpu) {

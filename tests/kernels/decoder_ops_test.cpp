@@ -2,8 +2,8 @@
 // to on the GPU machine (decoder_ops_gpu_test.cu), against computations written here from the
 // definitions: paged attention against plain causal attention over contiguous K / V (GQA, shuffled
 // blocks, prefill and decode rows, padding), q/k norm + RoPE against rotate_half in double, the
-// residual add + RMSNorm, SiLU-mul, the BF16 MoE against a dense per-token evaluation, and bad
-// arguments refused with invalid_problem.
+// residual add + RMSNorm, SiLU-mul, the BF16 GEMV against the CPU model's fp32 matmul, the BF16
+// MoE against a dense per-token evaluation, and bad arguments refused with invalid_problem.
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/bf16.hpp"
+#include "kernels/cpu_ops.hpp"
 #include "kernels/decoder_ops.hpp"
 #include "tests/kernels/int4_test_util.hpp"
 
@@ -233,6 +234,42 @@ BOOST_AUTO_TEST_CASE(add_rms_norm_and_silu_mul_follow_their_formulas) {
       const float act = bf16_to_float(float_to_bf16(static_cast<float>(g / (1 + std::exp(-g)))));
       BOOST_TEST(bf16_steps(h[static_cast<std::size_t>(i * cols + c)], float_to_bf16(static_cast<float>(act * u))) <= 1);
     }
+}
+
+// The GEMV reference is the CPU forward's linear layer (matmul_cpu over the same bf16 values in
+// fp32) up to summation order, honours ldy, and refuses shapes the GPU kernel does not define.
+BOOST_AUTO_TEST_CASE(gemv_bf16_equals_the_cpu_matmul) {
+  const int64_t rows = 5, n = 37, k = 296, ldy = 40;
+  const auto x = random_bf16(static_cast<std::size_t>(rows * k), 700);
+  const auto w = random_bf16(static_cast<std::size_t>(n * k), 701, 0.1);
+  std::vector<float> xf(x.size()), wf(w.size()), want(static_cast<std::size_t>(rows * n));
+  std::transform(x.begin(), x.end(), xf.begin(), bf16_to_float);
+  std::transform(w.begin(), w.end(), wf.begin(), bf16_to_float);
+  BOOST_REQUIRE(matmul_cpu({xf.data(), wf.data(), want.data(), rows, n, k}) == kernel_status::ok);
+  std::vector<float> y32(static_cast<std::size_t>(rows * ldy), -7.0f);
+  std::vector<uint16_t> y16(y32.size(), 0x7fc1);
+  gemv_bf16_args a{x.data(), w.data(), y32.data(), rows, n, k, ldy, true};
+  BOOST_REQUIRE(gemv_bf16_ref(a) == kernel_status::ok);
+  gemv_bf16_args b{x.data(), w.data(), y16.data(), rows, n, k, ldy, false};
+  BOOST_REQUIRE(gemv_bf16_ref(b) == kernel_status::ok);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < ldy; ++c) {
+      const auto i = static_cast<std::size_t>(r * ldy + c);
+      if (c >= n) { // past n: untouched
+        BOOST_TEST(y32[i] == -7.0f);
+        BOOST_TEST(y16[i] == 0x7fc1);
+        continue;
+      }
+      const float m = want[static_cast<std::size_t>(r * n + c)];
+      BOOST_TEST(std::abs(y32[i] - m) <= 1e-5f * (1.0f + std::abs(m)));
+      BOOST_TEST(bf16_steps(y16[i], float_to_bf16(m)) <= 1);
+    }
+  for (auto bad : {gemv_bf16_args{x.data(), w.data(), y32.data(), 0, n, k, ldy, true},
+                   gemv_bf16_args{x.data(), w.data(), y32.data(), k_gemv_max_rows + 1, n, k, ldy, true},
+                   gemv_bf16_args{x.data(), w.data(), y32.data(), rows, n, k - 4, ldy, true},
+                   gemv_bf16_args{x.data(), w.data(), y32.data(), rows, n, k, n - 1, true},
+                   gemv_bf16_args{x.data(), nullptr, y32.data(), rows, n, k, ldy, true}})
+    BOOST_TEST((gemv_bf16_ref(bad) == kernel_status::invalid_problem));
 }
 
 // The BF16 MoE reference against a dense evaluation: every expert computed for every token, the

@@ -21,6 +21,7 @@
 //                [--layers 48] [--no-graphs] [--linears gemv|cublas] [--json FILE]
 // --linears cublas runs the decode-size BF16 linears on cuBLAS instead of the project's GEMV
 // (gpu_options::bf16_gemv), to compare the two.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -78,6 +79,8 @@ struct row {
   std::string mode;
   int64_t batch = 0;
   double step_ms = 0, tokens_per_s = 0, roofline_ms = 0, weight_gb = 0, kv_gb = 0;
+  int64_t distinct = 0;   // distinct tokens of the batch at the last step
+  uint64_t token_hash = 0; // FNV-1a of every token of the timed steps (same code, same tokens)
 };
 
 // Bytes a decode step must read at batch B with `context` cached tokens per sequence.
@@ -180,13 +183,23 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
       }
       current = tokens;
     };
+    // A batch whose rows decode the same tokens routes them to the same experts and reads fewer
+    // bytes than the roofline counts: the distinct count says how far that went. The hash lets
+    // two builds or settings show they generated the same tokens.
+    uint64_t hash = 1469598103934665603ull;
+    auto record = [&] {
+      for (int32_t t : current)
+        hash = (hash ^ static_cast<uint32_t>(t)) * 1099511628211ull;
+    };
     for (int64_t i = 0; i < o.warmup; ++i)
       step();
     const int64_t context_mid = o.prompt + o.warmup + o.steps / 2;
     m.take_profile(); // drop what prefill and warm-up recorded
     auto start = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < o.steps; ++i)
+    for (int64_t i = 0; i < o.steps; ++i) {
       step();
+      record();
+    }
     const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
       double(o.steps);
@@ -200,10 +213,16 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
     r.weight_gb = wb / 1e9;
     r.kv_gb = kb / 1e9;
     r.roofline_ms = (wb + kb) / copy_bw * 1e3;
+    std::vector<int32_t> last = current;
+    std::sort(last.begin(), last.end());
+    r.distinct = std::unique(last.begin(), last.end()) - last.begin();
+    r.token_hash = hash;
     rows.push_back(r);
-    std::printf("  %-4s B=%-4lld step %8.3f ms  %9.1f tok/s  roofline %7.3f ms (%.0f%%)  weights %.2f GB  KV %.3f GB\n",
+    std::printf("  %-4s B=%-4lld step %8.3f ms  %9.1f tok/s  roofline %7.3f ms (%.0f%%)  weights %.2f GB  KV %.3f GB"
+                "  distinct %lld  tokens %016llx\n",
                 r.mode.c_str(), static_cast<long long>(B), r.step_ms, r.tokens_per_s, r.roofline_ms,
-                100.0 * r.roofline_ms / r.step_ms, r.weight_gb, r.kv_gb);
+                100.0 * r.roofline_ms / r.step_ms, r.weight_gb, r.kv_gb, static_cast<long long>(r.distinct),
+                static_cast<unsigned long long>(r.token_hash));
     for (const auto& [phase, total] : m.take_profile()) // RLSERVE_GPU_PROFILE: eager steps, per phase
       std::printf("      %-28s %8.3f ms / step\n", phase.c_str(), total / double(o.steps));
     std::fflush(stdout);
@@ -292,7 +311,8 @@ int main(int argc, char** argv) {
       f << (i ? ", " : "") << "{\"mode\": \"" << r.mode << "\", \"batch\": " << r.batch
         << ", \"step_ms\": " << r.step_ms << ", \"tokens_per_s\": " << r.tokens_per_s
         << ", \"roofline_ms\": " << r.roofline_ms << ", \"weight_gb\": " << r.weight_gb
-        << ", \"kv_gb\": " << r.kv_gb << "}";
+        << ", \"kv_gb\": " << r.kv_gb << ", \"distinct_tokens_last_step\": " << r.distinct
+        << ", \"token_hash\": \"" << std::hex << r.token_hash << std::dec << "\"}";
     }
     f << "]}\n";
   }

@@ -104,6 +104,10 @@ struct paged_attention_args {
   int64_t tokens = 0, sequences = 0, max_blocks = 0, block_size = 16;
   int64_t q_heads = 0, kv_heads = 0, head_dim = 0; // head_dim in {64, 128}
   int64_t max_context = 0; // static upper bound on p + 1 (sizes split-KV work; 0 = max_blocks * block_size)
+  // Workspace capacity in rows (0 = tokens). Launches of different token counts that share one
+  // workspace must all pass the same max_tokens: the split merge's arrival counters persist
+  // between launches, so their place may not move with the token count.
+  int64_t max_tokens = 0;
   float scale = 1.0f;
 };
 kernel_status paged_attention_can_implement(const paged_attention_args& a);

@@ -542,6 +542,7 @@ status qwen3_gpu_model::impl::allocate_runtime() {
   pa.kv_heads = nkv;
   pa.head_dim = D;
   pa.max_context = max_blocks * options.kv_block_size;
+  pa.max_tokens = T;
   // Sizing checks the whole argument set: real buffers, and stand-ins for the per-step tables
   // (allocated below, never dereferenced here).
   const auto* stand_in = reinterpret_cast<const int32_t*>(residual);
@@ -918,6 +919,7 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
     a.kv_heads = nkv;
     a.head_dim = D;
     a.max_context = max_blocks * options.kv_block_size;
+    a.max_tokens = max_tokens; // the workspace's layout (its counters persist between launches)
     a.scale = static_cast<float>(1.0 / std::sqrt(double(D)));
     KERNEL_TRY("paged attention", kernels::paged_attention_launch(a, attn_ws, stream));
     mark("paged attention");

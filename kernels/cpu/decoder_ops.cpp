@@ -146,7 +146,7 @@ kernel_status paged_attention_can_implement(const paged_attention_args& a) {
   if (a.tokens < 0 || a.sequences < 0 || a.max_blocks <= 0 || (a.block_size != 16 && a.block_size != 32) ||
       a.q_heads <= 0 || a.kv_heads <= 0 || a.q_heads % a.kv_heads != 0 || (a.head_dim != 64 && a.head_dim != 128) ||
       a.max_context < 0 || a.max_context > a.max_blocks * a.block_size || !(a.scale > 0.0f) ||
-      a.q_heads / a.kv_heads > 16)
+      a.q_heads / a.kv_heads > 16 || a.max_tokens < 0 || (a.max_tokens > 0 && a.tokens > a.max_tokens))
     return kernel_status::invalid_problem;
   if (a.tokens > 0 && (a.q == nullptr || a.k_cache == nullptr || a.v_cache == nullptr || a.block_table == nullptr ||
                        a.row_seq == nullptr || a.row_pos == nullptr || a.out == nullptr))

@@ -332,16 +332,20 @@ paged_attention_kernel(const uint16_t* __restrict__ q,        // [tokens, q_head
 struct attn_layout {
   std::size_t o = 0, lse = 0, arrivals = 0, total = 0;
 };
+// Laid out for max_tokens rows whatever the launch's own count: the arrival counters must sit at
+// the same addresses in every launch that shares the workspace (a launch of 32 rows once found
+// its counters inside the partials a 2048-row prefill had written there).
 attn_layout attn_layout_of(const paged_attention_args& a) {
   attn_layout l;
   const int64_t ns = static_splits(a);
-  if (ns <= 1 || a.tokens == 0)
+  const int64_t cap = a.max_tokens > 0 ? a.max_tokens : a.tokens;
+  if (ns <= 1 || cap == 0)
     return l;
-  const auto rows = static_cast<std::size_t>(a.tokens * a.q_heads * ns);
-  l.o = 0;
-  l.lse = (rows * a.head_dim * sizeof(float) + 255) / 256 * 256;
-  l.arrivals = l.lse + (rows * sizeof(float) + 255) / 256 * 256;
-  l.total = l.arrivals + (static_cast<std::size_t>(a.tokens * a.kv_heads) * sizeof(unsigned) + 255) / 256 * 256;
+  const auto rows = static_cast<std::size_t>(cap * a.q_heads * ns);
+  l.arrivals = 0;
+  l.o = (static_cast<std::size_t>(cap * a.kv_heads) * sizeof(unsigned) + 255) / 256 * 256;
+  l.lse = l.o + (rows * a.head_dim * sizeof(float) + 255) / 256 * 256;
+  l.total = l.lse + (rows * sizeof(float) + 255) / 256 * 256;
   return l;
 }
 
@@ -361,7 +365,7 @@ kernel_status paged_attention_workspace_init(const paged_attention_args& a, void
     return kernel_status::ok;
   if (workspace == nullptr)
     return kernel_status::workspace_null;
-  RLSERVE_CUDA_TRY(cudaMemsetAsync(static_cast<unsigned char*>(workspace) + l.arrivals, 0, l.total - l.arrivals, stream));
+  RLSERVE_CUDA_TRY(cudaMemsetAsync(static_cast<unsigned char*>(workspace) + l.arrivals, 0, l.o - l.arrivals, stream));
   return kernel_status::ok;
 }
 

@@ -215,6 +215,56 @@ BOOST_AUTO_TEST_CASE(paged_attention_matches_cpu) {
 // Both are compared with the exact (double) dot, so a sum near zero that rounds to a tiny value
 // of the other sign still passes. Shapes: the decode step's q/k/v, o_proj, router and
 // lm_head-like sizes (each picks a different warps-per-row / rows-per-warp split), odd n and k.
+// One workspace serves launches of different row counts (the model's graphs of every batch
+// bucket and its eager prefill share one): with max_tokens fixed, the split merge's arrival
+// counters keep their place, so a small launch after a large one (whose partials cover the
+// place a small launch's counters would take if they moved with the row count) still merges
+// right. Every row has a long context (many splits); results must repeat bit for bit.
+BOOST_AUTO_TEST_CASE(paged_attention_workspace_serves_launches_of_any_size) {
+  rlserve::test::require_device();
+  t4::rng r(17);
+  const int64_t D = 128, KH = 2, QH = 16, bs = 16, max_blocks = 64, S = 8;
+  std::vector<int32_t> table(static_cast<std::size_t>(S * max_blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::vector<int32_t> row_seq, row_pos;
+  for (int64_t s = 0; s < S; ++s)
+    row_seq.push_back(static_cast<int32_t>(s)), row_pos.push_back(static_cast<int32_t>(600 + r.below(424)));
+  const auto q = random_bf16(static_cast<std::size_t>(S * QH * D), 300);
+  const auto kc = random_bf16(static_cast<std::size_t>(S * max_blocks * bs * KH * D), 301);
+  const auto vc = random_bf16(kc.size(), 302);
+  std::vector<uint16_t> want(q.size());
+  paged_attention_args a;
+  a.q = q.data(), a.k_cache = kc.data(), a.v_cache = vc.data(), a.block_table = table.data();
+  a.row_seq = row_seq.data(), a.row_pos = row_pos.data(), a.out = want.data();
+  a.tokens = S, a.sequences = S, a.max_blocks = max_blocks, a.block_size = bs, a.max_tokens = S;
+  a.q_heads = QH, a.kv_heads = KH, a.head_dim = D, a.scale = static_cast<float>(1.0 / std::sqrt(double(D)));
+  require_ok(paged_attention_ref(a), "paged_attention_ref");
+  device_buffer<uint16_t> dq(q), dk(kc), dv(vc), big(want.size()), small(static_cast<std::size_t>(2 * QH * D));
+  device_buffer<int32_t> dt(table), drs(row_seq), drp(row_pos);
+  paged_attention_args g = a;
+  g.q = dq.get(), g.k_cache = dk.get(), g.v_cache = dv.get(), g.block_table = dt.get();
+  g.row_seq = drs.get(), g.row_pos = drp.get(), g.out = big.get();
+  paged_attention_args two = g;
+  two.tokens = 2, two.out = small.get();
+  device_buffer<unsigned char> ws(std::max<std::size_t>(1, paged_attention_workspace_bytes(g)));
+  require_ok(paged_attention_workspace_init(g, ws.get(), nullptr), "paged_attention_workspace_init");
+  require_ok(paged_attention_launch(g, ws.get(), nullptr), "paged_attention_launch (8 rows)");
+  const auto first = big.download();
+  BOOST_TEST(rel_l2(to_float(first), to_float(want)) < k_attention_rel);
+  const std::vector<uint16_t> first_two(first.begin(), first.begin() + 2 * QH * D);
+  for (int round = 0; round < 2; ++round) {
+    small.poison();
+    big.poison();
+    require_ok(paged_attention_launch(two, ws.get(), nullptr), "paged_attention_launch (2 rows)");
+    BOOST_TEST(small.download() == first_two, "2-row launch after an 8-row one, round " << round);
+    require_ok(paged_attention_launch(g, ws.get(), nullptr), "paged_attention_launch (8 rows again)");
+    BOOST_TEST(big.download() == first, "8-row launch after a 2-row one, round " << round);
+  }
+  paged_attention_args over = g;
+  over.tokens = S + 1; // more rows than the workspace was laid out for
+  BOOST_TEST((paged_attention_launch(over, ws.get(), nullptr) == kernel_status::invalid_problem));
+}
+
 BOOST_AUTO_TEST_CASE(gemv_bf16_matches_cpu) {
   rlserve::test::require_device();
   struct shape {

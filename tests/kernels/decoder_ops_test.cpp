@@ -124,6 +124,8 @@ BOOST_AUTO_TEST_CASE(paged_attention_equals_plain_causal_attention) {
   BOOST_TEST((paged_attention_can_implement(bad) == kernel_status::invalid_problem));
   bad = a, bad.max_context = max_blocks * bs + 1;
   BOOST_TEST((paged_attention_can_implement(bad) == kernel_status::invalid_problem));
+  bad = a, bad.max_tokens = a.tokens - 1; // more rows than the workspace is laid out for
+  BOOST_TEST((paged_attention_can_implement(bad) == kernel_status::invalid_problem));
 }
 
 BOOST_AUTO_TEST_CASE(qk_norm_rope_is_rmsnorm_then_rotate_half) {

@@ -20,6 +20,9 @@
 
 #include "kernels/int4_format.hpp"
 #include "kernels/kernel_status.hpp"
+#if defined(__CUDACC__)
+#include "kernels/cuda/programmatic_launch.cuh"
+#endif
 
 using cudaStream_t = struct CUstream_st*;
 
@@ -196,14 +199,16 @@ __device__ __forceinline__ void load_group(bool grouped, bool has_zero_point, co
   }
 }
 
+// The decode kernels' griddepcontrol (kernels/cuda/programmatic_launch.cuh), behind this
+// file's own switch.
 __device__ __forceinline__ void grid_dep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && RLSERVE_W4A16_PDL
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#if RLSERVE_W4A16_PDL
+  programmatic_wait();
 #endif
 }
 __device__ __forceinline__ void grid_dep_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && RLSERVE_W4A16_PDL
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#if RLSERVE_W4A16_PDL
+  programmatic_trigger();
 #endif
 }
 #endif

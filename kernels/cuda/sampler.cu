@@ -269,10 +269,11 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
   const bool use_k = k > 0 && k < V, use_p = tp < 1.0f, use_m = mp > 0.0f;
   const float thr = mp * p_max;
   const double u = uniform[r];
-  auto prob = [&](int64_t i) {
-    const float z = logit_at(row, i) * inv_t;
+  auto prob_of = [&](float l) { // p of a logit (NaN already -inf)
+    const float z = l * inv_t;
     return z == -INFINITY ? 0.0f : expf(z - lse);
   };
+  auto prob = [&](int64_t i) { return prob_of(logit_at(row, i)); };
   auto write = [&](int token) { // by one thread
     token_out[r] = token;
     logprob_out[r] = static_cast<float>(double(logit_at(row, token)) * (1.0 / double(T)) - lse_d);
@@ -289,8 +290,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
     unsigned long long wm = 0;
     int kept = 0;
     for_each_logit(row, c0 + lane, c1, 32, [&](int64_t, float l) {
-      const float z = l * inv_t;
-      const float p = z == -INFINITY ? 0.0f : expf(z - lse);
+      const float p = prob_of(l);
       if (!use_m || p >= thr) {
         wm += to_fx(p);
         ++kept;

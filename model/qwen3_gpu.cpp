@@ -215,6 +215,7 @@ struct qwen3_gpu_model::impl {
   status gemm_bf16(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t m, void* y,
                    int64_t ldy, bool f32_out);
   status run_step(int64_t T, int64_t S, int64_t R);
+  kernels::paged_attention_args attention_args(int64_t layer, int64_t tokens, int64_t sequences) const;
   kernels::fused_moe_args int4_moe_args(const gpu_layer& L, int64_t tokens) const;
   kernels::moe_bf16_args bf16_moe_args(const gpu_layer& L, int64_t tokens) const;
   status prepare(std::span<forward_item> items, int64_t& T, int64_t& S, int64_t& R, bool padded);
@@ -533,24 +534,11 @@ status qwen3_gpu_model::impl::allocate_runtime() {
     return fail(fmt::format("{}: cannot allocate activation scratch for {} tokens", device_name, T));
 
   // Workspaces, sized for the largest launch (the graphs and eager steps share them: one stream).
-  kernels::paged_attention_args pa;
-  pa.tokens = T;
-  pa.sequences = max_seqs;
-  pa.max_blocks = max_blocks;
-  pa.block_size = options.kv_block_size;
-  pa.q_heads = nq;
-  pa.kv_heads = nkv;
-  pa.head_dim = D;
-  pa.max_context = max_blocks * options.kv_block_size;
-  pa.max_tokens = T;
+  kernels::paged_attention_args pa = attention_args(0, T, max_seqs);
   // Sizing checks the whole argument set: real buffers, and stand-ins for the per-step tables
   // (allocated below, never dereferenced here).
   const auto* stand_in = reinterpret_cast<const int32_t*>(residual);
-  pa.q = q;
-  pa.k_cache = k_cache[0];
-  pa.v_cache = v_cache[0];
   pa.block_table = pa.row_seq = pa.row_pos = stand_in;
-  pa.out = attn;
   if (kernels::paged_attention_can_implement(pa) != kernel_status::ok)
     return fail(fmt::format("the paged attention kernel cannot run this model: head_dim {} (64 or "
                             "128), {} query heads per kv head (at most 16), KV block size {} (16 "
@@ -806,8 +794,33 @@ status qwen3_gpu_model::impl::gemm(const gpu_linear& w, const uint16_t* x, int64
   return {};
 }
 
-// Enqueues one step over the metadata already in `dev`: T token rows, S sequences (the
-// attention's block-table rows), R logits rows. Captured into graphs as is.
+// The paged-attention launch of `layer` for `tokens` rows of `sequences` sequences, over the
+// per-step tables in `dev`. Allocation sizes the workspace with tokens = max_tokens; every launch
+// passes the same max_tokens (the workspace's layout: its merge counters persist between launches).
+kernels::paged_attention_args qwen3_gpu_model::impl::attention_args(int64_t layer, int64_t tokens,
+                                                                   int64_t sequences) const {
+  const auto& c = config;
+  kernels::paged_attention_args a;
+  a.q = q;
+  a.k_cache = k_cache[layer];
+  a.v_cache = v_cache[layer];
+  a.block_table = dev.block_table;
+  a.row_seq = dev.row_seq;
+  a.row_pos = dev.row_pos;
+  a.out = attn;
+  a.tokens = tokens;
+  a.sequences = sequences;
+  a.max_blocks = max_blocks;
+  a.block_size = options.kv_block_size;
+  a.q_heads = c.num_attention_heads;
+  a.kv_heads = c.num_key_value_heads;
+  a.head_dim = c.head_dim;
+  a.max_context = max_blocks * options.kv_block_size;
+  a.max_tokens = max_tokens;
+  a.scale = static_cast<float>(1.0 / std::sqrt(double(c.head_dim)));
+  return a;
+}
+
 // The INT4 fused-MoE launch of sparse layer L for `tokens` rows (workspace laid out for
 // max_tokens: allocation sizes it with tokens = max_tokens, every step launches with its own).
 kernels::fused_moe_args qwen3_gpu_model::impl::int4_moe_args(const gpu_layer& L, int64_t tokens) const {
@@ -855,6 +868,8 @@ kernels::moe_bf16_args qwen3_gpu_model::impl::bf16_moe_args(const gpu_layer& L, 
   return f;
 }
 
+// Enqueues one step over the metadata already in `dev`: T token rows, S sequences (the
+// attention's block-table rows), R logits rows. Captured into graphs as is.
 status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
   const auto& c = config;
   const int64_t H = c.hidden_size, D = c.head_dim, V = c.vocab_size;
@@ -903,25 +918,7 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
     r.eps = eps;
     KERNEL_TRY("q/k norm + RoPE + KV write", kernels::qk_norm_rope_kv_launch(r, stream));
     mark("q/k norm + RoPE + KV write");
-    kernels::paged_attention_args a;
-    a.q = q;
-    a.k_cache = k_cache[l];
-    a.v_cache = v_cache[l];
-    a.block_table = dev.block_table;
-    a.row_seq = dev.row_seq;
-    a.row_pos = dev.row_pos;
-    a.out = attn;
-    a.tokens = T;
-    a.sequences = S;
-    a.max_blocks = max_blocks;
-    a.block_size = options.kv_block_size;
-    a.q_heads = nq;
-    a.kv_heads = nkv;
-    a.head_dim = D;
-    a.max_context = max_blocks * options.kv_block_size;
-    a.max_tokens = max_tokens; // the workspace's layout (its counters persist between launches)
-    a.scale = static_cast<float>(1.0 / std::sqrt(double(D)));
-    KERNEL_TRY("paged attention", kernels::paged_attention_launch(a, attn_ws, stream));
+    KERNEL_TRY("paged attention", kernels::paged_attention_launch(attention_args(l, T, S), attn_ws, stream));
     mark("paged attention");
     if (auto s = gemm(L.o, attn, T, delta, H, false); !s)
       return s;

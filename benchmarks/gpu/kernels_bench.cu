@@ -184,6 +184,17 @@ double copy_bandwidth(size_t bytes) {
   return 2.0 * bytes / (s.median_us * 1e-6);
 }
 
+// cuBLAS BF16 with the HF weight [n, k]: y[m, n] = x[m, k] W^T, i.e. column-major y^T = W x^T ("TN"),
+// bf16 or fp32 out -- what model/qwen3_gpu.cpp runs.
+void cublas_linear(cublasHandle_t h, const void* w, const void* x, void* y, int64_t m, int64_t n, int64_t k,
+                   bool f32_out) {
+  const float alpha = 1.0f, beta = 0.0f;
+  CHECK_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                            static_cast<int>(k), &alpha, w, CUDA_R_16BF, static_cast<int>(k), x, CUDA_R_16BF,
+                            static_cast<int>(k), &beta, y, f32_out ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(n),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 // ---- 2. dense GEMM -------------------------------------------------------------------------------------
 
 void bench_gemm(int64_t k, int64_t n, const std::vector<int64_t>& ms, size_t rotate_bytes, double copy_bw, table& out,
@@ -205,7 +216,7 @@ void bench_gemm(int64_t k, int64_t n, const std::vector<int64_t>& ms, size_t rot
   auto* c = static_cast<uint16_t*>(dalloc(max_m * n * 2));
   uniform(a, max_m * k, 3, -1.0f, 1.0f);
 
-  // cuBLAS BF16 with the HF weight [n, k]: C[m, n] = A W^T, i.e. column-major C^T = W A^T ("TN").
+  // cuBLAS BF16 on the same weights in the HF orientation (cublas_linear).
   const size_t wb = static_cast<size_t>(n) * k * 2;
   const int bcopies = static_cast<int>(std::max<size_t>(2, (rotate_bytes + wb - 1) / wb));
   std::vector<void*> w(bcopies);
@@ -248,13 +259,7 @@ void bench_gemm(int64_t k, int64_t n, const std::vector<int64_t>& ms, size_t rot
       x.zero_point = static_cast<int32_t*>(zp[i % copies]);
       CHECK_OK(gemm_w4a16_launch(x, work, nullptr));
     });
-    const float alpha = 1.0f, beta = 0.0f;
-    const stats cb = time_launches([&](int i) {
-      CHECK_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                                static_cast<int>(k), &alpha, w[i % bcopies], CUDA_R_16BF, static_cast<int>(k), a,
-                                CUDA_R_16BF, static_cast<int>(k), &beta, c, CUDA_R_16BF, static_cast<int>(n),
-                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    });
+    const stats cb = time_launches([&](int i) { cublas_linear(h, w[i % bcopies], a, c, m, n, k, false); });
     const double bytes = static_cast<double>(per_copy) + 2.0 * m * k + 2.0 * m * n;
     const double tbs = bytes / (w4.median_us * 1e-6) / 1e12;
     const double tflops = 2.0 * m * n * k / (w4.median_us * 1e-6) / 1e12;
@@ -303,13 +308,7 @@ void bench_gemv(int64_t n, int64_t k, bool f32_out, const char* what, const std:
       gemv_bf16_args g{x, static_cast<const uint16_t*>(w[i % copies]), y, m, n, k, n, f32_out};
       CHECK_OK(gemv_bf16_launch(g, nullptr));
     });
-    const float alpha = 1.0f, beta = 0.0f;
-    const stats cb = time_launches([&](int i) {
-      CHECK_CUBLAS(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                                static_cast<int>(k), &alpha, w[i % copies], CUDA_R_16BF, static_cast<int>(k), x,
-                                CUDA_R_16BF, static_cast<int>(k), &beta, y, f32_out ? CUDA_R_32F : CUDA_R_16BF,
-                                static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    });
+    const stats cb = time_launches([&](int i) { cublas_linear(h, w[i % copies], x, y, m, n, k, f32_out); });
     const double bytes = static_cast<double>(wb) + 2.0 * m * k + (f32_out ? 4.0 : 2.0) * m * n;
     auto tbs = [&](const stats& s) { return bytes / (s.b2b_us * 1e-6) / 1e12; };
     out.rows.push_back({what, std::to_string(n) + " x " + std::to_string(k), std::to_string(m),

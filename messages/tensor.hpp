@@ -75,15 +75,32 @@ struct NamedTensor {
 };
 
 // GPU memory owned elsewhere. `ipc_handle` is set (and `pointer` is 0) when the memory lives in
-// another process (cudaIpcMemHandle_t bytes); otherwise `pointer` is a device address valid in
-// this process on `device`.
+// another process; otherwise `pointer` is a device address valid in this process on `device`.
+// The tensor is contiguous and starts `offset` bytes into the allocation the handle names (or
+// past `pointer`). The GPU runner opens each distinct handle once per message, reads from it on
+// the device, and closes it before it replies, so the producer may free or reuse the memory then.
 struct DeviceTensorRef {
-  int32_t device = 0;
+  int32_t device = 0;              // the producer's device ordinal (in its own process)
+  std::string device_uuid;         // "GPU-xxxxxxxx-..." (nvidia-smi's form): when set, the runner
+                                   // refuses memory of any GPU but its own
   uint64_t pointer = 0;
-  std::vector<uint8_t> ipc_handle; // 64 bytes (cudaIpcMemHandle_t) or empty
-  uint64_t offset = 0;             // byte offset into the IPC allocation
+  std::vector<uint8_t> ipc_handle; // 64 bytes (cudaIpcMemHandle_t) or PyTorch's 66-byte shareable
+                                   // handle (version byte, 'c', then the 64 bytes)
+  uint64_t offset = 0;             // byte offset of element 0 into the IPC allocation
+  uint64_t nbytes = 0;             // bytes of the tensor: numel(shape) * element_size(type) (0:
+                                   // not given; the runner computes it)
   dtype type = dtype::bf16;
   std::vector<int64_t> shape;
+  // PyTorch's CUDA IPC bookkeeping, set for tensors read from its multiprocessing pickle:
+  // a non-empty `ref_counter_handle` means this reference owns one decrement of slot
+  // `ref_counter_offset` in that shared-memory file, made after the runner's last read of the
+  // memory (the producer keeps the block out of its allocator until the count reaches 0).
+  std::string ref_counter_handle;
+  uint64_t ref_counter_offset = 0;
+  // cudaIpcEventHandle_t (64 bytes) recorded by the producer after it wrote the memory; the
+  // runner's reads wait for it when `event_sync_required`.
+  std::vector<uint8_t> event_handle;
+  bool event_sync_required = false;
 };
 
 // ---- inspect (CAF 0.17 form) ------------------------------------------------------------------
@@ -122,8 +139,9 @@ typename Inspector::result_type inspect(Inspector& f, NamedTensor& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, DeviceTensorRef& x) {
-  return f(caf::meta::type_name("DeviceTensorRef"), x.device, x.pointer, x.ipc_handle, x.offset,
-           x.type, x.shape);
+  return f(caf::meta::type_name("DeviceTensorRef"), x.device, x.device_uuid, x.pointer,
+           x.ipc_handle, x.offset, x.nbytes, x.type, x.shape, x.ref_counter_handle,
+           x.ref_counter_offset, x.event_handle, x.event_sync_required);
 }
 
 } // namespace rlserve

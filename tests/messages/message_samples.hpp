@@ -47,7 +47,7 @@ RLSERVE_FIELD_COUNT(AbortReqOutput, 3)
 // tensor.hpp (HostTensor has its own equality below; the count still guards its layout)
 RLSERVE_FIELD_COUNT(HostTensor, 4)
 RLSERVE_FIELD_COUNT(NamedTensor, 2)
-RLSERVE_FIELD_COUNT(DeviceTensorRef, 6)
+RLSERVE_FIELD_COUNT(DeviceTensorRef, 12)
 // weight_update.hpp
 RLSERVE_FIELD_COUNT(InitWeightsUpdateGroupReqInput, 8)
 RLSERVE_FIELD_COUNT(InitWeightsUpdateGroupReqOutput, 2)

@@ -95,7 +95,8 @@ RLSERVE_FIELD_COUNT(TensorSpec, 3)
 RLSERVE_FIELD_COUNT(TensorAlias, 2)
 RLSERVE_FIELD_COUNT(RunnerManifest, 13)
 RLSERVE_FIELD_COUNT(StageTensors, 1)
-RLSERVE_FIELD_COUNT(RunnerReply, 2)
+RLSERVE_FIELD_COUNT(StageDeviceTensors, 1)
+RLSERVE_FIELD_COUNT(RunnerReply, 3)
 RLSERVE_FIELD_COUNT(RunnerCheckOutput, 7)
 RLSERVE_FIELD_COUNT(WeightUpdaterStatus, 4)
 
@@ -892,7 +893,14 @@ struct samples<StageTensors> : simple_samples<StageTensors> {
 };
 
 template <>
-struct samples<RunnerReply> : status_samples<RunnerReply> {};
+struct samples<StageDeviceTensors> : simple_samples<StageDeviceTensors> {
+  static StageDeviceTensors full() { return {samples<NamedDeviceTensor>::json()}; }
+};
+
+template <>
+struct samples<RunnerReply> : simple_samples<RunnerReply> {
+  static RunnerReply full() { return {false, "it failed: \"why\"\n", true}; }
+};
 
 template <>
 struct samples<RunnerCheckOutput> : simple_samples<RunnerCheckOutput> {

@@ -280,6 +280,14 @@ inline std::vector<uint8_t> ipc_handle_bytes() {
   return h;
 }
 
+// PyTorch's shareable form: version 2, type 'c', then the 64-byte cudaIpcMemHandle_t.
+inline std::vector<uint8_t> torch_ipc_handle_bytes() {
+  std::vector<uint8_t> h{2, 'c'};
+  auto raw = ipc_handle_bytes();
+  h.insert(h.end(), raw.begin(), raw.end());
+  return h;
+}
+
 inline std::string nccl_unique_id_hex() {
   std::string s;
   static constexpr char digits[] = "0123456789abcdef";
@@ -504,11 +512,17 @@ struct samples<DeviceTensorRef> : simple_samples<DeviceTensorRef> {
   static DeviceTensorRef full() {
     DeviceTensorRef x;
     x.device = 1;
+    x.device_uuid = "GPU-4b652ae2-0ec6-7dcb-611e-8bd2e51d9120";
     x.pointer = 0x7f0000001000ull;
-    x.ipc_handle = ipc_handle_bytes();
+    x.ipc_handle = torch_ipc_handle_bytes();
     x.offset = 4096;
+    x.nbytes = 8 * 16 * 2;
     x.type = dtype::f16;
     x.shape = {8, 16};
+    x.ref_counter_handle = "/torch_504_3285582889_0";
+    x.ref_counter_offset = 638;
+    x.event_handle = ipc_handle_bytes();
+    x.event_sync_required = true;
     return x;
   }
   // JSON: exactly one of pointer / ipc_handle.

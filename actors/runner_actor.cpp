@@ -400,9 +400,15 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
 // A GPU runner stages on the device: its host model keeps the weights it was loaded with only
 // for names, dtypes and shapes, and every read of weight bytes (checksums, snapshots,
 // get_weights_by_name) goes to the device.
+// Whether a device staging error left the staging area as it was (the model's messages say so).
+bool refused_whole(const std::string& error) {
+  return error.find("nothing from this message was staged") != std::string::npos &&
+         error.find("were dropped") == std::string::npos;
+}
+
 RunnerReply stage_on_device(runner_state& st, StageTensors& msg) {
   if (auto s = st.gpu->stage_host(msg.tensors, st.options.allow_nonfinite_weights); !s)
-    return {false, st.options.role + " runner: " + s.error(), s.error().find("nothing from this message") != std::string::npos};
+    return {false, st.options.role + " runner: " + s.error(), refused_whole(s.error())};
   return {true, "staged " + std::to_string(msg.tensors.size()) + " tensors on " + st.gpu->device_name() +
                   " (" + std::to_string(st.gpu->staged_bytes() >> 20) + " MiB staged in this session)"};
 }
@@ -427,8 +433,7 @@ RunnerReply stage_device_tensors(runner_state& st, StageDeviceTensors& msg) {
   // Closed before the reply either way: the trainer may free or reuse its buffers after it.
   auto closed = map.close();
   if (!staged)
-    return {false, st.options.role + " runner: " + staged.error(),
-            staged.error().find("nothing from this message") != std::string::npos};
+    return {false, st.options.role + " runner: " + staged.error(), refused_whole(staged.error())};
   if (!closed)
     return {false, st.options.role + " runner: the tensors were staged, but " + closed.error(), true};
   return {true, "staged " + std::to_string(msg.tensors.size()) + " device tensors on " +

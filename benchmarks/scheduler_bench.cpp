@@ -70,6 +70,7 @@ runner_actor::behavior_type modelless_runner(runner_actor::pointer, RunnerManife
     [](ReleaseSequences&) {},
     [](restore_atom) { return RunnerReply{}; },
     [](StageTensors&) { return RunnerReply{}; },
+    [](StageDeviceTensors&) { return RunnerReply{}; },
     [](commit_atom) { return RunnerReply{}; },
     [](discard_atom) { return RunnerReply{}; },
     [](CheckWeightsReqInput&) { return RunnerCheckOutput{}; },

@@ -1507,6 +1507,8 @@ status qwen3_gpu_model::stage(std::span<const update_source> tensors, bool allow
   for (const auto& t : tensors) {
     if (!seen.insert(t.name).second)
       return refuse(t.name, "appears twice in one update message");
+    if (!t.data)
+      return refuse(t.name, "no device memory given");
     int64_t numel = 1;
     for (auto d : t.shape)
       numel *= d;
@@ -1574,8 +1576,6 @@ status qwen3_gpu_model::stage(std::span<const update_source> tensors, bool allow
     }
     if (!matched)
       return refuse(t.name, "not a parameter of the model on " + p.device_name);
-    if (!t.data)
-      return refuse(t.name, "no device memory given");
   }
   // 2. the staging budget.
   std::size_t need = 0;
@@ -1756,6 +1756,30 @@ status qwen3_gpu_model::stage(std::span<const update_source> tensors, bool allow
 }
 
 status qwen3_gpu_model::stage_host(std::span<const NamedTensor> tensors, bool allow_nonfinite) {
+  // Uploaded and staged in chunks of at most k_upload_chunk bytes (a disk update hands over a
+  // whole checkpoint in one message; a device buffer of its size would double the memory an
+  // update needs). One chunk is all or nothing; when a later chunk is refused, what earlier
+  // chunks staged is dropped with it and the reply says so.
+  constexpr std::size_t k_upload_chunk = std::size_t{1} << 30;
+  std::size_t first = 0;
+  while (first < tensors.size()) {
+    std::size_t last = first, bytes = 0;
+    while (last < tensors.size() && (last == first || bytes + tensors[last].tensor.nbytes <= k_upload_chunk))
+      bytes += tensors[last++].tensor.nbytes;
+    auto s = stage_host_chunk(tensors.subspan(first, last - first), allow_nonfinite);
+    if (!s) {
+      if (first == 0)
+        return s;
+      discard_staged();
+      return fail(s.error() + " — but earlier parts of this message had been staged, so the "
+                  "session's staged weights were dropped (the old weights keep serving)");
+    }
+    first = last;
+  }
+  return {};
+}
+
+status qwen3_gpu_model::stage_host_chunk(std::span<const NamedTensor> tensors, bool allow_nonfinite) {
   auto& p = *impl_;
   GPU_TRY(cudaSetDevice(p.device));
   // One device buffer for the message's bytes, filled through a pinned bounce buffer in chunks
@@ -2112,6 +2136,7 @@ status qwen3_gpu_model::upload(const qwen3_model&, std::span<const std::string>)
 expected<std::string> qwen3_gpu_model::post_process() { return fail(k_no_cuda); }
 status qwen3_gpu_model::stage(std::span<const update_source>, bool) { return fail(k_no_cuda); }
 status qwen3_gpu_model::stage_host(std::span<const NamedTensor>, bool) { return fail(k_no_cuda); }
+status qwen3_gpu_model::stage_host_chunk(std::span<const NamedTensor>, bool) { return fail(k_no_cuda); }
 expected<std::string> qwen3_gpu_model::commit_staged() { return fail(k_no_cuda); }
 void qwen3_gpu_model::discard_staged() {}
 std::size_t qwen3_gpu_model::staged_bytes() const { return 0; }

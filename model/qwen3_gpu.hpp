@@ -156,7 +156,9 @@ public:
   // (the last one wins). Reads of `data` are finished when this returns. Fails too when the
   // staging area would outgrow gpu_options::staging_budget_bytes.
   status stage(std::span<const update_source> tensors, bool allow_nonfinite);
-  // Host tensors: copied to the device (through a pinned buffer), then as stage().
+  // Host tensors: copied to the device (through a pinned buffer), then as stage(), in chunks of
+  // up to 1 GiB: all or nothing per chunk; a refusal after the first chunk drops everything
+  // staged in the session (the message says so).
   status stage_host(std::span<const NamedTensor> tensors, bool allow_nonfinite);
   // Writes the staging area into the serving buffers (INT4 modules repacked from their staged
   // load format; a module left in load format by restore() gets the load format) and frees it.
@@ -195,6 +197,7 @@ public:
 
 private:
   explicit qwen3_gpu_model(std::unique_ptr<impl> p);
+  status stage_host_chunk(std::span<const NamedTensor> tensors, bool allow_nonfinite);
   std::unique_ptr<impl> impl_;
   std::unique_ptr<staging> staging_;
 };

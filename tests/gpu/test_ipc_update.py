@@ -23,7 +23,9 @@ Runs on a machine with a GPU and PyTorch (label `gpu`); prints SKIPPED and exits
 RLSERVE_BIN names the rlserve binary.
 """
 import base64
+import io
 import json
+import pickle
 import os
 import shutil
 import socket
@@ -133,10 +135,24 @@ def ipc_ref(name, t):
             "nbytes": t.numel() * t.element_size(), "device_uuid": uuid_of(t.device.index)}
 
 
-def ref_counter_slot(flat):
-    """Where the producer counts the consumers of `flat`'s storage (PyTorch's shared-memory file)."""
-    _, args = torch.multiprocessing.reductions.reduce_tensor(flat)
-    return args[11].decode(), args[12]
+def pickled_slot(payload):
+    """The ref-counter slot a pickled CUDA tensor carries (each reduction takes a slot of its own),
+    read with Python's unpickler and inert stand-ins: nothing of torch is rebuilt."""
+    slots = []
+
+    class Reader(pickle.Unpickler):
+        def find_class(self, module, name):
+            if name in ("rebuild_cuda_tensor", "_rebuild_cuda_tensor_modified"):
+                return lambda *a: slots.append((a[11].decode(), a[12]))
+            if module == "torch" and name == "Size":
+                return tuple
+            if name == "FlattenedTensorMetadata":
+                return sglang_form.FlattenedTensorMetadata
+            return object  # classes and dtypes passed as values
+
+    Reader(io.BytesIO(payload)).load()
+    assert len(slots) == 1, slots
+    return slots[0]
 
 
 def read_slot(where):
@@ -173,8 +189,8 @@ def push(server, named, bucket_bytes=1 << 20, **extra):
         if len(replies) % 2 == 0:
             body = {"device_tensors": refs}
         else:
-            where = ref_counter_slot(flat)
             payload = sglang_form.dump({"flattened_tensor": flat, "metadata": meta}, sglang_patch=True)
+            where = pickled_slot(payload)
             body = {"serialized_named_tensors": [base64.b64encode(payload).decode()],
                     "load_format": "flattened_bucket", "flush_cache": False}
             before = read_slot(where)

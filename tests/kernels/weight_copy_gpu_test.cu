@@ -92,7 +92,7 @@ BOOST_AUTO_TEST_CASE(device_scan_and_convert_equal_the_references) {
       if (nan_h ? !nan_d : got[i] != out_h[t][i])
         ++bad;
     }
-    BOOST_TEST(bad == 0, "tensor " << t << " (" << torch_name(items[t].type) << ", " << count[t] << " elements)");
+    BOOST_TEST(bad == 0, "tensor " << t << " (dtype code " << int(type[t]) << ", " << count[t] << " elements)");
   }
   cudaFree(table);
   for (auto* p : frees)

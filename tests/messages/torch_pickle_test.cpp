@@ -564,6 +564,77 @@ BOOST_AUTO_TEST_CASE(a_hand_written_tensor_reads_back) {
   BOOST_TEST(got->empty());
 }
 
+// The opcodes pickle writes for larger or older payloads (and no fixture happens to hold) read
+// the same as the ones PyTorch 2.11 wrote: GLOBAL lines, BINUNICODE / BINBYTES with 4-byte
+// lengths, LONG1 ints, BINPUT / LONG_BINPUT / LONG_BINGET, APPEND, SETITEM, protocol 2.
+BOOST_AUTO_TEST_CASE(long_and_old_opcode_forms_read_the_same) {
+  const tensor_args a;
+  auto want = read_torch_ipc_pickle(list_pickle(a), torch_pickle_form::named_list);
+  BOOST_TEST_REQUIRE(want.has_value(), want.error());
+
+  pickle_writer w;
+  auto text = [&](std::string_view s) { w.op('X').le(s.size(), 4).raw(s); };
+  auto blob = [&](std::string_view s) { w.op('B').le(s.size(), 4).raw(s); };
+  auto wide = [&](int64_t i) { w.op(0x8a).le(8, 1).le(static_cast<uint64_t>(i), 8); };
+  auto global = [&](std::string_view m, std::string_view n) {
+    w.op('c').raw(m).raw("\n").raw(n).raw("\n");
+  };
+  w.proto(2).op(']').op('q').le(0, 1);
+  // ("w", rebuild(args)), the function and the arguments memoized far out.
+  text("w");
+  global("torch.multiprocessing.reductions", "rebuild_cuda_tensor");
+  w.op('r').le(300, 4);
+  w.mark();
+  global("torch", "Tensor");
+  global("torch", "Size");
+  w.mark();
+  wide(4);
+  wide(8);
+  w.tuple().op(0x85).op('R');
+  w.mark().integer(8).integer(1).tuple();
+  wide(a.tensor_offset);
+  global("torch.storage", "TypedStorage");
+  global("torch", "bfloat16");
+  wide(0);
+  blob(a.handle);
+  wide(a.storage_size);
+  wide(a.storage_offset);
+  w.boolean(false);
+  blob(a.ref_counter);
+  wide(a.ref_counter_offset);
+  blob(a.event);
+  w.boolean(true);
+  w.tuple().op('r').le(301, 4).op('R').op(0x86).op('a');
+  // ("v", the same call), both halves fetched back from the memo.
+  text("v");
+  w.op('j').le(300, 4).op('j').le(301, 4).op('R').op(0x86).op('a').stop();
+  auto got = read_torch_ipc_pickle(w.done(), torch_pickle_form::named_list);
+  BOOST_TEST_REQUIRE(got.has_value(), got.error());
+  BOOST_TEST_REQUIRE(got->size() == 2u);
+  BOOST_TEST((*got)[0].name == "w");
+  BOOST_TEST((*got)[1].name == "v");
+  for (const auto& t : *got)
+    BOOST_TEST(to_json(t.tensor) == to_json((*want)[0].tensor));
+
+  // A bucket whose dicts are filled one SETITEM at a time and whose list by APPEND.
+  pickle_writer b;
+  b.proto().op('}').str("flattened_tensor");
+  write_tensor(b, flat_u8(64));
+  b.op('s').str("metadata").op(']');
+  b.global("sglang.srt.model_executor.model_runner", "FlattenedTensorMetadata").op(')').op(0x81);
+  b.op('}').str("name").str("x").op('s').str("shape").global("torch", "Size");
+  write_dims(b, {8, 8});
+  b.op(0x85).op('R').op('s').str("dtype").global("torch", "uint8").op('s');
+  b.str("start_idx").integer(0).op('s').str("end_idx").integer(64).op('s');
+  b.str("numel").integer(64).op('s').op('b').op('a').op('s').stop();
+  got = read_torch_ipc_pickle(b.done(), torch_pickle_form::flattened_bucket);
+  BOOST_TEST_REQUIRE(got.has_value(), got.error());
+  BOOST_TEST_REQUIRE(got->size() == 1u);
+  BOOST_TEST((*got)[0].name == "x");
+  BOOST_TEST(((*got)[0].tensor.shape == std::vector<int64_t>{8, 8}));
+  BOOST_TEST((*got)[0].tensor.nbytes == 64u);
+}
+
 BOOST_AUTO_TEST_CASE(bad_arguments_name_the_tensor) {
   const std::string at = R"(tensor "w" (pickled at byte )";
   auto check = [&](const tensor_args& a, const std::string& part) {

@@ -60,6 +60,10 @@ struct engine_config {
   std::string quantize;
   int32_t quantize_group_size = 128;
   std::string quantize_targets = "experts";
+  // Accept NaN and infinity in the host tensors of weight updates (tensor and disk). Refused by
+  // default: such weights make a dense model emit token 0 with logprob -inf and a MoE model
+  // fail every request, all while reporting success.
+  bool allow_non_finite_weights = false;
   // CAF worker threads for the cooperative actors; 0: CAF's default (one per core).
   std::size_t worker_threads = 0;
 };
@@ -120,6 +124,11 @@ public:
   // The draft's, when one is loaded.
   const RunnerManifest* draft_manifest() const;
   const std::filesystem::path& model_path() const;
+
+  // Fault injection for tests: ends one actor of the graph as a crash would ("tokenizer",
+  // "scheduler", "weight_updater" or "runner" for the target runner). The engine must then
+  // answer every request, in flight or new, with an error, and shut down cleanly.
+  status kill_actor_for_test(std::string_view kind);
 
 private:
   struct impl;

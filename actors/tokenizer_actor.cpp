@@ -388,10 +388,11 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
           caf::anon_send(sink, out); // a streaming caller always gets a last chunk
         return out;
       }
+      // Before make_response_promise, which takes the sender out of the current message.
+      auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
       auto rp = self->make_response_promise<GenerateReqOutput>();
       auto ticket = st.next_ticket++;
       auto rid = prepared->rid;
-      auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
       st.queued.emplace(rid, queued_generate{ticket, std::move(*prepared), std::move(owner),
                                              std::move(sink), rp});
       st.starters.emplace(ticket, [self, rid] { start_generate(self, rid); });

@@ -67,9 +67,31 @@ void ownership::refund_tensor_bytes(uint64_t bytes, uint64_t epoch) {
 
 std::optional<uint64_t> ownership::session_held_by_other(uint64_t owner) const {
   std::lock_guard<std::mutex> guard{mtx_};
-  if (!session_owner_ || *session_owner_ == 0 || *session_owner_ == owner)
+  if (!session_owner_) {
+    for (const auto& [begin_owner, n] : begins_in_flight_)
+      if (n > 0 && begin_owner != owner)
+        return begin_owner;
+    return std::nullopt;
+  }
+  if (*session_owner_ == 0 || *session_owner_ == owner)
     return std::nullopt;
   return *session_owner_;
+}
+
+void ownership::begin_sent(uint64_t owner) {
+  if (owner == 0)
+    return;
+  std::lock_guard<std::mutex> guard{mtx_};
+  ++begins_in_flight_[owner];
+}
+
+void ownership::begin_answered(uint64_t owner) {
+  if (owner == 0)
+    return;
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto it = begins_in_flight_.find(owner);
+  if (it != begins_in_flight_.end() && --it->second <= 0)
+    begins_in_flight_.erase(it);
 }
 
 void ownership::session_request_sent() {

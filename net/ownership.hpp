@@ -15,6 +15,8 @@
 // tensor byte budget lives here too, since it is reset by the same begin and end events.
 #pragma once
 
+#include <map>
+
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -50,6 +52,12 @@ public:
   // open session begun over a websocket belongs to that connection alone. Returns the owner
   // that holds it when `owner` is someone else.
   std::optional<uint64_t> session_held_by_other(uint64_t owner) const;
+  // A begin_weight_update from websocket connection `owner` (not 0) is on its way / was
+  // answered. While one is in flight and no session is known open, session requests from
+  // anyone else are refused too: the engine may already have opened that connection's session
+  // before its reply (and begin_succeeded) arrives here.
+  void begin_sent(uint64_t owner);
+  void begin_answered(uint64_t owner);
 
   // ---- idle deadline of sessions begun over HTTP ----
   // A request of the session is on its way / was answered: the idle clock stops / restarts.
@@ -75,6 +83,7 @@ private:
   int session_requests_in_flight_ = 0;
   clock::time_point last_session_activity_{};
   std::optional<uint64_t> pause_owner_;
+  std::map<uint64_t, int> begins_in_flight_; // websocket owner -> begins sent, not answered
 };
 
 } // namespace rlserve::net

@@ -75,6 +75,10 @@ std::optional<refusal> before_send(shared_state& st, call_info& info, caf::messa
   } else if (req.match_elements<ContinueGenerationReqInput>()) {
     st.owners.continue_sent();
   }
+  if (req.match_elements<BeginWeightUpdateReqInput>()) {
+    info.begin_owner = owner;
+    st.owners.begin_sent(owner);
+  }
   if (in_session || req.match_elements<BeginWeightUpdateReqInput>()) {
     info.session_request = true;
     st.owners.session_request_sent();
@@ -94,6 +98,8 @@ void after_reply(shared_state& st, const call_info& info, std::string_view trans
     st.owners.session_request_answered();
   if (r == "begin_weight_update" && ok)
     st.owners.begin_succeeded(owner);
+  if (r == "begin_weight_update")
+    st.owners.begin_answered(info.begin_owner); // after begin_succeeded: no gap between them
   else if (r == "end_weight_update") {
     if (auto length = st.owners.end_finished()) {
       st.stats.update_phase("session", *length);

@@ -45,6 +45,7 @@ struct call_info {
   bool session_request = false; // counted by ownership::session_request_sent
   uint64_t tensor_bytes = 0;    // counted against the session's budget (refunded on failure)
   uint64_t session_epoch = 0;
+  uint64_t begin_owner = 0;     // begin_weight_update: counted by ownership::begin_sent
 };
 
 // Limits and bookkeeping before a request goes to the front door, from `owner` (a websocket

@@ -302,7 +302,7 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
 
   auto spawn = [&](const char* role, const fs::path& dir, std::shared_ptr<model::qwen3_model> m,
                    std::shared_ptr<model::qwen3_gpu_model> gpu) {
-    runner_options o{role, 0, 1, dir, config.kv_block_size, kv_blocks, config.allow_nonfinite_weights};
+    runner_options o{role, 0, 1, dir, config.kv_block_size, kv_blocks, config.allow_non_finite_weights};
     return gpu ? spawn_gpu_runner(sys, std::move(o), std::move(m), std::move(gpu))
                : spawn_cpu_runner(sys, std::move(o), std::move(m));
   };
@@ -323,7 +323,8 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   p->target_manifest = handles.front().manifest;
   if (draft)
     p->draft_manifest = handles.back().manifest;
-  p->updater = spawn_weight_updater(sys, handles, config.initial_weight_version);
+  p->updater = spawn_weight_updater(sys, handles, config.initial_weight_version,
+                                    config.allow_non_finite_weights);
   if (config.speculative_num_draft_tokens < 0)
     return fail("speculative_num_draft_tokens must be 0 (off) or more, got " +
                 std::to_string(config.speculative_num_draft_tokens));
@@ -460,6 +461,24 @@ CheckWeightsReqOutput Engine::check_weights(CheckWeightsReqInput req) {
 }
 GetWeightsByNameReqOutput Engine::get_weights_by_name(GetWeightsByNameReqInput req) {
   return call<GetWeightsByNameReqOutput>(std::move(req));
+}
+
+status Engine::kill_actor_for_test(std::string_view kind) {
+  auto kill = [](const auto& handle) {
+    caf::anon_send_exit(handle, caf::exit_reason::kill);
+  };
+  if (kind == "tokenizer")
+    kill(impl_->front);
+  else if (kind == "scheduler")
+    kill(impl_->scheduler);
+  else if (kind == "weight_updater")
+    kill(impl_->updater);
+  else if (kind == "runner" && !impl_->runners.empty())
+    kill(impl_->runners.front());
+  else
+    return fail("kill_actor_for_test: no actor kind \"" + std::string(kind) +
+                "\" (tokenizer, scheduler, weight_updater, runner)");
+  return {};
 }
 
 caf::actor_system& Engine::system() { return *impl_->sys; }

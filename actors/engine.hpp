@@ -60,9 +60,10 @@ struct engine_config {
   std::string quantize;
   int32_t quantize_group_size = 128;
   std::string quantize_targets = "experts";
-  // Weight updates: NaN/Inf values are refused unless this is set (a run that deliberately sends
-  // them, e.g. to test a trainer's own guards).
-  bool allow_nonfinite_weights = false;
+  // Accept NaN and infinity in weight updates (tensor and disk; checked on the host for CPU
+  // runners, on the device for GPU runners). Refused by default: such weights make a dense model
+  // emit token 0 with logprob -inf and a MoE model fail every request, all while reporting success.
+  bool allow_non_finite_weights = false;
   // GPU runners: device bytes one weight-update session may stage before its commit (0: one full
   // copy of the served weights). A message that would exceed it is refused whole.
   std::size_t gpu_staging_budget_bytes = 0;
@@ -126,6 +127,11 @@ public:
   // The draft's, when one is loaded.
   const RunnerManifest* draft_manifest() const;
   const std::filesystem::path& model_path() const;
+
+  // Fault injection for tests: ends one actor of the graph as a crash would ("tokenizer",
+  // "scheduler", "weight_updater" or "runner" for the target runner). The engine must then
+  // answer every request, in flight or new, with an error, and shut down cleanly.
+  status kill_actor_for_test(std::string_view kind);
 
 private:
   struct impl;

@@ -407,7 +407,7 @@ bool refused_whole(const std::string& error) {
 }
 
 RunnerReply stage_on_device(runner_state& st, StageTensors& msg) {
-  if (auto s = st.gpu->stage_host(msg.tensors, st.options.allow_nonfinite_weights); !s)
+  if (auto s = st.gpu->stage_host(msg.tensors, st.options.allow_non_finite_weights); !s)
     return {false, st.options.role + " runner: " + s.error(), refused_whole(s.error())};
   return {true, "staged " + std::to_string(msg.tensors.size()) + " tensors on " + st.gpu->device_name() +
                   " (" + std::to_string(st.gpu->staged_bytes() >> 20) + " MiB staged in this session)"};
@@ -429,7 +429,7 @@ RunnerReply stage_device_tensors(runner_state& st, StageDeviceTensors& msg) {
   sources.reserve(msg.tensors.size());
   for (std::size_t i = 0; i < msg.tensors.size(); ++i)
     sources.push_back({msg.tensors[i].name, map.data(i), msg.tensors[i].tensor.type, msg.tensors[i].tensor.shape});
-  auto staged = st.gpu->stage(sources, st.options.allow_nonfinite_weights);
+  auto staged = st.gpu->stage(sources, st.options.allow_non_finite_weights);
   // Closed before the reply either way: the trainer may free or reuse its buffers after it.
   auto closed = map.close();
   if (!staged)

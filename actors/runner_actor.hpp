@@ -53,7 +53,7 @@ struct runner_options {
   int64_t kv_block_size = 16;    // tokens per KV block
   int64_t kv_num_blocks = 2048;  // blocks in the runner's KV pool
   // Accept NaN/Inf in updated weights (they are refused by default).
-  bool allow_nonfinite_weights = false;
+  bool allow_non_finite_weights = false;
 };
 
 namespace model {

@@ -10,6 +10,7 @@
 #include "actors/policy/batch_planner.hpp"
 #include "actors/policy/block_manager.hpp"
 #include "caf/all.hpp"
+#include "messages/validate.hpp"
 #include "messages/registration_check.hpp"
 #include "model/bpe_tokenizer.hpp"
 
@@ -845,8 +846,7 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
     },
     [self](FlushCacheReqInput& req) -> caf::result<FlushCacheReqOutput> {
       auto rp = self->make_response_promise<FlushCacheReqOutput>();
-      auto wait = std::chrono::duration_cast<caf::timespan>(
-        std::chrono::duration<double>(std::max(0.0, req.timeout_s.value_or(0.0))));
+      auto wait = caf::timespan{client_wait(req.timeout_s.value_or(0.0))};
       self->state.pending_flushes.push_back({rp, caf::make_timestamp() + wait});
       if (wait.count() > 0)
         self->delayed_send(self, wait, step_atom_v); // wakes check_flushes at the deadline

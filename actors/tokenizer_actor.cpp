@@ -25,6 +25,7 @@ using policy::gate_op;
 
 struct active_request {
   GenerateReqOutput result; // everything so far
+  caf::actor_addr owner;    // who sent the GenerateReqInput: only it may cancel
   caf::actor sink;
   bool stream = false;
   bool no_stop_trim = false;
@@ -35,6 +36,7 @@ struct active_request {
 struct queued_generate {
   uint64_t ticket;
   TokenizedGenerateReqInput req;
+  caf::actor_addr owner;
   caf::actor sink;
   caf::typed_response_promise<GenerateReqOutput> promise;
 };
@@ -69,6 +71,7 @@ struct tokenizer_state {
   std::vector<caf::typed_response_promise<PauseGenerationReqOutput>> pause_abort_waiters;
   std::string pause_mode_name;
   std::mt19937_64 rng{std::random_device{}()};
+  std::string scheduler_gone; // why, once the scheduler has died: every request fails at once
   static inline const char* name = "tokenizer";
 };
 
@@ -171,6 +174,7 @@ void start_generate(tokenizer_pointer self, const std::string& rid) {
   if (q == st.queued.end())
     return;
   active_request a;
+  a.owner = q->second.owner;
   a.sink = q->second.sink;
   a.stream = q->second.req.stream;
   a.no_stop_trim = q->second.req.sampling_params.no_stop_trim;
@@ -251,6 +255,35 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
   pump(self);
 }
 
+// Ends the requests `req` names that still wait at the gate; returns how many.
+int32_t abort_queued(tokenizer_pointer self, const AbortReq& req) {
+  auto& st = self->state;
+  int32_t here = 0;
+  std::vector<std::string> rids;
+  for (auto& [rid, q] : st.queued)
+    if (req.abort_all || rid == req.rid)
+      rids.push_back(rid);
+  for (auto& rid : rids) {
+    auto q = st.queued.find(rid);
+    st.gate.cancel(q->second.ticket);
+    st.starters.erase(q->second.ticket);
+    GenerateReqOutput out;
+    out.rid = rid;
+    out.finished = true;
+    out.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt,
+                                     req.abort_message.empty() ? "aborted by request"
+                                                               : req.abort_message};
+    out.sampling_seed = q->second.req.sampling_seed;
+    out.prompt_tokens = static_cast<int32_t>(q->second.req.input_ids.size());
+    if (q->second.sink)
+      caf::anon_send(q->second.sink, out);
+    q->second.promise.deliver(std::move(out));
+    st.queued.erase(q);
+    ++here;
+  }
+  return here;
+}
+
 // Queues a weight operation at the gate; when it may run it goes to the scheduler, and the
 // gate hears its end (a session opens on a successful begin and closes on any end).
 template <class In, class Out>
@@ -308,21 +341,60 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
   st.scheduler = std::move(scheduler);
   st.tokenizer = std::move(tokenizer);
   st.info = std::move(info);
+  // A dead scheduler answers nobody: requests waiting on it here would wait forever. Answer them
+  // all with an error, and every later one at once.
+  self->monitor(st.scheduler);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& st = self->state;
+    if (dm.source != st.scheduler.address() || !st.scheduler_gone.empty())
+      return;
+    st.scheduler_gone = "the engine's scheduler stopped (" + self->system().render(dm.reason) +
+                        "); the engine cannot serve until it is restarted";
+    const auto why = st.scheduler_gone;
+    for (auto& [rid, a] : st.active) {
+      auto out = failed_output(rid, why);
+      if (a.sink)
+        caf::anon_send(a.sink, out);
+      a.promise.deliver(std::move(out));
+    }
+    st.active.clear();
+    for (auto& [rid, q] : st.queued) {
+      auto out = failed_output(rid, why);
+      if (q.sink)
+        caf::anon_send(q.sink, out);
+      q.promise.deliver(std::move(out));
+      st.starters.erase(q.ticket);
+    }
+    st.queued.clear();
+    for (auto& rp : st.pause_abort_waiters)
+      rp.deliver(PauseGenerationReqOutput{false, why});
+    st.pause_abort_waiters.clear();
+    // Weight operations and resumes waiting at the gate: started now, their request to the dead
+    // scheduler fails at once and answers their caller with the error.
+    auto starters = std::move(st.starters);
+    st.starters.clear();
+    for (auto& [ticket, start] : starters)
+      start();
+  });
   return {
     [self](GenerateReqInput& req, caf::actor& sink) -> caf::result<GenerateReqOutput> {
       auto& st = self->state;
       auto rid_hint = req.rid.value_or("");
-      auto prepared = prepare(st, req);
+      auto prepared = st.scheduler_gone.empty() ? prepare(st, req)
+                                                : expected<TokenizedGenerateReqInput>(fail(st.scheduler_gone));
       if (!prepared) {
         auto out = failed_output(rid_hint, prepared.error());
         if (sink)
           caf::anon_send(sink, out); // a streaming caller always gets a last chunk
         return out;
       }
+      // Before make_response_promise, which takes the sender out of the current message.
+      auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
       auto rp = self->make_response_promise<GenerateReqOutput>();
       auto ticket = st.next_ticket++;
       auto rid = prepared->rid;
-      st.queued.emplace(rid, queued_generate{ticket, std::move(*prepared), std::move(sink), rp});
+      st.queued.emplace(rid, queued_generate{ticket, std::move(*prepared), std::move(owner),
+                                             std::move(sink), rp});
       st.starters.emplace(ticket, [self, rid] { start_generate(self, rid); });
       st.gate.submit(ticket, gate_op::generate);
       pump(self);
@@ -332,32 +404,23 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       for (auto& c : batch.chunks)
         on_chunk(self, c);
     },
+    [self](cancel_atom, std::string& rid, std::string& why) {
+      auto& st = self->state;
+      auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
+      if (auto q = st.queued.find(rid); q != st.queued.end()) {
+        if (q->second.owner == sender)
+          abort_queued(self, AbortReq{rid, false, why});
+        return;
+      }
+      auto a = st.active.find(rid);
+      if (a == st.active.end() || a->second.owner != sender)
+        return;
+      caf::anon_send(st.scheduler, AbortReq{rid, false, why});
+    },
     [self](AbortReq& req) -> caf::result<AbortReqOutput> {
       auto& st = self->state;
       // Requests still waiting at the gate end here; running ones in the scheduler.
-      int32_t here = 0;
-      std::vector<std::string> rids;
-      for (auto& [rid, q] : st.queued)
-        if (req.abort_all || rid == req.rid)
-          rids.push_back(rid);
-      for (auto& rid : rids) {
-        auto q = st.queued.find(rid);
-        st.gate.cancel(q->second.ticket);
-        st.starters.erase(q->second.ticket);
-        GenerateReqOutput out;
-        out.rid = rid;
-        out.finished = true;
-        out.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt,
-                                         req.abort_message.empty() ? "aborted by request"
-                                                                   : req.abort_message};
-        out.sampling_seed = q->second.req.sampling_seed;
-        out.prompt_tokens = static_cast<int32_t>(q->second.req.input_ids.size());
-        if (q->second.sink)
-          caf::anon_send(q->second.sink, out);
-        q->second.promise.deliver(std::move(out));
-        st.queued.erase(q);
-        ++here;
-      }
+      int32_t here = abort_queued(self, req);
       if (!req.abort_all && here == 1)
         return AbortReqOutput{true, "1 request aborted", 1};
       auto rp = self->make_response_promise<AbortReqOutput>();

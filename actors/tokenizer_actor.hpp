@@ -27,8 +27,14 @@ using tokenizer_actor = caf::typed_actor<
   caf::replies_to<GenerateReqInput, caf::actor>::with<GenerateReqOutput>,
   // From the scheduler: progress of requests, one message per step.
   caf::reacts_to<TokenChunks>,
-  // Aborts a request (queued here or running) or all of them.
+  // Aborts a request (queued here or running) or all of them, whoever made it (the admin
+  // route abort_request and the Engine API).
   caf::replies_to<AbortReq>::with<AbortReqOutput>,
+  // Aborts request `rid` (finish reason "abort" with the message `why`) only if the sender of
+  // this message is the actor that sent its GenerateReqInput (a connection cancelling its own
+  // request, or cleaning up after its client left); otherwise nothing happens. A client can
+  // name another client's rid, never abort it this way.
+  caf::reacts_to<cancel_atom, std::string, std::string>,
   // abort: end every running request (partial output, finish reason "abort") and reply once
   // none runs; retract / in_place: the scheduler keeps them. New requests wait until continue.
   caf::replies_to<PauseGenerationReqInput>::with<PauseGenerationReqOutput>,

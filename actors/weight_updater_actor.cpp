@@ -51,6 +51,7 @@ struct updater_state {
   std::string version;
   uint64_t committed = 0;
   session_state session;
+  bool allow_non_finite = false; // engine option allow_non_finite_weights
   static inline const char* name = "weight_updater";
 };
 
@@ -140,14 +141,38 @@ std::optional<std::string> failures(const std::vector<runner_entry*>& targets,
   return msg;
 }
 
+// "NaN", "+inf" or "-inf": element i, known to be non-finite.
+std::string non_finite_name(const HostTensor& t, std::size_t i) {
+  const std::size_t es = element_size(t.type);
+  uint64_t bits = 0;
+  std::memcpy(&bits, t.data.get() + i * es, es); // little-endian: the low bytes
+  const uint64_t sign = bits >> (8 * es - 1) & 1;
+  uint64_t mantissa = 0;
+  switch (t.type) {
+    case dtype::f32: mantissa = bits & 0x7fffff; break;
+    case dtype::f16: mantissa = bits & 0x3ff; break;
+    case dtype::bf16: mantissa = bits & 0x7f; break;
+    case dtype::f64: mantissa = bits & 0xfffffffffffffull; break;
+    default: break;
+  }
+  if (mantissa != 0)
+    return "NaN";
+  return sign ? "-inf" : "+inf";
+}
+
 // Splits a bucket among the selected runners after checking all of it: every name is a
 // parameter (or alias) of at least one selected runner, with its dtype, shape and byte count;
-// no name twice; tied aliases agree with their target. Returns one tensor list per runner.
+// no name twice; tied aliases agree with their target; no NaN or infinity unless the engine
+// allows them (GPU runners scan on the device, in one launch per message: the host scan runs only
+// when a CPU runner is among the targets). Returns one tensor list per runner.
 expected<std::vector<std::vector<NamedTensor>>>
 route_bucket(const std::vector<runner_entry*>& targets, const std::vector<NamedTensor>& bucket,
              const updater_state& st, runner_selector sel) {
   std::vector<std::vector<NamedTensor>> out(targets.size());
   std::set<std::string> seen;
+  const bool all_on_device = std::all_of(targets.begin(), targets.end(), [](const runner_entry* r) {
+    return r->handle.manifest.device != "cpu";
+  });
   for (const auto& t : bucket) {
     if (!seen.insert(t.name).second)
       return fail("tensor '" + t.name + "' appears twice in one update");
@@ -164,6 +189,12 @@ route_bucket(const std::vector<runner_entry*>& targets, const std::vector<NamedT
       return fail("tensor '" + t.name + "': " + std::to_string(t.tensor.nbytes) +
                   " bytes of data for " + spec_string(t.tensor.type, t.tensor.shape) + " (" +
                   std::to_string(expected_bytes) + " expected)");
+    if (!st.allow_non_finite && !all_on_device)
+      if (auto bad = first_non_finite(t.tensor))
+        return fail("tensor '" + t.name + "': element " + std::to_string(*bad) + " is " +
+                    non_finite_name(t.tensor, *bad) +
+                    "; non-finite weights are refused (engine option allow_non_finite_weights, "
+                    "`serve --allow-non-finite-weights`, accepts them)");
   }
   for (const auto& t : bucket) {
     bool owned = false;
@@ -536,7 +567,8 @@ void stage_tensor_update(updater_pointer self, UpdateWeightsFromTensorReqInput& 
 }
 
 weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<runner_handle> runners,
-                                            std::string initial_version) {
+                                            std::string initial_version, bool allow_non_finite) {
+  self->state.allow_non_finite = allow_non_finite;
   for (auto& h : runners) {
     auto e = std::make_unique<runner_entry>();
     e->handle = std::move(h);
@@ -890,8 +922,8 @@ std::string next_weight_version(const std::string& current) {
 }
 
 weight_updater_actor spawn_weight_updater(caf::actor_system& sys, std::vector<runner_handle> runners,
-                                          std::string initial_version) {
-  return sys.spawn(updater, std::move(runners), std::move(initial_version));
+                                          std::string initial_version, bool allow_non_finite) {
+  return sys.spawn(updater, std::move(runners), std::move(initial_version), allow_non_finite);
 }
 
 } // namespace rlserve

@@ -56,8 +56,10 @@ struct runner_handle {
 };
 
 // `runners`: target first, then draft(s). `initial_version`: the label of the loaded weights.
+// `allow_non_finite`: accept NaN/infinity in host tensors of updates (refused by default: a
+// model with them emits garbage while reporting success).
 weight_updater_actor spawn_weight_updater(caf::actor_system& sys, std::vector<runner_handle> runners,
-                                          std::string initial_version);
+                                          std::string initial_version, bool allow_non_finite = false);
 
 // The version a commit gets when the caller named none: the trailing number incremented
 // ("7" -> "8", "step-9" -> "step-10"), or "-1" appended when there is none.

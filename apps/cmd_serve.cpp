@@ -1,9 +1,13 @@
 // `rlserve serve`: the engine behind the network front (docs/protocol.md): websocket and HTTP on
 // one port until SIGINT or SIGTERM. Prints one line "listening on HOST:PORT" to stdout when
 // ready (with --port 0 the port the system chose), so scripts and tests can wait for it.
+#include <sys/stat.h>
+
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "actors/engine.hpp"
 #include "apps/command.hpp"
@@ -20,8 +24,32 @@ struct serve_options {
   double request_timeout_s = 30;
   double idle_timeout_s = 300;
   int64_t gpu_staging_budget_mib = 0;
+  double update_session_idle_timeout_s = 600;
+  std::string api_key_file;
+  std::string admin_api_key_file;
   std::string log_level;
 };
+
+// A key kept in a file, so it does not show in /proc/PID/cmdline or `ps`: the file's text with
+// surrounding whitespace (a trailing newline) removed.
+std::string read_key_file(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw command_failed(std::string(flag) + ": cannot read " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string key = text.str();
+  const char* space = " \t\r\n";
+  key.erase(0, key.find_first_not_of(space) == std::string::npos ? key.size() : key.find_first_not_of(space));
+  key.erase(key.find_last_not_of(space) + 1);
+  if (key.empty())
+    throw command_failed(std::string(flag) + ": " + path + " holds no key");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
+    net::log_warn(std::string(flag) + ": " + path +
+                  " can be read by other users of this machine (chmod 600 it)");
+  return key;
+}
 
 void run(serve_options o) {
   // Blocked in every thread (the engine's and the server's inherit this mask), taken by sigwait
@@ -45,6 +73,19 @@ void run(serve_options o) {
     if (!known)
       throw command_failed("--log-level: expected debug, info, warn, error or off");
   }
+  if (!o.api_key_file.empty()) {
+    if (!o.server.keys.api_key.empty())
+      throw command_failed("--api-key and --api-key-file (or RLSERVE_API_KEY) both give the key; give one");
+    o.server.keys.api_key = read_key_file(o.api_key_file, "--api-key-file");
+  }
+  if (!o.admin_api_key_file.empty()) {
+    if (!o.server.keys.admin_api_key.empty())
+      throw command_failed("--admin-api-key and --admin-api-key-file (or RLSERVE_ADMIN_API_KEY) both "
+                           "give the key; give one");
+    o.server.keys.admin_api_key = read_key_file(o.admin_api_key_file, "--admin-api-key-file");
+  }
+  o.server.update_session_idle_timeout =
+    std::chrono::milliseconds(static_cast<int64_t>(o.update_session_idle_timeout_s * 1000));
   o.server.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.request_timeout_s * 1000));
   o.server.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.idle_timeout_s * 1000));
 
@@ -86,6 +127,12 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--admin-api-key", o->server.keys.admin_api_key,
                   "Key for every route that changes or reads weights, pauses, resumes, flushes or aborts")
     ->envname("RLSERVE_ADMIN_API_KEY");
+  cmd->add_option("--api-key-file", o->api_key_file,
+                  "File holding the --api-key (keeps it out of the process list)");
+  cmd->add_option("--admin-api-key-file", o->admin_api_key_file,
+                  "File holding the --admin-api-key (keeps it out of the process list)");
+  cmd->add_option("--allowed-origin", o->server.allowed_origins,
+                  "A browser Origin (scheme://host[:port]) allowed besides the server's own; repeatable");
   cmd->add_option("--io-threads", o->server.io_threads, "Asio threads (sockets only; actors do the work)")
     ->capture_default_str();
   cmd->add_option("--max-message-bytes", o->server.max_message_bytes,
@@ -100,12 +147,16 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--idle-timeout", o->idle_timeout_s,
                   "Seconds a websocket peer may stay silent (pings are sent at half of it; 0: never)")
     ->capture_default_str();
+  cmd->add_option("--update-session-idle-timeout", o->update_session_idle_timeout_s,
+                  "Seconds a weight-update session begun over HTTP may wait for its next request "
+                  "before it is aborted (the old weights keep serving; 0: never)")
+    ->capture_default_str();
+  cmd->add_flag("--allow-non-finite-weights", o->engine.allow_non_finite_weights,
+                "Accept NaN and infinity in weight updates (refused by default)");
   cmd->add_option("--max-running-requests", o->engine.max_running_requests, "Requests in one batch")
     ->capture_default_str();
   cmd->add_option("--kv-cache-tokens", o->engine.kv_cache_tokens, "Tokens the KV pool holds")
     ->capture_default_str();
-  cmd->add_flag("--allow-nonfinite-weights", o->engine.allow_nonfinite_weights,
-                "Accept NaN/Inf in weight updates (refused by default)");
   cmd->add_option("--gpu-staging-budget-mib", o->gpu_staging_budget_mib,
                   "GPU runners: device MiB one update session may stage before its commit (0: one "
                   "full copy of the weights)");

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -67,6 +68,12 @@ struct HostTensor {
     return copy_of(type, std::move(shape), {b, values.size() * sizeof(T)});
   }
 };
+
+// The index of the first NaN or infinity in a floating-point tensor (f32, f16, bf16, f64), or
+// nullopt when every value is finite or the dtype is not floating point. Reads only exponent
+// bits, in blocks without branches, so checking a bucket costs about one pass over its bytes
+// at memory speed (the weight updater runs it on every tensor of every update).
+std::optional<std::size_t> first_non_finite(const HostTensor& t);
 
 // One HostTensor under its checkpoint (Hugging Face) name.
 struct NamedTensor {

@@ -136,5 +136,6 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlserve, caf::first_custom_type_id)
   CAF_ADD_ATOM(rlserve, rlserve, step_atom, "step")         // scheduler: run one batch
   CAF_ADD_ATOM(rlserve, rlserve, version_atom, "version")   // weight version queries/updates
   CAF_ADD_ATOM(rlserve, rlserve, stats_atom, "stats")       // scheduler: queue depths
+  CAF_ADD_ATOM(rlserve, rlserve, cancel_atom, "cancel")     // front door: abort an own request
 
 CAF_END_TYPE_ID_BLOCK(rlserve)

@@ -57,4 +57,12 @@ status validate(const GenerateReqInput& req) {
   return validate(req.sampling_params);
 }
 
+std::chrono::nanoseconds client_wait(double seconds) {
+  if (!(seconds > 0.0)) // NaN included
+    return std::chrono::nanoseconds{0};
+  if (seconds > k_max_client_wait_s)
+    seconds = k_max_client_wait_s;
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(seconds));
+}
+
 } // namespace rlserve

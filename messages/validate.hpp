@@ -3,6 +3,8 @@
 // offending value.
 #pragma once
 
+#include <chrono>
+
 #include "messages/expected.hpp"
 #include "messages/generate.hpp"
 
@@ -17,5 +19,12 @@ status validate(const SamplingParams& p, const std::string& prefix = "sampling_p
 // Exactly one of text / input_ids, a non-empty input_ids, logprob fields in range, and
 // validate(sampling_params).
 status validate(const GenerateReqInput& req);
+
+// A wait a client asked for (flush_cache's timeout_s, ...) as a duration the engine can add to
+// a clock: negative and NaN become 0, anything above k_max_client_wait_s (and infinity) becomes
+// k_max_client_wait_s. Converting 1e300 s to nanoseconds unclamped is undefined behaviour and
+// in practice a negative deadline.
+inline constexpr double k_max_client_wait_s = 86400.0;
+std::chrono::nanoseconds client_wait(double seconds);
 
 } // namespace rlserve

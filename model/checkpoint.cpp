@@ -1,5 +1,7 @@
 #include "model/checkpoint.hpp"
 
+#include "model/regular_file.hpp"
+
 #include <algorithm>
 #include <fstream>
 #include <regex>
@@ -64,10 +66,12 @@ expected<checkpoint> checkpoint::open(const fs::path& dir) {
   const fs::path index_path = dir / k_index_file;
   if (fs::exists(index_path, ec)) {
     const std::string where = index_path.string();
-    std::ifstream in(index_path, std::ios::binary);
-    std::stringstream text;
-    text << in.rdbuf();
-    auto index = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    // Opened like the shards (model/regular_file.hpp): a FIFO named like the index must not
+    // block the engine. An index lists one line per tensor; 256 MiB is far beyond any real one.
+    auto text = read_text_file(index_path, 256ull << 20);
+    if (!text)
+      return std::move(text).take_failure();
+    auto index = json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object())
       return fail(fmt::format("{}: not a JSON object", where));
     auto wm = index.find("weight_map");

@@ -1,6 +1,6 @@
 // checkpoint: a Hugging Face model directory's weights, as one name -> tensor view over
 // `model.safetensors`, or over the shards that `model.safetensors.index.json` lists (its
-// "weight_map" maps each tensor name to a shard file). Shards are mmap'ed; tensors alias them.
+// "weight_map" maps each tensor name to a shard file). Shards are read into owned memory; tensors alias it.
 #pragma once
 
 #include <cstddef>

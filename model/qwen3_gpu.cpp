@@ -1624,7 +1624,7 @@ status qwen3_gpu_model::stage(std::span<const update_source> tensors, bool allow
       if ((*flags)[j] != kernels::k_weight_all_finite)
         return refuse(tensors[which[j]].name,
                       fmt::format("element {} (flat index) is NaN or infinite; weights must be finite "
-                                  "(the engine's allow-nonfinite-weights option lifts this check)",
+                                  "(the engine's allow_non_finite_weights option lifts this check)",
                                   (*flags)[j]));
   }
   for (std::size_t i = 0; i < resolved.size(); ++i) {

@@ -1,5 +1,7 @@
 #include "model/safetensors.hpp"
 
+#include "model/regular_file.hpp"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -60,35 +62,20 @@ expected<uint64_t> tensor_byte_count(dtype type, std::span<const int64_t> shape)
 
 expected<safetensors_file> safetensors_file::open(const std::filesystem::path& path) {
   const std::string where = path.string();
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0)
-    return fail(fmt::format("{}: cannot open: {}", where, std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return fail(fmt::format("{}: cannot stat: {}", where, std::strerror(err)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return fail(fmt::format("{}: not a regular file", where));
-  }
-  const auto file_size = static_cast<uint64_t>(st.st_size);
-  if (file_size < 8) {
-    ::close(fd);
+  // Read into owned memory, never mapped: see model/regular_file.hpp (a checkpoint may be
+  // rewritten or truncated by the trainer while its tensors serve).
+  auto file = regular_file::open(path);
+  if (!file)
+    return std::move(file).take_failure();
+  const uint64_t file_size = file->size();
+  if (file_size < 8)
     return fail(fmt::format("{}: file has {} bytes, fewer than the 8-byte header length prefix",
                             where, file_size));
-  }
-  void* base = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
-  int map_err = errno;
-  ::close(fd); // the mapping holds its own reference to the file
-  if (base == MAP_FAILED)
-    return fail(fmt::format("{}: mmap of {} bytes failed: {}", where, file_size,
-                            std::strerror(map_err)));
-  std::shared_ptr<const void> mapping(base, [file_size](const void* p) {
-    ::munmap(const_cast<void*>(p), file_size);
-  });
-  const auto* bytes = static_cast<const std::byte*>(base);
+  auto owned = read_whole_file(*file);
+  if (!owned)
+    return fail(fmt::format("{}: {}", where, owned.error()));
+  std::shared_ptr<const void> mapping = owned->data;
+  const auto* bytes = owned->data.get();
 
   const uint64_t header_len = read_le64(bytes);
   if (header_len > file_size - 8)

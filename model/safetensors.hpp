@@ -1,5 +1,7 @@
-// safetensors files: read by mmap (tensors alias the mapping, no copy), written for make-model,
-// checkpoints and tests.
+// safetensors files: read whole into memory the engine owns (one allocation and one pass of
+// reads per file; tensors alias that buffer, no further copy), written for make-model,
+// checkpoints and tests. Never mapped: a trainer may rewrite or truncate a checkpoint file while
+// its tensors serve (model/regular_file.hpp).
 //
 // Format: 8 bytes little-endian u64 N, then N bytes of JSON header, then the data section.
 // The header maps each tensor name to {"dtype": "BF16", "shape": [..], "data_offsets": [begin,
@@ -25,7 +27,8 @@ namespace rlserve::model {
 
 class safetensors_file {
 public:
-  // Maps `path` read-only and validates the header: length prefix within the file, JSON object,
+  // Reads `path` (a regular file; a FIFO or device is refused without blocking) and validates
+  // the header: length prefix within the file, JSON object,
   // known dtypes, non-negative shapes whose byte count does not overflow, data_offsets [begin,
   // end] with begin <= end inside the data section, end - begin == numel * element size, no two
   // tensors overlapping (gaps are allowed), unique names, __metadata__ a string -> string map.
@@ -34,7 +37,8 @@ public:
   // In file order: by data offset (ties, which only zero-sized tensors can have, by name).
   const std::vector<std::string>& names() const { return names_; }
   bool contains(std::string_view name) const;
-  // Aliases the mapping (no copy); the tensor keeps the mapping alive after this object is gone.
+  // Aliases the file's buffer (no copy); the tensor keeps the buffer alive after this object is
+  // gone.
   expected<HostTensor> tensor(std::string_view name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::filesystem::path& path() const { return path_; }
@@ -48,8 +52,8 @@ private:
   };
 
   std::filesystem::path path_;
-  std::shared_ptr<const void> mapping_; // munmaps when the last tensor aliasing it is gone
-  const std::byte* data_ = nullptr;     // start of the data section inside the mapping
+  std::shared_ptr<const void> mapping_; // the file's bytes; freed with the last tensor aliasing them
+  const std::byte* data_ = nullptr;     // start of the data section inside it
   std::vector<std::string> names_;
   std::unordered_map<std::string, entry> entries_;
   std::map<std::string, std::string> metadata_;

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "actors/guard.hpp"
 #include "caf/all.hpp"
 #include "messages/json_codec.hpp"
 #include "net/log.hpp"
@@ -116,6 +117,16 @@ void start_route(http_actor* self, http_call call) {
     reply(self, http_reply{400, "application/json",
                            is_generate ? json_error(message) : failure_body(message), false});
   };
+  if (is_generate && call.body.size() > s.st->max_generate_bytes) {
+    s.st->stats.protocol_error(to_string(error_code::too_large));
+    s.st->stats.request_done("http", c->route, request_result::error, 0);
+    return reply(self, http_reply{413, "application/json",
+                                  json_error(fmt::format("a generate request of {} bytes is larger than "
+                                                         "any this model can serve ({} bytes for its "
+                                                         "context length); it was not read",
+                                                         call.body.size(), s.st->max_generate_bytes)),
+                                  false});
+  }
   json body = json::object();
   if (!call.body.empty()) {
     auto j = parse_json(call.body);
@@ -137,7 +148,7 @@ void start_route(http_actor* self, http_call call) {
   auto msg = c->decode(body);
   if (!msg)
     return bad(msg.error());
-  if (auto refused = before_send(*s.st, s.info, *msg)) {
+  if (auto refused = before_send(*s.st, s.info, *msg, 0)) {
     s.st->stats.protocol_error(to_string(refused->code));
     s.st->stats.request_done("http", c->route, request_result::error, 0);
     return reply(self, http_reply{refused->code == error_code::too_large ? 413u : 400u,
@@ -259,7 +270,7 @@ void start_health(http_actor* self, bool generate) {
                                out.success ? "" : out.message + "\n", false});
       },
       [self, st, rid](caf::error&) {
-        caf::anon_send(st->front, AbortReq{rid, false, "aborted: health probe timed out"});
+        self->send(st->front, cancel_atom_v, rid, std::string("aborted: health probe timed out"));
         reply(self, http_reply{503, "text/plain; charset=utf-8",
                                "a one-token generation did not finish in 20 s\n", false});
       });
@@ -272,18 +283,27 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
   s.st = st;
   s.out = std::move(out);
   self->attach_functor([st, registry_id] { st->remove_actor(registry_id); });
-  switch (call.kind) {
-    case http_call::route:
-      s.info.codec = call.codec;
-      s.info.route = std::string(call.codec->route);
-      start_route(self, std::move(call));
-      break;
-    case http_call::metrics:
-    case http_call::model_info:
-    case http_call::server_info: start_info(self, call.kind); break;
-    case http_call::health: start_health(self, false); break;
-    case http_call::health_generate: start_health(self, true); break;
-  }
+  // This runs inside spawn, on the session's I/O thread: an exception here would end the server.
+  guarded(
+    [&] {
+      switch (call.kind) {
+        case http_call::route:
+          s.info.codec = call.codec;
+          s.info.route = std::string(call.codec->route);
+          start_route(self, std::move(call));
+          break;
+        case http_call::metrics:
+        case http_call::model_info:
+        case http_call::server_info: start_info(self, call.kind); break;
+        case http_call::health: start_health(self, false); break;
+        case http_call::health_generate: start_health(self, true); break;
+      }
+    },
+    [&](const std::string& what) {
+      log_error("HTTP " + s.info.route + ": handling the request failed: " + what);
+      reply(self, http_reply{500, "application/json",
+                             failure_body("the server failed handling this request: " + what), false});
+    });
   return {
     [self](GenerateReqOutput& chunk) {
       auto& s = self->state;
@@ -300,7 +320,7 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
       if (s.done)
         return;
       if (!s.info.rid.empty()) {
-        caf::anon_send(s.st->front, AbortReq{s.info.rid, false, "aborted: the client disconnected"});
+        self->send(s.st->front, cancel_atom_v, s.info.rid, std::string("aborted: the client disconnected"));
         s.st->stats.disconnect_cleanup("abort_request");
       }
     },

@@ -1,5 +1,6 @@
 #include "net/http_session.hpp"
 
+#include <cctype>
 #include <sstream>
 
 #include <boost/asio/dispatch.hpp>
@@ -64,6 +65,49 @@ std::map<std::string, std::string> parse_query(std::string_view q) {
   return out;
 }
 
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// Only browsers send Origin. A request without one is a program's (curl, a trainer); one with
+// it must come from a page of this server itself (its authority is the Host the request was
+// sent to) or from an origin the operator allowed. Otherwise any web page the user opens could
+// drive the engine through the browser: with no keys configured, admin routes included.
+bool origin_allowed(const http::request<http::string_body>& req, const server_options& opts) {
+  auto it = req.find(http::field::origin);
+  if (it == req.end())
+    return true;
+  auto origin = lower(std::string_view(it->value().data(), it->value().size()));
+  for (const auto& allowed : opts.allowed_origins)
+    if (origin == lower(allowed))
+      return true;
+  auto scheme = origin.find("://");
+  if (scheme == std::string::npos)
+    return false; // "null" (a sandboxed page, a file) or garbage
+  auto host = req[http::field::host];
+  return !host.empty() && origin.substr(scheme + 3) == lower(std::string_view(host.data(), host.size()));
+}
+
+// A body must say it is JSON: a browser can POST text/plain or a form to any address without
+// asking first, but not application/json.
+bool json_content_type(const http::request<http::string_body>& req) {
+  auto v = lower(std::string_view(req[http::field::content_type].data(), req[http::field::content_type].size()));
+  auto semi = v.find(';');
+  auto type = v.substr(0, semi);
+  while (!type.empty() && type.back() == ' ')
+    type.pop_back();
+  return type == "application/json" || (type.starts_with("application/") && type.ends_with("+json"));
+}
+
+// Routes a GET (and HEAD) may call: those without side effects, and flush_cache, which SGLang
+// serves on GET and RL trainers call that way.
+bool get_allowed(std::string_view route) {
+  return route == "get_server_info" || route == "flush_cache" || route == "get_weights_by_name";
+}
+
 std::vector<std::string> request_tokens(const http::request<http::string_body>& req) {
   auto a = req[http::field::authorization];
   auto x = req["x-api-key"];
@@ -115,10 +159,39 @@ void http_session::on_read(beast::error_code ec, std::size_t) {
                                               "{} bytes (server option max_message_bytes)",
                                               st_->opts.max_message_bytes)));
   }
+  if (ec == http::error::header_limit) {
+    st_->stats.protocol_error("too_large");
+    close_after_write_ = true;
+    return answer(431, "application/json",
+                  json_error_body("Request Header Fields Too Large",
+                                  "the request's headers are larger than the server's limit of 64 KiB"));
+  }
+  if (ec.category() == http::make_error_code(http::error::bad_method).category() &&
+      ec != http::error::end_of_stream && ec != http::error::partial_message) {
+    // Not HTTP the parser can read (a bad method, target, version, header line, chunk size...).
+    st_->stats.protocol_error("bad_request");
+    close_after_write_ = true;
+    return answer(400, "application/json",
+                  json_error_body("Bad Request", "malformed HTTP request: " + ec.message()));
+  }
   if (ec)
     return fail(ec, "http read");
   auto req = parser_->release();
   keep_alive_ = req.keep_alive();
+  head_ = req.method() == http::verb::head;
+  if (!origin_allowed(req, st_->opts)) {
+    st_->stats.protocol_error("forbidden");
+    auto origin = req[http::field::origin];
+    log_info("request from a foreign browser origin refused");
+    if (beast::websocket::is_upgrade(req))
+      st_->stats.connection_refused();
+    close_after_write_ = true;
+    return answer(403, "application/json",
+                  json_error_body("Forbidden",
+                                  "requests from the browser origin " + std::string(origin) +
+                                    " are refused: only pages of this server, or origins given "
+                                    "with --allowed-origin, may call it"));
+  }
   if (beast::websocket::is_upgrade(req)) {
     auto tokens = request_tokens(req);
     if (st_->stopping) {
@@ -154,6 +227,10 @@ void http_session::route(http::request<http::string_body>& req) {
   const auto method = req.method();
   const bool get = method == http::verb::get || method == http::verb::head;
   const bool post = method == http::verb::post || method == http::verb::put;
+  if (post && !req.body().empty() && !json_content_type(req))
+    return answer(415, "application/json",
+                  json_error_body("Unsupported Media Type",
+                                  "a request body must be JSON, sent with Content-Type: application/json"));
 
   http_call call;
   route_auth level = route_auth::normal;
@@ -177,11 +254,14 @@ void http_session::route(http::request<http::string_body>& req) {
       return answer(404, "application/json",
                     json_error_body("Not Found", "no route " + path + " (routes: " + routes + ")"));
     }
-    const bool is_generate = c->route == "generate";
-    if (!(post || (get && !is_generate)))
+    // GET only where it has no side effect (or SGLang trainers use it: flush_cache); HEAD
+    // never runs a route with one: a HEAD answers like its GET, without the body.
+    const bool get_ok = get_allowed(c->route) && !(head_ && c->route == "flush_cache");
+    if (!(post || (get && get_ok)))
       return answer(405, "application/json",
                     json_error_body("Method Not Allowed",
-                                    is_generate ? "use POST for /generate" : "use POST or GET for " + path));
+                                    get_ok ? "use GET or POST for " + path
+                                           : "use POST for " + path + " (it changes the engine's state)"));
     call.kind = http_call::route;
     call.codec = c;
     call.body = std::move(req.body());
@@ -215,6 +295,8 @@ void http_session::answer(unsigned status, std::string content_type, std::string
   res.keep_alive(keep_alive_ && !close_after_write_);
   res.body() = std::move(body);
   res.prepare_payload();
+  if (head_)
+    res.body().clear(); // Content-Length stays that of the GET's body (RFC 9110 9.3.2)
   if (!res.keep_alive())
     close_after_write_ = true;
   else

@@ -59,6 +59,7 @@ private:
   std::size_t queued_bytes_ = 0;
   uint64_t dropper_ = 0;
   bool keep_alive_ = false;
+  bool head_ = false; // the current request is a HEAD: replies carry no body
   // The current request's call.
   caf::actor call_;
   std::shared_ptr<link<http_outbound>> link_;

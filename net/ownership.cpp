@@ -1,12 +1,16 @@
 #include "net/ownership.hpp"
 
+#include <algorithm>
+
 namespace rlserve::net {
 
 void ownership::begin_succeeded(uint64_t owner) {
   std::lock_guard<std::mutex> guard{mtx_};
   session_owner_ = owner;
   session_start_ = clock::now();
+  last_session_activity_ = session_start_;
   session_bytes_ = 0;
+  ++session_epoch_;
 }
 
 void ownership::end_sent() {
@@ -23,6 +27,7 @@ std::optional<double> ownership::end_finished() {
     length = std::chrono::duration<double>(clock::now() - session_start_).count();
   session_owner_.reset();
   session_bytes_ = 0;
+  ++session_epoch_;
   return length;
 }
 
@@ -39,8 +44,10 @@ bool ownership::session_open() const {
   return session_owner_.has_value();
 }
 
-bool ownership::add_tensor_bytes(uint64_t bytes, uint64_t limit) {
+bool ownership::add_tensor_bytes(uint64_t bytes, uint64_t limit, uint64_t* epoch_out) {
   std::lock_guard<std::mutex> guard{mtx_};
+  if (epoch_out)
+    *epoch_out = session_epoch_;
   if (bytes > limit)
     return false;
   if (!session_owner_)
@@ -48,6 +55,63 @@ bool ownership::add_tensor_bytes(uint64_t bytes, uint64_t limit) {
   if (session_bytes_ > limit - bytes)
     return false;
   session_bytes_ += bytes;
+  return true;
+}
+
+void ownership::refund_tensor_bytes(uint64_t bytes, uint64_t epoch) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (!session_owner_ || epoch != session_epoch_)
+    return;
+  session_bytes_ -= std::min(bytes, session_bytes_);
+}
+
+std::optional<uint64_t> ownership::session_held_by_other(uint64_t owner) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (!session_owner_) {
+    for (const auto& [begin_owner, n] : begins_in_flight_)
+      if (n > 0 && begin_owner != owner)
+        return begin_owner;
+    return std::nullopt;
+  }
+  if (*session_owner_ == 0 || *session_owner_ == owner)
+    return std::nullopt;
+  return *session_owner_;
+}
+
+void ownership::begin_sent(uint64_t owner) {
+  if (owner == 0)
+    return;
+  std::lock_guard<std::mutex> guard{mtx_};
+  ++begins_in_flight_[owner];
+}
+
+void ownership::begin_answered(uint64_t owner) {
+  if (owner == 0)
+    return;
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto it = begins_in_flight_.find(owner);
+  if (it != begins_in_flight_.end() && --it->second <= 0)
+    begins_in_flight_.erase(it);
+}
+
+void ownership::session_request_sent() {
+  std::lock_guard<std::mutex> guard{mtx_};
+  ++session_requests_in_flight_;
+}
+
+void ownership::session_request_answered() {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (session_requests_in_flight_ > 0)
+    --session_requests_in_flight_;
+  last_session_activity_ = clock::now();
+}
+
+bool ownership::take_idle_http_session(std::chrono::milliseconds limit, clock::time_point now) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (limit.count() <= 0 || !session_owner_ || *session_owner_ != 0 || ends_in_flight_ > 0 ||
+      session_requests_in_flight_ > 0 || now - last_session_activity_ < limit)
+    return false;
+  ++ends_in_flight_;
   return true;
 }
 

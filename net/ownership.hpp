@@ -9,9 +9,13 @@
 //     continue_generation; if it disconnects while it owns the pause, the server sends
 //     continue_generation for it (after the session abort, which the continue waits for).
 //
-// HTTP requests are owner 0: one request per call, nothing to clean up after. The per-session
+// HTTP requests are owner 0: one request per call, nothing to clean up after; a session begun
+// over HTTP has no connection whose end could abort it, so it is aborted after an idle
+// deadline instead (take_idle_http_session). The per-session
 // tensor byte budget lives here too, since it is reset by the same begin and end events.
 #pragma once
+
+#include <map>
 
 #include <chrono>
 #include <cstdint>
@@ -37,8 +41,31 @@ public:
   bool session_open() const;
 
   // Adds `bytes` of tensor payload to the session's budget; false (and nothing added) when the
-  // total would pass `limit`. Outside a session only the message itself is checked.
-  bool add_tensor_bytes(uint64_t bytes, uint64_t limit);
+  // total would pass `limit`. Outside a session only the message itself is checked. `epoch_out`
+  // receives the session's epoch, for refund_tensor_bytes.
+  bool add_tensor_bytes(uint64_t bytes, uint64_t limit, uint64_t* epoch_out = nullptr);
+  // The engine refused that message (nothing of it was staged): its bytes leave the budget, if
+  // the session they were counted in (`epoch`) is still the open one.
+  void refund_tensor_bytes(uint64_t bytes, uint64_t epoch);
+
+  // Whether a request of the session (update or end) from `owner` may go to the engine: an
+  // open session begun over a websocket belongs to that connection alone. Returns the owner
+  // that holds it when `owner` is someone else.
+  std::optional<uint64_t> session_held_by_other(uint64_t owner) const;
+  // A begin_weight_update from websocket connection `owner` (not 0) is on its way / was
+  // answered. While one is in flight and no session is known open, session requests from
+  // anyone else are refused too: the engine may already have opened that connection's session
+  // before its reply (and begin_succeeded) arrives here.
+  void begin_sent(uint64_t owner);
+  void begin_answered(uint64_t owner);
+
+  // ---- idle deadline of sessions begun over HTTP ----
+  // A request of the session is on its way / was answered: the idle clock stops / restarts.
+  void session_request_sent();
+  void session_request_answered();
+  // Whether a session begun over HTTP (owner 0) has had no request in flight or arriving for
+  // `limit`; when true the caller sends the aborting end at once (it counts as an end in flight).
+  bool take_idle_http_session(std::chrono::milliseconds limit, clock::time_point now = clock::now());
 
   // ---- pause ----
   void pause_succeeded(uint64_t owner);
@@ -52,7 +79,11 @@ private:
   clock::time_point session_start_{};
   int ends_in_flight_ = 0;
   uint64_t session_bytes_ = 0;
+  uint64_t session_epoch_ = 0; // changes at every begin and end
+  int session_requests_in_flight_ = 0;
+  clock::time_point last_session_activity_{};
   std::optional<uint64_t> pause_owner_;
+  std::map<uint64_t, int> begins_in_flight_; // websocket owner -> begins sent, not answered
 };
 
 } // namespace rlserve::net

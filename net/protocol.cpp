@@ -1,5 +1,6 @@
 #include "net/protocol.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_set>
 
@@ -21,6 +22,7 @@ std::string_view to_string(error_code code) {
     case error_code::too_large: return "too_large";
     case error_code::engine_error: return "engine_error";
     case error_code::shutting_down: return "shutting_down";
+    case error_code::internal_error: return "internal_error";
   }
   return "unknown";
 }
@@ -55,6 +57,28 @@ expected<request_envelope> read_envelope(const json& frame, json& id_out) {
     if (it.key() != "id" && it.key() != "type" && it.key() != "body")
       return fail(it.key() + ": unknown key in the request envelope (keys: id, type, body)");
   return out;
+}
+
+std::size_t generate_bytes_limit(int64_t context_length) {
+  return (std::size_t{1} << 20) + 64 * static_cast<std::size_t>(std::max<int64_t>(context_length, 0));
+}
+
+std::string peek_type(std::string_view text) {
+  json::parser_callback_t keep_top = [](int depth, json::parse_event_t event, json&) {
+    if (depth >= k_max_json_depth)
+      return false;
+    return event != json::parse_event_t::value || depth < 2;
+  };
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end(), keep_top, /*allow_exceptions=*/false);
+  } catch (...) { // bad_alloc; nlohmann reports everything else as a discarded value here
+    return {};
+  }
+  if (!j.is_object())
+    return {};
+  auto type = j.find("type");
+  return type != j.end() && type->is_string() ? type->get<std::string>() : std::string();
 }
 
 std::string reply_text(const json& id, std::string_view type, bool ok, const json& body) {

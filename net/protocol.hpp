@@ -42,6 +42,7 @@ enum class error_code {
   too_large,         // tensor bytes over the per-session limit
   engine_error,      // the engine did not answer (it is shutting down or failed)
   shutting_down,     // the server is stopping
+  internal_error,    // handling the request failed inside the server (a bug); the connection lives
 };
 
 std::string_view to_string(error_code code);
@@ -59,6 +60,18 @@ struct request_envelope {
 // Checks the envelope shape. On failure the message says what is wrong; `id_out` receives the
 // id whenever one could be read, so the error can still be matched to the request.
 expected<request_envelope> read_envelope(const json& frame, json& id_out);
+
+// The largest generate request the server parses for a model with `context_length` tokens of
+// context: 1 MiB (sampling parameters, stop strings) plus 64 bytes per token (an id as JSON
+// text takes at most 12, a text token rarely more than a few dozen). Anything larger cannot
+// be served and is refused before it is parsed: a JSON document of numbers costs about 20
+// times its size as a DOM.
+std::size_t generate_bytes_limit(int64_t context_length);
+
+// The "type" of a text frame without building its body (every value below the top level is
+// discarded as it is read): for deciding whether a large frame may be parsed at all. Empty
+// when the frame is not an object with a string "type".
+std::string peek_type(std::string_view text);
 
 std::string reply_text(const json& id, std::string_view type, bool ok, const json& body);
 std::string chunk_text(const json& id, std::string_view type, const json& body); // type + ".chunk"

@@ -45,23 +45,43 @@ std::string_view phase_of(std::string_view route) {
 // Limits and bookkeeping before a request goes to the front door. `copied`: tensors of a
 // binary frame that had to be copied (metrics only).
 std::optional<refusal> before_send(shared_state& st, call_info& info, caf::message& req,
-                                   std::size_t copied) {
+                                   uint64_t owner, std::size_t copied) {
+  const bool in_session = req.match_elements<UpdateWeightsFromTensorReqInput>() ||
+                          req.match_elements<UpdateWeightsFromDistributedReqInput>() ||
+                          req.match_elements<EndWeightUpdateReqInput>();
+  if (in_session) {
+    if (auto holder = st.owners.session_held_by_other(owner))
+      return refusal{error_code::bad_request,
+                     fmt::format("the open weight-update session was begun on another websocket "
+                                 "connection, which alone may send its updates and its end "
+                                 "(this is {}); wait for it to end, then begin your own",
+                                 owner == 0 ? "an HTTP request" : "a different connection")};
+  }
   if (req.match_elements<UpdateWeightsFromTensorReqInput>()) {
     uint64_t bytes = 0;
     for (const auto& t : req.get_as<UpdateWeightsFromTensorReqInput>(0).named_tensors)
       bytes += t.tensor.nbytes;
-    if (!st.owners.add_tensor_bytes(bytes, st.opts.max_session_tensor_bytes))
+    if (!st.owners.add_tensor_bytes(bytes, st.opts.max_session_tensor_bytes, &info.session_epoch))
       return refusal{error_code::too_large,
                      fmt::format("this update carries {} tensor bytes, which would pass the limit of "
                                  "{} bytes per weight-update session (server option "
                                  "max_session_tensor_bytes)",
                                  bytes, st.opts.max_session_tensor_bytes)};
+    info.tensor_bytes = bytes;
     st.stats.tensor_bytes(bytes, copied);
   } else if (req.match_elements<EndWeightUpdateReqInput>()) {
     info.end_abort = req.get_as<EndWeightUpdateReqInput>(0).abort;
     st.owners.end_sent();
   } else if (req.match_elements<ContinueGenerationReqInput>()) {
     st.owners.continue_sent();
+  }
+  if (req.match_elements<BeginWeightUpdateReqInput>()) {
+    info.begin_owner = owner;
+    st.owners.begin_sent(owner);
+  }
+  if (in_session || req.match_elements<BeginWeightUpdateReqInput>()) {
+    info.session_request = true;
+    st.owners.session_request_sent();
   }
   return std::nullopt;
 }
@@ -71,8 +91,15 @@ void after_reply(shared_state& st, const call_info& info, std::string_view trans
                  bool ok, uint64_t owner) {
   auto secs = seconds_since(info.t0);
   const auto& r = info.route;
+  // A refused bucket staged nothing: its bytes do not count against the session.
+  if (info.tensor_bytes > 0 && !(answered && ok))
+    st.owners.refund_tensor_bytes(info.tensor_bytes, info.session_epoch);
+  if (info.session_request)
+    st.owners.session_request_answered();
   if (r == "begin_weight_update" && ok)
     st.owners.begin_succeeded(owner);
+  if (r == "begin_weight_update")
+    st.owners.begin_answered(info.begin_owner); // after begin_succeeded: no gap between them
   else if (r == "end_weight_update") {
     if (auto length = st.owners.end_finished()) {
       st.stats.update_phase("session", *length);

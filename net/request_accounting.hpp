@@ -42,12 +42,18 @@ struct call_info {
   clock::time_point t0 = clock::now();
   bool end_abort = false;
   std::string rid; // generate
+  bool session_request = false; // counted by ownership::session_request_sent
+  uint64_t tensor_bytes = 0;    // counted against the session's budget (refunded on failure)
+  uint64_t session_epoch = 0;
+  uint64_t begin_owner = 0;     // begin_weight_update: counted by ownership::begin_sent
 };
 
-// Limits and bookkeeping before a request goes to the front door. `copied`: tensors of a
-// binary frame that had to be copied (metrics only).
+// Limits and bookkeeping before a request goes to the front door, from `owner` (a websocket
+// connection id; 0 for HTTP): a session begun over a websocket takes updates and end from that
+// connection only, and tensor bytes per session are limited. `copied`: tensors of a binary
+// frame that had to be copied (metrics only).
 std::optional<refusal> before_send(shared_state& st, call_info& info, caf::message& req,
-                                   std::size_t copied = 0);
+                                   uint64_t owner, std::size_t copied = 0);
 
 // Bookkeeping after a reply (`answered` false: the engine did not answer): ownership of
 // sessions and pauses by `owner` (a websocket connection id; 0 for HTTP), metrics.

@@ -12,8 +12,10 @@
 
 #include "actors/engine.hpp"
 #include "caf/actor_system.hpp"
+#include "caf/send.hpp"
 #include "net/fail.hpp"
 #include "net/http_session.hpp"
+#include "net/session_watchdog.hpp"
 #include "net/shared_state.hpp"
 
 namespace rlserve::net {
@@ -90,6 +92,7 @@ struct server::impl {
   asio::io_context ioc;
   std::shared_ptr<detail::shared_state> st;
   std::shared_ptr<listener> lst;
+  caf::actor watchdog; // net/session_watchdog.hpp; none when its timeout is 0
   std::vector<std::thread> threads;
   uint16_t port = 0;
   std::string host;
@@ -108,12 +111,14 @@ expected<std::unique_ptr<server>> server::start(Engine& engine, server_options o
   auto p = std::make_unique<impl>(options.io_threads);
   p->host = options.host;
   p->st = std::make_shared<detail::shared_state>(engine.system(), engine.front_door(), options);
+  p->st->max_generate_bytes = generate_bytes_limit(engine.get_server_info().max_context_length);
   p->lst = std::make_shared<listener>(p->ioc, p->st);
   auto port = p->lst->open(options.host, options.port);
   if (!port)
     return std::move(port).take_failure();
   p->port = *port;
   p->lst->run();
+  p->watchdog = detail::spawn_session_watchdog(p->st);
   for (std::size_t i = 0; i < options.io_threads; ++i)
     p->threads.emplace_back([ioc = &p->ioc] { ioc->run(); });
   if (!options.keys.any())
@@ -138,6 +143,10 @@ void server::stop() {
   p.stopped = true;
   p.st->stopping = true;
   p.lst->stop();
+  if (p.watchdog) {
+    caf::anon_send_exit(p.watchdog, caf::exit_reason::user_shutdown);
+    p.watchdog = caf::actor{};
+  }
   // Dropping a connection makes its actor abort what the client had running; wait a little
   // for the sessions to go, then for the actors to finish their clean-ups.
   if (auto left = p.st->drop_sessions(std::chrono::seconds(3)))

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "messages/expected.hpp"
 #include "net/auth.hpp"
@@ -65,6 +66,14 @@ struct server_options {
   // connection that made it (as over HTTP, and so that `rlserve client pause_generation` and a
   // later `rlserve client continue_generation` work as two commands).
   bool resume_on_disconnect = false;
+  // A weight-update session begun over HTTP (which has no connection whose end could abort it)
+  // is aborted after this long without a request of the session in flight or arriving; the old
+  // weights keep serving. A websocket session ends with its connection instead. 0: never.
+  std::chrono::milliseconds update_session_idle_timeout{600'000};
+  // Browser origins ("http://host:port") allowed besides the server's own address. A request
+  // carrying an Origin header (only browsers send one) from anywhere else is refused, so a web
+  // page cannot drive the engine through the user's browser.
+  std::vector<std::string> allowed_origins;
 };
 
 class server {

@@ -32,6 +32,8 @@ struct shared_state {
   ownership owners;
   std::atomic<uint64_t> next_connection{1};
   std::atomic<bool> stopping{false};
+  // Largest generate request parsed (generate_bytes_limit of the model's context length).
+  std::size_t max_generate_bytes = SIZE_MAX;
 
   // Held shared by an actor while it posts to a session, exclusively by stop() when it turns
   // io_alive off: after that no actor touches the I/O side again.

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "actors/guard.hpp"
 #include "caf/all.hpp"
 #include "messages/json_codec.hpp"
 #include "net/log.hpp"
@@ -75,6 +76,15 @@ void send_error(ws_actor* self, const json& id, std::string_view type, error_cod
                 std::string_view message) {
   self->state.st->stats.protocol_error(to_string(code));
   send_out(self, error_text(id, type, code, message));
+}
+
+// A request whose handling threw (see actors/guard.hpp): the client hears it and the connection
+// lives on. The id is unknown here (the request may not have been read that far).
+void internal_error(ws_actor* self, const std::string& what) {
+  log_error("websocket connection " + std::to_string(self->state.conn) +
+            ": handling a frame failed: " + what);
+  send_error(self, nullptr, "", error_code::internal_error,
+             "the server failed handling this frame: " + what);
 }
 
 // The session may read on (net/ws_session.cpp, backpressure).
@@ -182,7 +192,9 @@ void local_cancel(ws_actor* self, const request_envelope& env) {
     body = {{"success", false},
             {"message", "no generate request with id " + dump(*target) + " is in flight on this connection"}};
   } else {
-    caf::anon_send(s.st->front, AbortReq{it->second.info.rid, false, "aborted: cancelled by the client"});
+    // By ownership, not by rid alone: the front door aborts it only because this connection
+    // made it.
+    self->send(s.st->front, cancel_atom_v, it->second.info.rid, std::string("aborted: cancelled by the client"));
     body = {{"success", true}, {"message", "generate request " + dump(*target) + " aborted"}};
   }
   s.st->stats.request_done("ws", "cancel", body["success"].get<bool>() ? request_result::ok : request_result::failed,
@@ -259,7 +271,7 @@ void dispatch(ws_actor* self, request_envelope env, clock::time_point t0, binary
     copied = bin->copied_tensors;
   }
   pending_req p{env.id, call_info{c, std::string(c->route), t0, false, {}}};
-  if (auto refused = before_send(*s.st, p.info, *msg, copied))
+  if (auto refused = before_send(*s.st, p.info, *msg, s.conn, copied))
     return send_error(self, env.id, env.type, refused->code, refused->message);
   if (c->route == "generate")
     return start_generate(self, key, std::move(p), *msg);
@@ -270,6 +282,12 @@ void dispatch(ws_actor* self, request_envelope env, clock::time_point t0, binary
 
 void on_text(ws_actor* self, const shared_bytes& frame) {
   auto t0 = clock::now();
+  const auto limit = self->state.st->max_generate_bytes;
+  if (frame.size > limit && peek_type(frame.text()) == "generate")
+    return send_error(self, nullptr, "generate", error_code::too_large,
+                      fmt::format("a generate request of {} bytes is larger than any this model "
+                                  "can serve ({} bytes for its context length); it was not read",
+                                  frame.size, limit));
   auto j = parse_json(frame.text());
   if (!j)
     return send_error(self, nullptr, "", error_code::bad_json, j.error());
@@ -315,14 +333,17 @@ caf::behavior ws_connection(ws_actor* self, std::shared_ptr<shared_state> st,
     [self](ws_text_msg& m) {
       if (self->state.closed)
         return;
-      on_text(self, m.frame);
+      guarded([&] { on_text(self, m.frame); },
+              [&](const std::string& what) { internal_error(self, what); });
       consumed(self, m.frame.size); // parsed: a text request holds no frame bytes
     },
     [self](ws_binary_msg& m) {
       if (self->state.closed)
         return;
       // The frame's bytes live on in the request's tensors until the engine answers it.
-      auto key = on_binary(self, m.frame);
+      std::string key;
+      guarded([&] { key = on_binary(self, m.frame); },
+              [&](const std::string& what) { internal_error(self, what); });
       auto it = key.empty() ? self->state.inflight.end() : self->state.inflight.find(key);
       if (it != self->state.inflight.end())
         it->second.frame_bytes = m.frame.size;
@@ -337,7 +358,7 @@ caf::behavior ws_connection(ws_actor* self, std::shared_ptr<shared_state> st,
       s.out.reset();
       for (auto& [key, p] : s.inflight)
         if (!p.info.rid.empty()) {
-          caf::anon_send(s.st->front, AbortReq{p.info.rid, false, "aborted: the client disconnected"});
+          self->send(s.st->front, cancel_atom_v, p.info.rid, std::string("aborted: the client disconnected"));
           s.st->stats.disconnect_cleanup("abort_request");
         }
       release_holdings(self);

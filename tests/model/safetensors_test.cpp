@@ -4,6 +4,7 @@
 
 #include "tests/support/test_support.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -121,6 +122,46 @@ BOOST_AUTO_TEST_CASE(tensors_keep_the_mapping_alive) {
   }
   fs::remove(path); // the mapping outlives both the file object and the directory entry
   BOOST_TEST(t.as<float>()[3] == 4.0f);
+}
+
+// Served weights aliased the mapped file: rewriting it in place changed them with no committed
+// update, and truncating it (what writing a new file to the same path does first) killed the
+// process with SIGBUS at the next read. Tensors now own their bytes.
+BOOST_AUTO_TEST_CASE(tensors_survive_the_file_being_rewritten_or_truncated) {
+  temp_dir dir;
+  auto path = dir.path / "t.safetensors";
+  std::vector<NamedTensor> tensors{make<float>("w", dtype::f32, {1024}, std::vector<float>(1024, 2.0f))};
+  BOOST_REQUIRE(write_safetensors(path, tensors));
+  auto f = safetensors_file::open(path);
+  BOOST_REQUIRE_MESSAGE(f, why(f));
+  auto t = *f->tensor("w");
+  {
+    // Rewritten in place: same size, other bytes.
+    std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(fs::file_size(path) - 4096));
+    std::string zeros(4096, '\0');
+    io.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+  }
+  BOOST_TEST(t.as<float>()[1023] == 2.0f);
+  std::ofstream(path, std::ios::binary | std::ios::trunc).close(); // truncated to 0 bytes
+  float sum = 0;
+  for (auto x : t.as<float>())
+    sum += x;
+  BOOST_TEST(sum == 2048.0f);
+  BOOST_TEST(f->tensor("w")->as<float>()[0] == 2.0f);
+}
+
+// A FIFO (or any non-regular file) is refused at once, without blocking in open().
+BOOST_AUTO_TEST_CASE(fifos_and_directories_are_refused_without_blocking) {
+  temp_dir dir;
+  auto fifo = dir.path / "pipe.safetensors";
+  BOOST_REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto f = safetensors_file::open(fifo);
+  BOOST_REQUIRE(!f);
+  BOOST_TEST(f.error().find("FIFO") != std::string::npos, f.error());
+  auto d = safetensors_file::open(dir.path);
+  BOOST_REQUIRE(!d);
+  BOOST_TEST(d.error().find("directory") != std::string::npos, d.error());
 }
 
 BOOST_AUTO_TEST_CASE(file_shorter_than_the_length_prefix) {

@@ -646,7 +646,8 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
           false, "no weight-update session is open; call begin_weight_update first"};
       return UpdateWeightsFromDistributedReqOutput{
         false, "no weight-update group named \"" + req.group_name +
-                 "\" exists (NCCL groups need GPU runners; this engine runs on the CPU)"};
+                 "\" exists (rlserve cannot join NCCL weight-update groups yet; send the tensors by "
+                 "CUDA IPC, inline or from disk)"};
     },
     [self](UpdateWeightFromDiskReqInput& req) -> caf::result<UpdateWeightFromDiskReqOutput> {
       auto& st = self->state;
@@ -824,7 +825,8 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
     [](InitWeightsUpdateGroupReqInput& req) {
       return InitWeightsUpdateGroupReqOutput{
         false, "cannot join weight-update group \"" + req.group_name +
-                 "\": NCCL groups need GPU runners and this engine runs on the CPU"};
+                 "\": rlserve cannot join NCCL weight-update groups yet (send the tensors by CUDA "
+                 "IPC, inline or from disk)"};
     },
     [](DestroyWeightsUpdateGroupReqInput& req) {
       return DestroyWeightsUpdateGroupReqOutput{

@@ -48,7 +48,9 @@
 
 namespace rlserve {
 
-// Parses JSON text without throwing. Errors say where: "invalid JSON at byte 17: ...". Nesting
+// Parses JSON text without throwing, whatever the text: every exception of the parser (syntax,
+// a number outside double's range such as 1e400, memory) becomes an error value. Errors say
+// where when the parser knows: "invalid JSON at byte 17: ...". Nesting
 // deeper than k_max_json_depth is refused, so a hostile "[[[[…" cannot exhaust the stack of
 // code that walks the value recursively.
 inline constexpr int k_max_json_depth = 64;

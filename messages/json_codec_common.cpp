@@ -382,6 +382,14 @@ namespace {
 
 struct too_deep {};
 
+// "[json.exception.parse_error.101] parse error at ..." -> "parse error at ...": the bracketed
+// id means nothing to a user.
+std::string strip_exception_id(std::string what) {
+  if (auto pos = what.find("] "); pos != std::string::npos && what.front() == '[')
+    what.erase(0, pos + 2);
+  return what;
+}
+
 } // namespace
 
 expected<nlohmann::json> parse_json(std::string_view text) {
@@ -398,12 +406,22 @@ expected<nlohmann::json> parse_json(std::string_view text) {
     return fail("invalid JSON: nested deeper than " + std::to_string(k_max_json_depth) +
                 " levels");
   } catch (const json::parse_error& e) {
-    // e.what() is "[json.exception.parse_error.101] parse error at line 1, column 2: ...";
-    // the bracketed id means nothing to a user.
-    std::string what = e.what();
-    if (auto pos = what.find("] "); pos != std::string::npos)
-      what.erase(0, pos + 2);
-    return fail("invalid JSON at byte " + std::to_string(e.byte) + ": " + what);
+    return fail("invalid JSON at byte " + std::to_string(e.byte) + ": " + strip_exception_id(e.what()));
+  } catch (const json::out_of_range& e) {
+    // A number outside double's range ("1e400"): nlohmann says "number overflow parsing
+    // '1e400'" without a position.
+    return fail("invalid JSON: " + strip_exception_id(e.what()) +
+                " (a number outside the range of a 64-bit float)");
+  } catch (const json::exception& e) {
+    // No other nlohmann exception is known to come out of parse(); whatever does is still the
+    // client's text that could not be read, never a reason for the caller to die.
+    return fail("invalid JSON: " + strip_exception_id(e.what()));
+  } catch (const std::bad_alloc&) {
+    return fail("invalid JSON: the document of " + std::to_string(text.size()) +
+                " bytes does not fit in the server's memory");
+  } catch (const std::length_error&) {
+    return fail("invalid JSON: the document of " + std::to_string(text.size()) +
+                " bytes holds a value too large for the server");
   }
 }
 

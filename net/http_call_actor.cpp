@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "actors/guard.hpp"
 #include "caf/all.hpp"
 #include "messages/json_codec.hpp"
 #include "net/log.hpp"
@@ -272,18 +273,27 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
   s.st = st;
   s.out = std::move(out);
   self->attach_functor([st, registry_id] { st->remove_actor(registry_id); });
-  switch (call.kind) {
-    case http_call::route:
-      s.info.codec = call.codec;
-      s.info.route = std::string(call.codec->route);
-      start_route(self, std::move(call));
-      break;
-    case http_call::metrics:
-    case http_call::model_info:
-    case http_call::server_info: start_info(self, call.kind); break;
-    case http_call::health: start_health(self, false); break;
-    case http_call::health_generate: start_health(self, true); break;
-  }
+  // This runs inside spawn, on the session's I/O thread: an exception here would end the server.
+  guarded(
+    [&] {
+      switch (call.kind) {
+        case http_call::route:
+          s.info.codec = call.codec;
+          s.info.route = std::string(call.codec->route);
+          start_route(self, std::move(call));
+          break;
+        case http_call::metrics:
+        case http_call::model_info:
+        case http_call::server_info: start_info(self, call.kind); break;
+        case http_call::health: start_health(self, false); break;
+        case http_call::health_generate: start_health(self, true); break;
+      }
+    },
+    [&](const std::string& what) {
+      log_error("HTTP " + s.info.route + ": handling the request failed: " + what);
+      reply(self, http_reply{500, "application/json",
+                             failure_body("the server failed handling this request: " + what), false});
+    });
   return {
     [self](GenerateReqOutput& chunk) {
       auto& s = self->state;

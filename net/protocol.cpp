@@ -21,6 +21,7 @@ std::string_view to_string(error_code code) {
     case error_code::too_large: return "too_large";
     case error_code::engine_error: return "engine_error";
     case error_code::shutting_down: return "shutting_down";
+    case error_code::internal_error: return "internal_error";
   }
   return "unknown";
 }

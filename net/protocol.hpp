@@ -42,6 +42,7 @@ enum class error_code {
   too_large,         // tensor bytes over the per-session limit
   engine_error,      // the engine did not answer (it is shutting down or failed)
   shutting_down,     // the server is stopping
+  internal_error,    // handling the request failed inside the server (a bug); the connection lives
 };
 
 std::string_view to_string(error_code code);

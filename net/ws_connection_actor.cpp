@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "actors/guard.hpp"
 #include "caf/all.hpp"
 #include "messages/json_codec.hpp"
 #include "net/log.hpp"
@@ -75,6 +76,15 @@ void send_error(ws_actor* self, const json& id, std::string_view type, error_cod
                 std::string_view message) {
   self->state.st->stats.protocol_error(to_string(code));
   send_out(self, error_text(id, type, code, message));
+}
+
+// A request whose handling threw (see actors/guard.hpp): the client hears it and the connection
+// lives on. The id is unknown here (the request may not have been read that far).
+void internal_error(ws_actor* self, const std::string& what) {
+  log_error("websocket connection " + std::to_string(self->state.conn) +
+            ": handling a frame failed: " + what);
+  send_error(self, nullptr, "", error_code::internal_error,
+             "the server failed handling this frame: " + what);
 }
 
 // The session may read on (net/ws_session.cpp, backpressure).
@@ -315,14 +325,17 @@ caf::behavior ws_connection(ws_actor* self, std::shared_ptr<shared_state> st,
     [self](ws_text_msg& m) {
       if (self->state.closed)
         return;
-      on_text(self, m.frame);
+      guarded([&] { on_text(self, m.frame); },
+              [&](const std::string& what) { internal_error(self, what); });
       consumed(self, m.frame.size); // parsed: a text request holds no frame bytes
     },
     [self](ws_binary_msg& m) {
       if (self->state.closed)
         return;
       // The frame's bytes live on in the request's tensors until the engine answers it.
-      auto key = on_binary(self, m.frame);
+      std::string key;
+      guarded([&] { key = on_binary(self, m.frame); },
+              [&](const std::string& what) { internal_error(self, what); });
       auto it = key.empty() ? self->state.inflight.end() : self->state.inflight.find(key);
       if (it != self->state.inflight.end())
         it->second.frame_bytes = m.frame.size;

@@ -738,4 +738,24 @@ BOOST_AUTO_TEST_CASE(parse_json_reports_position_and_depth) {
   BOOST_TEST(parse_json(ok).has_value());
 }
 
+// nlohmann throws out_of_range (not parse_error) for a number outside double's range; it must
+// come back as an error value naming the number, wherever the number sits.
+BOOST_AUTO_TEST_CASE(parse_json_refuses_numbers_outside_double_range) {
+  for (std::string text : {"1e400", "-1e400", "[1, 2, 1e400]", R"({"sampling_params": {"temperature": 1e400}})",
+                           R"({"a": {"b": [-12e99999]}})"}) {
+    BOOST_TEST_CONTEXT(text) {
+      expected<nlohmann::json> r = fail("not run");
+      BOOST_CHECK_NO_THROW(r = parse_json(text));
+      BOOST_TEST_REQUIRE(!r.has_value());
+      BOOST_TEST(error_text(r).rfind("invalid JSON: number overflow parsing '", 0) == 0, error_text(r));
+      BOOST_TEST(error_text(r).find("e") != std::string::npos);
+      BOOST_TEST(error_text(r).find("[json.exception") == std::string::npos);
+    }
+  }
+  // Large but representable numbers still parse; integers beyond 64 bits become doubles.
+  BOOST_TEST(parse_json("1e308").has_value());
+  BOOST_TEST(parse_json("123456789012345678901234567890").has_value());
+  BOOST_TEST(parse_json("1e-400").has_value()); // underflows to 0, as strtod does
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -102,6 +102,14 @@ BOOST_AUTO_TEST_CASE(bad_binary_frames_say_what_is_wrong) {
   f[1] = static_cast<std::byte>(header.size() >> 8);
   std::memcpy(f.data() + 4, header.data(), header.size());
   check(f, "nbytes");
+  // A number outside double's range in the header (nlohmann's out_of_range, not parse_error).
+  for (std::string number : {"1e400", "-1e400"}) {
+    std::string h = R"({"id": )" + number + R"(, "type": "update_weights_from_tensor", "body": {}})";
+    std::vector<std::byte> g(4 + h.size());
+    g[0] = static_cast<std::byte>(h.size() & 0xff);
+    std::memcpy(g.data() + 4, h.data(), h.size());
+    BOOST_CHECK_NO_THROW(check(g, "binary frame header: invalid JSON: number overflow parsing '" + number));
+  }
 }
 
 BOOST_AUTO_TEST_CASE(auth_levels) {

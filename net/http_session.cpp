@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "net/fail.hpp"
+#include "net/http_route.hpp"
 #include "net/ws_session.hpp"
 
 namespace rlserve::net::detail {
@@ -19,50 +20,6 @@ namespace http = beast::http;
 namespace asio = boost::asio;
 
 namespace {
-
-std::string json_error_body(std::string_view error, std::string_view message) {
-  return dump(json{{"error", error}, {"message", message}});
-}
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
-std::string url_decode(std::string_view s) {
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '+') {
-      out += ' ';
-    } else if (s[i] == '%' && i + 2 < s.size() && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
-      out += static_cast<char>(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2]));
-      i += 2;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
-std::map<std::string, std::string> parse_query(std::string_view q) {
-  std::map<std::string, std::string> out;
-  while (!q.empty()) {
-    auto amp = q.find('&');
-    auto item = q.substr(0, amp);
-    q = amp == std::string_view::npos ? std::string_view{} : q.substr(amp + 1);
-    if (item.empty())
-      continue;
-    auto eq = item.find('=');
-    out[url_decode(item.substr(0, eq))] =
-      eq == std::string_view::npos ? std::string() : url_decode(item.substr(eq + 1));
-  }
-  return out;
-}
 
 std::vector<std::string> request_tokens(const http::request<http::string_body>& req) {
   auto a = req[http::field::authorization];
@@ -144,50 +101,11 @@ void http_session::on_read(beast::error_code ec, std::size_t) {
 }
 
 void http_session::route(http::request<http::string_body>& req) {
-  std::string_view target(req.target().data(), req.target().size());
-  auto qpos = target.find('?');
-  std::string path(target.substr(0, qpos));
-  auto query = qpos == std::string_view::npos ? std::map<std::string, std::string>{}
-                                              : parse_query(target.substr(qpos + 1));
-  while (path.size() > 1 && path.back() == '/')
-    path.pop_back();
-  const auto method = req.method();
-  const bool get = method == http::verb::get || method == http::verb::head;
-  const bool post = method == http::verb::post || method == http::verb::put;
-
-  http_call call;
-  route_auth level = route_auth::normal;
-  if (path == "/health" || path == "/health_generate" || path == "/metrics" || path == "/model_info") {
-    if (!get)
-      return answer(405, "application/json",
-                    json_error_body("Method Not Allowed", "use GET for " + path));
-    call.kind = path == "/health"            ? http_call::health
-                : path == "/health_generate" ? http_call::health_generate
-                : path == "/metrics"         ? http_call::metrics
-                                             : http_call::model_info;
-  } else {
-    std::string name = path.size() > 1 ? path.substr(1) : "";
-    if (name == "server_info")
-      name = "get_server_info";
-    const codec_entry* c = find_codec(name);
-    if (!c) {
-      std::string routes = "/health, /health_generate, /metrics, /model_info";
-      for (const auto& e : all_codecs())
-        routes += ", /" + std::string(e.route);
-      return answer(404, "application/json",
-                    json_error_body("Not Found", "no route " + path + " (routes: " + routes + ")"));
-    }
-    const bool is_generate = c->route == "generate";
-    if (!(post || (get && !is_generate)))
-      return answer(405, "application/json",
-                    json_error_body("Method Not Allowed",
-                                    is_generate ? "use POST for /generate" : "use POST or GET for " + path));
-    call.kind = http_call::route;
-    call.codec = c;
-    call.body = std::move(req.body());
-    call.query = std::move(query);
-    level = to_route_auth(c->auth);
-  }
+  auto routed = route_http_request(req.method(), {req.target().data(), req.target().size()},
+                                   std::move(req.body()));
+  if (auto* refusal = std::get_if<http_refusal>(&routed))
+    return answer(refusal->status, "application/json", std::move(refusal->body));
+  auto& [call, level, path] = std::get<http_routed>(routed);
   if (auto r = authorize(st_->opts.keys, level, request_tokens(req)); r != auth_result::ok) {
     st_->stats.protocol_error(r == auth_result::forbidden ? "forbidden" : "unauthorized");
     log_info("HTTP " + path + " refused: " + (r == auth_result::forbidden ? "forbidden" : "unauthorized"));

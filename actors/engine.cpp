@@ -271,6 +271,7 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
                          int64_t{config.max_running_requests} *
                            (1 + std::max(0, config.speculative_num_draft_tokens));
     g.cuda_graphs = config.cuda_graphs;
+    g.staging_budget_bytes = config.gpu_staging_budget_bytes;
     auto t = model::qwen3_gpu_model::create(*target->model, g);
     expected<std::unique_ptr<model::qwen3_gpu_model>> d = std::unique_ptr<model::qwen3_gpu_model>{};
     if (t && draft)
@@ -301,7 +302,7 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
 
   auto spawn = [&](const char* role, const fs::path& dir, std::shared_ptr<model::qwen3_model> m,
                    std::shared_ptr<model::qwen3_gpu_model> gpu) {
-    runner_options o{role, 0, 1, dir, config.kv_block_size, kv_blocks};
+    runner_options o{role, 0, 1, dir, config.kv_block_size, kv_blocks, config.allow_nonfinite_weights};
     return gpu ? spawn_gpu_runner(sys, std::move(o), std::move(m), std::move(gpu))
                : spawn_cpu_runner(sys, std::move(o), std::move(m));
   };

@@ -60,6 +60,12 @@ struct engine_config {
   std::string quantize;
   int32_t quantize_group_size = 128;
   std::string quantize_targets = "experts";
+  // Weight updates: NaN/Inf values are refused unless this is set (a run that deliberately sends
+  // them, e.g. to test a trainer's own guards).
+  bool allow_nonfinite_weights = false;
+  // GPU runners: device bytes one weight-update session may stage before its commit (0: one full
+  // copy of the served weights). A message that would exceed it is refused whole.
+  std::size_t gpu_staging_budget_bytes = 0;
   // CAF worker threads for the cooperative actors; 0: CAF's default (one per core).
   std::size_t worker_threads = 0;
 };

@@ -13,6 +13,7 @@
 #include "messages/registration_check.hpp"
 #include "kernels/bf16.hpp"
 #include "model/qwen3.hpp"
+#include "model/cuda_ipc.hpp"
 #include "model/qwen3_gpu.hpp"
 #include "model/sampler.hpp"
 #include "model/speculative.hpp"
@@ -45,6 +46,7 @@ struct runner_state {
   std::unordered_map<uint64_t, sequence_state> sequences;
   std::map<std::string, NamedTensor> staged; // by canonical name; a later bucket overwrites
   std::optional<std::map<std::string, HostTensor>> snapshot;
+  std::optional<std::map<std::string, uint64_t>> gpu_snapshot; // GPU runner: digests of the device bytes
   uint64_t resets = 0; // seeds reset_tensors, so every reset writes different values
   static inline const char* name = "runner";
 };
@@ -395,7 +397,48 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
   return out;
 }
 
+// A GPU runner stages on the device: its host model keeps the weights it was loaded with only
+// for names, dtypes and shapes, and every read of weight bytes (checksums, snapshots,
+// get_weights_by_name) goes to the device.
+RunnerReply stage_on_device(runner_state& st, StageTensors& msg) {
+  if (auto s = st.gpu->stage_host(msg.tensors, st.options.allow_nonfinite_weights); !s)
+    return {false, st.options.role + " runner: " + s.error(), s.error().find("nothing from this message") != std::string::npos};
+  return {true, "staged " + std::to_string(msg.tensors.size()) + " tensors on " + st.gpu->device_name() +
+                  " (" + std::to_string(st.gpu->staged_bytes() >> 20) + " MiB staged in this session)"};
+}
+
+RunnerReply stage_device_tensors(runner_state& st, StageDeviceTensors& msg) {
+  if (!st.gpu)
+    return {false, "the " + st.options.role + " runner runs on the CPU and cannot read CUDA IPC "
+                   "tensors; send the tensors inline (named_tensors) instead", true};
+  auto mapping = model::ipc_mapping::open(msg.tensors, st.gpu->options().device);
+  if (!mapping)
+    return {false, st.options.role + " runner: " + mapping.error() + "; nothing from this message was staged", true};
+  auto& map = **mapping;
+  if (auto s = map.wait_for_producer(); !s) {
+    map.close();
+    return {false, st.options.role + " runner: " + s.error() + "; nothing from this message was staged", true};
+  }
+  std::vector<model::qwen3_gpu_model::update_source> sources;
+  sources.reserve(msg.tensors.size());
+  for (std::size_t i = 0; i < msg.tensors.size(); ++i)
+    sources.push_back({msg.tensors[i].name, map.data(i), msg.tensors[i].tensor.type, msg.tensors[i].tensor.shape});
+  auto staged = st.gpu->stage(sources, st.options.allow_nonfinite_weights);
+  // Closed before the reply either way: the trainer may free or reuse its buffers after it.
+  auto closed = map.close();
+  if (!staged)
+    return {false, st.options.role + " runner: " + staged.error(),
+            staged.error().find("nothing from this message") != std::string::npos};
+  if (!closed)
+    return {false, st.options.role + " runner: the tensors were staged, but " + closed.error(), true};
+  return {true, "staged " + std::to_string(msg.tensors.size()) + " device tensors on " +
+                  st.gpu->device_name() + " (" + std::to_string(st.gpu->staged_bytes() >> 20) +
+                  " MiB staged in this session)"};
+}
+
 RunnerReply stage(runner_state& st, StageTensors& msg) {
+  if (st.gpu)
+    return stage_on_device(st, msg);
   // Validate the whole message before keeping any of it.
   std::map<std::string, const NamedTensor*> seen;
   for (const auto& t : msg.tensors) {
@@ -411,6 +454,12 @@ RunnerReply stage(runner_state& st, StageTensors& msg) {
 }
 
 RunnerReply commit(runner_state& st) {
+  if (st.gpu) {
+    auto done = st.gpu->commit_staged();
+    if (!done)
+      return {false, st.options.role + " runner could not commit: " + done.error()};
+    return {true, *done};
+  }
   std::vector<NamedTensor> tensors;
   tensors.reserve(st.staged.size());
   for (auto& [name, t] : st.staged)
@@ -418,21 +467,8 @@ RunnerReply commit(runner_state& st) {
   if (auto ok = st.model->assign(tensors); !ok)
     return {false, st.options.role + " runner could not commit: " + ok.error()};
   auto n = st.staged.size();
-  std::string device;
-  if (st.gpu) {
-    std::vector<std::string> names;
-    for (auto& [name, t] : st.staged)
-      names.push_back(name);
-    if (auto ok = st.gpu->upload(*st.model, names); !ok)
-      return {false, st.options.role + " runner could not copy the update to " +
-                       st.gpu->device_name() + ": " + ok.error()};
-    auto pp = st.gpu->post_process();
-    if (!pp)
-      return {false, st.options.role + " runner could not post-process: " + pp.error()};
-    device = "; " + *pp;
-  }
   st.staged.clear();
-  return {true, "committed " + std::to_string(n) + " tensors" + device};
+  return {true, "committed " + std::to_string(n) + " tensors"};
 }
 
 // Random values of the tensor's own dtype: uniform floats in [-1, 1) for float types, random
@@ -486,7 +522,106 @@ RunnerCheckOutput check_failed(std::string message) {
   return out;
 }
 
+// Names whose bytes the device serves (everything but INT4 modules' weight_shape, which is the
+// module's shape and never changes), and the rest, whose bytes the host keeps.
+bool served_on_device(const std::string& name) { return !name.ends_with(".weight_shape"); }
+
+// check() on a GPU runner: digests of the device bytes; snapshot/compare by digest.
+RunnerCheckOutput check_on_device(runner_state& st, const CheckWeightsReqInput& req) {
+  RunnerCheckOutput out;
+  out.role = st.options.role;
+  std::vector<std::string> names;
+  for (const auto& p : st.model->parameters())
+    if (!skipped(p.name, req.skip_tensor_list))
+      names.push_back(p.name);
+  auto digest_all = [&]() -> expected<std::map<std::string, uint64_t>> {
+    std::vector<std::string> device_names;
+    std::map<std::string, uint64_t> d;
+    for (const auto& n : names) {
+      if (served_on_device(n)) {
+        device_names.push_back(n);
+        continue;
+      }
+      auto t = st.model->parameter(n);
+      if (!t)
+        return std::move(t).take_failure();
+      d[n] = XXH3_64bits(t->data.get(), t->nbytes);
+    }
+    auto dev = st.gpu->digests(device_names);
+    if (!dev)
+      return std::move(dev).take_failure();
+    for (std::size_t i = 0; i < device_names.size(); ++i)
+      d[device_names[i]] = (*dev)[i];
+    return d;
+  };
+  switch (req.action) {
+    case check_weights_action::checksum: {
+      auto d = digest_all();
+      if (!d)
+        return check_failed(d.error());
+      for (auto& [name, digest] : *d) {
+        out.names.push_back(name);
+        out.digests.push_back(digest);
+      }
+      out.message = std::to_string(out.names.size()) + " tensors hashed on " + st.gpu->device_name();
+      return out;
+    }
+    case check_weights_action::snapshot: {
+      auto d = digest_all();
+      if (!d)
+        return check_failed(d.error());
+      out.message = "snapshot of " + std::to_string(d->size()) + " tensors (their digests on " +
+                    st.gpu->device_name() + ")";
+      st.gpu_snapshot = std::move(*d);
+      return out;
+    }
+    case check_weights_action::compare: {
+      if (!st.gpu_snapshot)
+        return check_failed("the " + st.options.role +
+                            " runner has no snapshot to compare with; run check_weights with "
+                            "action \"snapshot\" first");
+      auto d = digest_all();
+      if (!d)
+        return check_failed(d.error());
+      for (auto& [name, digest] : *d) {
+        auto it = st.gpu_snapshot->find(name);
+        (it != st.gpu_snapshot->end() && it->second == digest ? out.unchanged : out.changed).push_back(name);
+      }
+      out.message = std::to_string(out.changed.size()) + " of " +
+                    std::to_string(out.changed.size() + out.unchanged.size()) +
+                    " tensors differ from the snapshot";
+      return out;
+    }
+    case check_weights_action::reset_tensors: {
+      if (st.gpu->staged_bytes() > 0)
+        return check_failed("reset_tensors would commit what the open weight-update session staged "
+                            "on the " + st.options.role + " runner; end or abort the session first");
+      std::mt19937_64 rng(0x5eed0000u + st.resets++);
+      std::vector<NamedTensor> poisoned;
+      for (const auto& n : names) {
+        if (!served_on_device(n))
+          continue;
+        auto t = st.model->parameter(n);
+        if (!t)
+          return check_failed(t.error());
+        poisoned.push_back({n, random_like(*t, rng)});
+      }
+      // Random bits are valid INT4 codes and zero points; random scales in [-1, 1) are finite.
+      if (auto s = st.gpu->stage_host(poisoned, true); !s)
+        return check_failed(s.error());
+      if (auto c = st.gpu->commit_staged(); !c)
+        return check_failed(c.error());
+      out.message = "overwrote " + std::to_string(poisoned.size()) + " tensors with random values on " +
+                    st.gpu->device_name();
+      return out;
+    }
+  }
+  return check_failed("unknown check_weights action");
+}
+
 RunnerCheckOutput check(runner_state& st, const CheckWeightsReqInput& req) {
+  if (st.gpu)
+    return check_on_device(st, req);
   RunnerCheckOutput out;
   out.role = st.options.role;
   auto params = st.model->parameters();
@@ -551,15 +686,6 @@ RunnerCheckOutput check(runner_state& st, const CheckWeightsReqInput& req) {
       }
       if (auto ok = st.model->assign(poisoned); !ok)
         return check_failed(ok.error());
-      if (st.gpu) {
-        std::vector<std::string> names;
-        for (auto& t : poisoned)
-          names.push_back(t.name);
-        if (auto ok = st.gpu->upload(*st.model, names); !ok)
-          return check_failed(ok.error());
-        if (auto pp = st.gpu->post_process(); !pp)
-          return check_failed(pp.error());
-      }
       out.message = "overwrote " + std::to_string(poisoned.size()) + " tensors with random values";
       return out;
     }
@@ -570,6 +696,17 @@ RunnerCheckOutput check(runner_state& st, const CheckWeightsReqInput& req) {
 GetWeightsByNameReqOutput get_weights(runner_state& st, const GetWeightsByNameReqInput& req) {
   GetWeightsByNameReqOutput out;
   auto t = st.model->parameter(req.name);
+  if (t && st.gpu && served_on_device(req.name)) {
+    // The bytes the device serves, in the parameter's shape (bf16 where the device keeps bf16).
+    auto d = st.gpu->download(req.name);
+    if (!d) {
+      out.success = false;
+      out.message = d.error();
+      return out;
+    }
+    d->shape = t->shape;
+    t = std::move(*d);
+  }
   if (!t) {
     out.success = false;
     out.message = t.error();
@@ -612,12 +749,17 @@ runner_actor::behavior_type runner(runner_pointer self, runner_options options,
     [self](restore_atom) {
       self->state.staged.clear();
       if (auto& gpu = self->state.gpu) {
-        // INT4 modules back to the load format on the device, so updated tensors can be written
-        // in; the repack at commit (or discard) brings every module back to serving.
-        auto r = gpu->restore();
-        if (!r)
-          return RunnerReply{false, self->state.options.role + " runner could not restore: " + r.error()};
-        return RunnerReply{true, self->state.options.role + " runner ready for new weights; " + *r};
+        // Updates are staged on the device beside the serving weights (INT4 modules as
+        // load-format copies), so the serving layout is never undone and generation can go on
+        // until the commit.
+        gpu->discard_staged();
+        std::string int4;
+        if (auto r = gpu->int4_update_recipe())
+          int4 = "; INT4 modules take load-format tensors or BF16 weights, quantized on the device "
+                 "with " + std::string(kernels::to_string(*r));
+        return RunnerReply{true, self->state.options.role + " runner ready for new weights on " +
+                                   gpu->device_name() + ": staged on the device, the old weights "
+                                   "serve until the commit" + int4};
       }
       // The CPU model keeps every module in load format (INT4 modules as their compressed-tensors
       // tensors, with an fp32 dequantized copy beside them), so there is no serving layout to
@@ -628,14 +770,16 @@ runner_actor::behavior_type runner(runner_pointer self, runner_options options,
                                     : "")};
     },
     [self](StageTensors& msg) { return stage(self->state, msg); },
+    [self](StageDeviceTensors& msg) { return stage_device_tensors(self->state, msg); },
     [self](commit_atom) { return commit(self->state); },
     [self](discard_atom) {
       auto n = self->state.staged.size();
       self->state.staged.clear();
       if (auto& gpu = self->state.gpu) {
-        // Restore is an exact inverse, so repacking gives back the serving bytes of before.
-        if (auto pp = gpu->post_process(); !pp)
-          return RunnerReply{false, self->state.options.role + " runner: " + pp.error()};
+        auto bytes = gpu->staged_bytes();
+        gpu->discard_staged();
+        return RunnerReply{true, "dropped " + std::to_string(bytes >> 20) + " MiB staged on " +
+                                   gpu->device_name() + "; the serving weights are untouched"};
       }
       return RunnerReply{true, "dropped " + std::to_string(n) + " staged tensors"};
     },

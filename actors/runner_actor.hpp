@@ -33,6 +33,9 @@ using runner_actor = caf::typed_actor<
   // Keeps tensors aside for the next commit; all or nothing per message (a name outside the
   // manifest, a wrong dtype or shape fails the message and stages none of it).
   caf::replies_to<StageTensors>::with<RunnerReply>,
+  // Keeps tensors that live in a trainer's GPU memory aside for the next commit (GPU runners:
+  // read on the device, the trainer's memory closed again before the reply; CPU runners refuse).
+  caf::replies_to<StageDeviceTensors>::with<RunnerReply>,
   // Swaps every staged tensor in at once and post-processes; the staging area is emptied.
   caf::replies_to<commit_atom>::with<RunnerReply>,
   // Drops the staging area; the serving weights are untouched.
@@ -49,6 +52,8 @@ struct runner_options {
   std::filesystem::path model_path;
   int64_t kv_block_size = 16;    // tokens per KV block
   int64_t kv_num_blocks = 2048;  // blocks in the runner's KV pool
+  // Accept NaN/Inf in updated weights (they are refused by default).
+  bool allow_nonfinite_weights = false;
 };
 
 namespace model {

@@ -786,10 +786,64 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
       });
       return rp;
     },
-    [self](ContinueGenerationReqInput&) {
-      self->state.paused = false;
-      schedule_step(self);
-      return ContinueGenerationReqOutput{true, "generation continues"};
+    [self](ContinueGenerationReqInput&) -> caf::result<ContinueGenerationReqOutput> {
+      // An update that came outside begin/end while paused (slime's buckets) commits here, before
+      // the first batch of the resumed generation.
+      auto rp = self->make_response_promise<ContinueGenerationReqOutput>();
+      enqueue_control(self, [self, rp]() mutable {
+        auto resume = [self, rp](bool ok, std::string settled) mutable {
+          refresh_version(self, [self, rp, ok, settled]() mutable {
+            self->state.paused = false;
+            schedule_step(self);
+            rp.deliver(ContinueGenerationReqOutput{
+              ok, settled.empty() ? "generation continues" : settled + "; generation continues"});
+            control_done(self);
+          });
+        };
+        self->request(self->state.updater, caf::infinite, settle_atom_v)
+          .then([resume](EndWeightUpdateReqOutput& out) mutable { resume(out.success, out.message); },
+                [self, resume](caf::error& err) mutable {
+                  resume(false, "the weight updater failed: " + self->system().render(err));
+                });
+      });
+      return rp;
+    },
+    [self](UpdateWeightsFromTensorReqInput& req) -> caf::result<UpdateWeightsFromTensorReqOutput> {
+      // Outside begin/end and while generation runs, an update commits at once (SGLang applies
+      // each call as it comes); while paused it waits for continue_generation.
+      auto rp = self->make_response_promise<UpdateWeightsFromTensorReqOutput>();
+      enqueue_control(self, [self, req = std::move(req), rp]() mutable {
+        auto finish = [self, rp](UpdateWeightsFromTensorReqOutput out) mutable {
+          refresh_version(self, [self, rp, out = std::move(out)]() mutable {
+            rp.deliver(std::move(out));
+            control_done(self);
+          });
+        };
+        self->request(self->state.updater, caf::infinite, std::move(req))
+          .then(
+            [self, finish](UpdateWeightsFromTensorReqOutput& out) mutable {
+              if (!out.success || self->state.paused) {
+                finish(std::move(out));
+                return;
+              }
+              self->request(self->state.updater, caf::infinite, settle_atom_v)
+                .then(
+                  [finish, out](EndWeightUpdateReqOutput& e) mutable {
+                    if (!e.message.empty()) {
+                      out.success = e.success;
+                      out.message = e.success ? e.message : "staged, but the commit failed: " + e.message;
+                    }
+                    finish(std::move(out));
+                  },
+                  [self, finish](caf::error& err) mutable {
+                    finish({false, "the weight updater failed: " + self->system().render(err)});
+                  });
+            },
+            [self, finish](caf::error& err) mutable {
+              finish({false, "the weight updater failed: " + self->system().render(err)});
+            });
+      });
+      return rp;
     },
     [self](FlushCacheReqInput& req) -> caf::result<FlushCacheReqOutput> {
       auto rp = self->make_response_promise<FlushCacheReqOutput>();
@@ -826,7 +880,6 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
       return out;
     },
     forward_to_updater<BeginWeightUpdateReqInput, BeginWeightUpdateReqOutput>(self),
-    forward_to_updater<UpdateWeightsFromTensorReqInput, UpdateWeightsFromTensorReqOutput>(self),
     forward_to_updater<UpdateWeightsFromDistributedReqInput, UpdateWeightsFromDistributedReqOutput>(self),
     forward_to_updater<UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput>(self),
     forward_to_updater<EndWeightUpdateReqInput, EndWeightUpdateReqOutput>(self),

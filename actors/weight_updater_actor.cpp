@@ -35,6 +35,11 @@ struct session_state {
   bool loaded = false;        // something was staged
   std::size_t staged = 0;     // tensors staged so far (all runners)
   std::optional<std::string> version; // from the update messages, if they named one
+  // Opened by an update outside begin/end (update_weights_from_tensor, or post_process_weights
+  // with restore_weights_before_loading): committed by settle (continue_generation, the
+  // scheduler right after the update while generation runs), post_process_weights with
+  // post_process_quantization, or end_weight_update.
+  bool implicit = false;
 };
 
 struct updater_state {
@@ -213,33 +218,133 @@ route_bucket(const std::vector<runner_entry*>& targets, const std::vector<NamedT
   return out;
 }
 
-// Stages routed tensors on the runners that got any; `done(error or nullopt)`.
+// Device tensors (CUDA IPC) of one update message, checked against the manifests as
+// route_bucket checks host tensors (the bytes are read by the runners, on the device): one list
+// per runner.
+expected<std::vector<std::vector<NamedDeviceTensor>>>
+route_device(const std::vector<runner_entry*>& targets, const std::vector<NamedDeviceTensor>& bucket,
+             const updater_state& st, runner_selector sel) {
+  std::vector<std::vector<NamedDeviceTensor>> out(targets.size());
+  std::set<std::string> seen;
+  for (const auto& t : bucket) {
+    if (!seen.insert(t.name).second)
+      return fail("device tensor '" + t.name + "' appears twice in one update");
+    int64_t numel = 1;
+    for (auto d : t.tensor.shape) {
+      if (d < 0 || (d > 0 && numel > INT64_MAX / 16 / d))
+        return fail("device tensor '" + t.name + "': shape " + shape_string(t.tensor.shape) +
+                    " has a negative or overflowing dimension");
+      numel *= d;
+    }
+    auto want = static_cast<uint64_t>(numel) * element_size(t.tensor.type);
+    if (t.tensor.nbytes != 0 && t.tensor.nbytes != want)
+      return fail("device tensor '" + t.name + "': " + std::to_string(t.tensor.nbytes) + " bytes for " +
+                  spec_string(t.tensor.type, t.tensor.shape) + " (" + std::to_string(want) + " expected)");
+  }
+  for (const auto& t : bucket) {
+    bool owned = false;
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      auto& r = *targets[i];
+      std::string name = t.name;
+      if (auto a = r.aliases.find(name); a != r.aliases.end()) {
+        name = a->second;
+        if (seen.count(name))
+          return fail("'" + t.name + "' and '" + name + "' are tied in the " + r.handle.manifest.role +
+                      " model (tie_word_embeddings): send one of them");
+      }
+      auto spec = r.by_name.find(name);
+      if (spec == r.by_name.end()) {
+        if (name.ends_with(".weight") && r.by_name.count(name + "_packed")) {
+          owned = true; // BF16 weights of an INT4 module: the runner checks and quantizes them
+          out[i].push_back({name, t.tensor});
+        }
+        continue;
+      }
+      owned = true;
+      if (spec->second->type != t.tensor.type || spec->second->shape != t.tensor.shape)
+        return fail("device tensor '" + t.name + "': the " + r.handle.manifest.role + " model expects " +
+                    spec_string(spec->second->type, spec->second->shape) + ", the update sent " +
+                    spec_string(t.tensor.type, t.tensor.shape));
+      out[i].push_back({name, t.tensor});
+    }
+    if (!owned) {
+      for (const auto& r : st.runners)
+        if (r->by_name.count(t.name) || r->aliases.count(t.name) || r->by_name.count(t.name + "_packed"))
+          return fail("device tensor '" + t.name + "' belongs to the " + r->handle.manifest.role +
+                      " model, which selector \"" + selector_name(sel) + "\" does not reach");
+      return fail("unknown tensor name '" + t.name + "': not a parameter of the " +
+                  (targets.size() == 1 ? targets[0]->handle.manifest.role + " model"
+                                       : std::string("target or draft model")));
+    }
+  }
+  return out;
+}
+
+// What one runner gets of an update message.
+struct runner_bucket {
+  std::vector<NamedTensor> host;
+  std::vector<NamedDeviceTensor> device;
+  bool empty() const { return host.empty() && device.empty(); }
+};
+
+// How staging one message went: `error` is empty on success; `intact` says that every runner
+// that failed refused the message whole and none staged any of it (the session may go on).
+struct stage_result {
+  std::optional<std::string> error;
+  bool intact = true;
+};
+
+// Stages routed tensors on the runners that got any (host tensors, then device tensors, in
+// turn per runner); `done(stage_result)`.
 template <class Done>
 void stage_routed(updater_pointer self, const std::vector<runner_entry*>& targets,
-                  std::vector<std::vector<NamedTensor>> routed, Done done) {
+                  std::vector<runner_bucket> routed, Done done) {
   auto remaining = std::make_shared<std::size_t>(0);
-  auto errors = std::make_shared<std::string>();
-  for (auto& list : routed)
-    *remaining += !list.empty();
+  auto result = std::make_shared<stage_result>();
+  auto staged_any = std::make_shared<bool>(false);
+  for (auto& b : routed)
+    *remaining += !b.host.empty() + !b.device.empty();
   if (*remaining == 0) {
-    done(std::optional<std::string>{});
+    done(stage_result{});
     return;
   }
+  auto finish = [remaining, result, staged_any, done](const std::string& role,
+                                                        const RunnerReply& r) mutable {
+    if (r.success) {
+      *staged_any = true;
+    } else {
+      result->error = (result->error ? *result->error + "; " : std::string()) + role + ": " + r.message;
+      result->intact = result->intact && r.nothing_staged;
+    }
+    if (--*remaining == 0) {
+      if (*staged_any && result->error)
+        result->intact = false;
+      done(*result);
+    }
+  };
   for (std::size_t i = 0; i < targets.size(); ++i) {
-    if (routed[i].empty())
-      continue;
     auto role = targets[i]->handle.manifest.role;
-    auto finish = [remaining, errors, done](const std::string& err) mutable {
-      if (!err.empty())
-        *errors += (errors->empty() ? "" : "; ") + err;
-      if (--*remaining == 0)
-        done(errors->empty() ? std::optional<std::string>{} : std::optional<std::string>{*errors});
+    auto actor = targets[i]->handle.actor;
+    auto on_error = [self, finish, role](caf::error& e) mutable {
+      finish(role, RunnerReply{false, role + " runner did not answer: " + self->system().render(e), false});
     };
-    self->request(targets[i]->handle.actor, caf::infinite, StageTensors{std::move(routed[i])})
-      .then([finish, role](RunnerReply& r) mutable { finish(r.success ? "" : role + ": " + r.message); },
-            [self, finish, role](caf::error& e) mutable {
-              finish(role + " runner did not answer: " + self->system().render(e));
-            });
+    auto device = std::make_shared<std::vector<NamedDeviceTensor>>(std::move(routed[i].device));
+    auto send_device = [self, actor, device, finish, role, on_error]() mutable {
+      if (device->empty())
+        return;
+      self->request(actor, caf::infinite, StageDeviceTensors{std::move(*device)})
+        .then([finish, role](RunnerReply& r) mutable { finish(role, r); }, on_error);
+    };
+    if (routed[i].host.empty()) {
+      send_device();
+      continue;
+    }
+    self->request(actor, caf::infinite, StageTensors{std::move(routed[i].host)})
+      .then([finish, role, send_device](RunnerReply& r) mutable {
+              finish(role, r);
+              send_device();
+            },
+            on_error);
   }
 }
 
@@ -288,6 +393,148 @@ void commit_chain(updater_pointer self, std::shared_ptr<std::vector<runner_entry
       [self, fail_with](caf::error& e) mutable { fail_with(self->system().render(e)); });
 }
 
+// Commits (or with req.abort drops) the open session, explicit or implicit.
+void end_session(updater_pointer self, const EndWeightUpdateReqInput& req,
+                 caf::typed_response_promise<EndWeightUpdateReqOutput> rp) {
+  auto& st = self->state;
+  if (!st.session.open) {
+    rp.deliver(EndWeightUpdateReqOutput{
+      false, "no weight-update session is open; call begin_weight_update first", st.version});
+    return;
+  }
+  if (req.abort) {
+    auto staged = st.session.staged;
+    abort_session(self);
+    rp.deliver(EndWeightUpdateReqOutput{
+      true, "session aborted: " + std::to_string(staged) +
+              " staged tensors dropped, the weights are unchanged (version " + st.version + ")",
+      st.version});
+    return;
+  }
+  auto targets = select(st, st.session.selector);
+  if (!targets) {
+    abort_session(self);
+    rp.deliver(EndWeightUpdateReqOutput{false, targets.error(), st.version});
+    return;
+  }
+  auto chosen = std::make_shared<std::vector<runner_entry*>>(*targets);
+  auto label = req.weight_version ? req.weight_version : st.session.version;
+  auto loaded = st.session.loaded;
+  auto staged = st.session.staged;
+  commit_chain(self, chosen, 0, "",
+               [self, rp, label, loaded, staged](std::optional<std::string> err) mutable {
+                 auto& st = self->state;
+                 st.session = {};
+                 if (err) {
+                   rp.deliver(EndWeightUpdateReqOutput{false, *err, st.version});
+                   return;
+                 }
+                 auto before = st.version;
+                 if (label)
+                   st.version = *label;
+                 else if (loaded)
+                   st.version = next_weight_version(st.version);
+                 if (loaded || label)
+                   ++st.committed;
+                 rp.deliver(EndWeightUpdateReqOutput{
+                   true, loaded ? "committed " + std::to_string(staged) +
+                                    " tensors; weight version " + before + " -> " + st.version
+                                : "session closed with nothing staged; weights unchanged "
+                                  "(version " + st.version + ")",
+                   st.version});
+               });
+}
+
+// Opens an implicit session on `targets` (an update that came outside begin/end):
+// `done(error or nullopt)`.
+template <class Done>
+void open_implicit(updater_pointer self, runner_selector sel, std::vector<runner_entry*> targets, Done done) {
+  auto& st = self->state;
+  st.session = session_state{true, sel, false, 0, std::nullopt, true};
+  gather<RunnerReply>(self, targets, restore_atom_v,
+                      [self, targets, done](std::vector<RunnerReply> replies) mutable {
+                        if (auto err = failures(targets, replies)) {
+                          abort_session(self);
+                          done(std::optional<std::string>{"the update could not start: " + *err});
+                          return;
+                        }
+                        done(std::optional<std::string>{});
+                      });
+}
+
+// Stages one update_weights_from_tensor message in the open session (explicit or implicit).
+void stage_tensor_update(updater_pointer self, UpdateWeightsFromTensorReqInput& req,
+                       caf::typed_response_promise<UpdateWeightsFromTensorReqOutput> rp) {
+  auto& st = self->state;
+  if (req.load_format && *req.load_format != "direct" &&
+      !(*req.load_format == "flattened_bucket" && req.named_tensors.empty())) {
+    rp.deliver(UpdateWeightsFromTensorReqOutput{
+      false, "update_weights_from_tensor: load_format \"" + *req.load_format +
+               "\" is not supported for inline tensors (use none or \"direct\")"});
+    return;
+  }
+  if (st.session.selector != runner_selector::all && req.selector != st.session.selector) {
+    rp.deliver(UpdateWeightsFromTensorReqOutput{
+      false, "selector \"" + selector_name(req.selector) +
+               "\" reaches runners this session did not open (it was begun with \"" +
+               selector_name(st.session.selector) + "\")"});
+    return;
+  }
+  auto targets = select(st, req.selector);
+  if (!targets) {
+    rp.deliver(UpdateWeightsFromTensorReqOutput{false, targets.error()});
+    return;
+  }
+  auto routed = route_bucket(*targets, req.named_tensors, st, req.selector);
+  if (!routed) {
+    rp.deliver(UpdateWeightsFromTensorReqOutput{
+      false, routed.error() + "; nothing from this update was staged (the session stays open)"});
+    return;
+  }
+  auto routed_device = route_device(*targets, req.device_tensors, st, req.selector);
+  if (!routed_device) {
+    rp.deliver(UpdateWeightsFromTensorReqOutput{
+      false, routed_device.error() + "; nothing from this update was staged (the session stays open)"});
+    return;
+  }
+  auto n = count_tensors(*routed);
+  std::vector<runner_bucket> buckets(targets->size());
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    buckets[i].host = std::move((*routed)[i]);
+    n += (*routed_device)[i].size();
+    buckets[i].device = std::move((*routed_device)[i]);
+  }
+  auto version = req.weight_version;
+  stage_routed(self, *targets, std::move(buckets),
+               [self, rp, n, version](stage_result r) mutable {
+                 if (r.error && r.intact) {
+                   rp.deliver(UpdateWeightsFromTensorReqOutput{
+                     false, *r.error + " (the session stays open: resend the bucket, or end "
+                            "it with abort)"});
+                   return;
+                 }
+                 if (r.error) {
+                   abort_session(self);
+                   rp.deliver(UpdateWeightsFromTensorReqOutput{
+                     false, "staging failed, the session was aborted and the old weights "
+                            "keep serving: " + *r.error});
+                   return;
+                 }
+                 auto& s = self->state.session;
+                 s.loaded = s.loaded || n > 0;
+                 s.staged += n;
+                 if (version)
+                   s.version = version;
+                 rp.deliver(UpdateWeightsFromTensorReqOutput{
+                   true, "staged " + std::to_string(n) + " tensors; " +
+                           (s.implicit ? std::string("sent outside begin/end, they serve once committed "
+                                                     "(at once while generation runs; else at "
+                                                     "continue_generation, post_process_weights or "
+                                                     "end_weight_update)")
+                                       : std::string("they serve after end_weight_update"))});
+               });
+}
+
 weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<runner_handle> runners,
                                             std::string initial_version) {
   for (auto& h : runners) {
@@ -304,6 +551,12 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
   return {
     [self](BeginWeightUpdateReqInput& req) -> caf::result<BeginWeightUpdateReqOutput> {
       auto& st = self->state;
+      if (st.session.open && st.session.implicit)
+        return BeginWeightUpdateReqOutput{
+          false, "an update sent outside begin/end is staged and not yet committed; it commits at "
+                 "continue_generation, post_process_weights(post_process_quantization=true) or "
+                 "end_weight_update (or drop it with end_weight_update(abort=true)) before "
+                 "beginning a session"};
       if (st.session.open)
         return BeginWeightUpdateReqOutput{
           false, "a weight-update session is already open (begun with selector \"" +
@@ -334,50 +587,25 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
     },
     [self](UpdateWeightsFromTensorReqInput& req) -> caf::result<UpdateWeightsFromTensorReqOutput> {
       auto& st = self->state;
-      if (!st.session.open)
-        return UpdateWeightsFromTensorReqOutput{
-          false, "no weight-update session is open; call begin_weight_update first"};
-      if (!req.device_tensors.empty())
-        return UpdateWeightsFromTensorReqOutput{
-          false, "update_weights_from_tensor: CUDA IPC tensors need a GPU runner; this engine "
-                 "runs on the CPU (send named_tensors inline instead)"};
-      if (req.load_format && *req.load_format != "direct")
-        return UpdateWeightsFromTensorReqOutput{
-          false, "update_weights_from_tensor: load_format \"" + *req.load_format +
-                   "\" is not supported for inline tensors (use none or \"direct\")"};
-      if (st.session.selector != runner_selector::all && req.selector != st.session.selector)
-        return UpdateWeightsFromTensorReqOutput{
-          false, "selector \"" + selector_name(req.selector) +
-                   "\" reaches runners this session did not open (it was begun with \"" +
-                   selector_name(st.session.selector) + "\")"};
+      if (st.session.open) {
+        auto rp = self->make_response_promise<UpdateWeightsFromTensorReqOutput>();
+        stage_tensor_update(self, req, rp);
+        return rp;
+      }
+      // Outside begin/end (SGLang's way, slime's): an implicit session opens here and commits at
+      // continue_generation, post_process_weights(post_process_quantization), end_weight_update,
+      // or at once when generation is not paused (the scheduler settles it).
       auto targets = select(st, req.selector);
       if (!targets)
         return UpdateWeightsFromTensorReqOutput{false, targets.error()};
-      auto routed = route_bucket(*targets, req.named_tensors, st, req.selector);
-      if (!routed)
-        return UpdateWeightsFromTensorReqOutput{
-          false, routed.error() + "; nothing from this update was staged (the session stays open)"};
-      auto n = count_tensors(*routed);
       auto rp = self->make_response_promise<UpdateWeightsFromTensorReqOutput>();
-      auto version = req.weight_version;
-      stage_routed(self, *targets, std::move(*routed),
-                   [self, rp, n, version](std::optional<std::string> err) mutable {
-                     if (err) {
-                       abort_session(self);
-                       rp.deliver(UpdateWeightsFromTensorReqOutput{
-                         false, "staging failed, the session was aborted and the old weights "
-                                "keep serving: " + *err});
-                       return;
-                     }
-                     auto& s = self->state.session;
-                     s.loaded = s.loaded || n > 0;
-                     s.staged += n;
-                     if (version)
-                       s.version = version;
-                     rp.deliver(UpdateWeightsFromTensorReqOutput{
-                       true, "staged " + std::to_string(n) + " tensors; they serve after "
-                             "end_weight_update"});
-                   });
+      open_implicit(self, req.selector, *targets, [self, rp, req](std::optional<std::string> err) mutable {
+        if (err) {
+          rp.deliver(UpdateWeightsFromTensorReqOutput{false, *err});
+          return;
+        }
+        stage_tensor_update(self, req, rp);
+      });
       return rp;
     },
     [self](UpdateWeightsFromDistributedReqInput& req) {
@@ -406,7 +634,25 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
       for (auto* r : *targets)
         for (const auto& spec : r->handle.manifest.parameters)
           wanted.insert(spec.name);
+      // An INT4 module may come as its load-format tensors or, from a trainer's BF16 checkpoint,
+      // as `<prefix>.weight`, which the runner quantizes with the module's recipe.
+      const auto available = ckpt->names();
+      const std::set<std::string> present(available.begin(), available.end());
+      std::set<std::string> bf16_of_int4;
       for (const auto& name : wanted) {
+        if (name.ends_with(".weight_packed") && !present.count(name)) {
+          auto prefix = name.substr(0, name.size() - 14);
+          if (present.count(prefix + ".weight")) {
+            bf16_of_int4.insert(prefix);
+            continue;
+          }
+        }
+        if ((name.ends_with(".weight_scale") || name.ends_with(".weight_zero_point") ||
+             name.ends_with(".weight_shape")) && !present.count(name)) {
+          auto prefix = name.substr(0, name.rfind(".weight_"));
+          if (present.count(prefix + ".weight") && !present.count(prefix + ".weight_packed"))
+            continue; // the module comes as BF16: none of its load-format tensors are needed
+        }
         auto t = ckpt->tensor(name);
         if (!t)
           return UpdateWeightFromDiskReqOutput{
@@ -414,7 +660,14 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
                      "); weights unchanged", 0};
         bucket.push_back({name, std::move(*t)});
       }
-      for (const auto& name : ckpt->names()) {
+      for (const auto& prefix : bf16_of_int4) {
+        auto t = ckpt->tensor(prefix + ".weight");
+        if (!t)
+          return UpdateWeightFromDiskReqOutput{false, t.error() + "; weights unchanged", 0};
+        bucket.push_back({prefix + ".weight", std::move(*t)});
+        wanted.insert(prefix + ".weight");
+      }
+      for (const auto& name : available) {
         bool tolerated = name.find("rotary_emb.inv_freq") != std::string::npos;
         for (auto* r : *targets)
           tolerated = tolerated || r->aliases.count(name);
@@ -442,12 +695,15 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
             return;
           }
           auto n = count_tensors(routed);
-          stage_routed(self, *chosen, std::move(routed),
-                       [self, rp, chosen, n, version, path](std::optional<std::string> err) mutable {
-                         if (err) {
+          std::vector<runner_bucket> buckets(routed.size());
+          for (std::size_t i = 0; i < routed.size(); ++i)
+            buckets[i].host = std::move(routed[i]);
+          stage_routed(self, *chosen, std::move(buckets),
+                       [self, rp, chosen, n, version, path](stage_result r) mutable {
+                         if (r.error) {
                            abort_session(self);
                            rp.deliver(UpdateWeightFromDiskReqOutput{
-                             false, "staging failed, weights unchanged: " + *err, 0});
+                             false, "staging failed, weights unchanged: " + *r.error, 0});
                            return;
                          }
                          commit_chain(self, chosen, 0, "",
@@ -469,67 +725,69 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
       return rp;
     },
     [self](EndWeightUpdateReqInput& req) -> caf::result<EndWeightUpdateReqOutput> {
-      auto& st = self->state;
-      if (!st.session.open)
-        return EndWeightUpdateReqOutput{
-          false, "no weight-update session is open; call begin_weight_update first", st.version};
-      if (req.abort) {
-        auto staged = st.session.staged;
-        abort_session(self);
-        return EndWeightUpdateReqOutput{
-          true, "session aborted: " + std::to_string(staged) +
-                  " staged tensors dropped, the weights are unchanged (version " + st.version + ")",
-          st.version};
-      }
-      auto targets = select(st, st.session.selector);
-      if (!targets) {
-        abort_session(self);
-        return EndWeightUpdateReqOutput{false, targets.error(), st.version};
-      }
       auto rp = self->make_response_promise<EndWeightUpdateReqOutput>();
-      auto chosen = std::make_shared<std::vector<runner_entry*>>(*targets);
-      auto label = req.weight_version ? req.weight_version : st.session.version;
-      auto loaded = st.session.loaded;
-      auto staged = st.session.staged;
-      commit_chain(self, chosen, 0, "",
-                   [self, rp, label, loaded, staged](std::optional<std::string> err) mutable {
-                     auto& st = self->state;
-                     st.session = {};
-                     if (err) {
-                       rp.deliver(EndWeightUpdateReqOutput{false, *err, st.version});
-                       return;
-                     }
-                     auto before = st.version;
-                     if (label)
-                       st.version = *label;
-                     else if (loaded)
-                       st.version = next_weight_version(st.version);
-                     if (loaded || label)
-                       ++st.committed;
-                     rp.deliver(EndWeightUpdateReqOutput{
-                       true, loaded ? "committed " + std::to_string(staged) +
-                                        " tensors; weight version " + before + " -> " + st.version
-                                    : "session closed with nothing staged; weights unchanged "
-                                      "(version " + st.version + ")",
-                       st.version});
-                   });
+      end_session(self, req, rp);
+      return rp;
+    },
+    [self](settle_atom) -> caf::result<EndWeightUpdateReqOutput> {
+      auto& st = self->state;
+      if (!st.session.open || !st.session.implicit)
+        return EndWeightUpdateReqOutput{true, "", st.version};
+      auto rp = self->make_response_promise<EndWeightUpdateReqOutput>();
+      end_session(self, EndWeightUpdateReqInput{}, rp);
       return rp;
     },
     [self](PostProcessWeightsReqInput& req) -> caf::result<PostProcessWeightsReqOutput> {
+      // The generation-1 calls slime makes around its buckets: restore_weights_before_loading
+      // before them, post_process_quantization after. Updates stage beside the serving weights
+      // (nothing is restored in place), so restore opens an implicit session and post-process
+      // commits it; the old weights serve until then.
       auto& st = self->state;
-      if (st.session.open)
+      if (st.session.open && !st.session.implicit)
         return PostProcessWeightsReqOutput{
           false, "post_process_weights is refused inside a weight-update session: "
-                 "begin_weight_update restores and end_weight_update post-processes"};
+                 "begin_weight_update prepares the runners and end_weight_update commits"};
       auto targets = select(st, req.selector);
       if (!targets)
         return PostProcessWeightsReqOutput{false, targets.error()};
       if (!req.restore_weights_before_loading && !req.post_process_quantization)
         return PostProcessWeightsReqOutput{true, "nothing requested"};
-      // BF16 runners have no quantized modules: restore and post-process are no-ops by state.
-      return PostProcessWeightsReqOutput{
-        true, "no quantized modules on the selected runners (BF16 weights): nothing to restore "
-              "or post-process"};
+      auto rp = self->make_response_promise<PostProcessWeightsReqOutput>();
+      auto post = [self, rp, pp = req.post_process_quantization](std::string before) mutable {
+        if (!pp) {
+          rp.deliver(PostProcessWeightsReqOutput{true, before});
+          return;
+        }
+        auto& st = self->state;
+        if (!st.session.open) {
+          rp.deliver(PostProcessWeightsReqOutput{
+            true, before + "nothing staged to post-process; the weights serve as they are (version " +
+                    st.version + ")"});
+          return;
+        }
+        // Commit through the same path as end_weight_update, then answer in this call's shape.
+        self->request(caf::actor_cast<weight_updater_actor>(self), caf::infinite, settle_atom_v)
+          .then([rp, before](EndWeightUpdateReqOutput& out) mutable {
+                  rp.deliver(PostProcessWeightsReqOutput{out.success, before + out.message});
+                },
+                [self, rp](caf::error& e) mutable {
+                  rp.deliver(PostProcessWeightsReqOutput{false, self->system().render(e)});
+                });
+      };
+      if (req.restore_weights_before_loading && !st.session.open) {
+        open_implicit(self, req.selector, *targets, [rp, post](std::optional<std::string> err) mutable {
+          if (err) {
+            rp.deliver(PostProcessWeightsReqOutput{false, *err});
+            return;
+          }
+          post("ready for new weights: they are staged beside the serving ones and serve once "
+               "committed (post_process_weights with post_process_quantization, "
+               "continue_generation or end_weight_update); ");
+        });
+        return rp;
+      }
+      post(req.restore_weights_before_loading ? "an update is already staged; " : "");
+      return rp;
     },
     [](InitWeightsUpdateGroupReqInput& req) {
       return InitWeightsUpdateGroupReqOutput{

@@ -31,7 +31,12 @@ using weight_updater_actor = caf::typed_actor<
   caf::replies_to<UpdateWeightFromDiskReqInput>::with<UpdateWeightFromDiskReqOutput>,
   // Commits (or aborts) the open session and sets the weight version.
   caf::replies_to<EndWeightUpdateReqInput>::with<EndWeightUpdateReqOutput>,
-  // Generation-1 restore / post-process flags; refused inside a session.
+  // Commits an implicit session (an update that came outside begin/end) if one is open; a no-op
+  // otherwise. The scheduler sends it at continue_generation and after such an update while
+  // generation runs.
+  caf::replies_to<settle_atom>::with<EndWeightUpdateReqOutput>,
+  // Generation-1 restore / post-process flags: restore opens an implicit session, post-process
+  // commits it; refused inside a begin/end session.
   caf::replies_to<PostProcessWeightsReqInput>::with<PostProcessWeightsReqOutput>,
   // Joins / leaves a trainer's NCCL group (GPU runners only).
   caf::replies_to<InitWeightsUpdateGroupReqInput>::with<InitWeightsUpdateGroupReqOutput>,

@@ -19,6 +19,7 @@ struct serve_options {
   net::server_options server;
   double request_timeout_s = 30;
   double idle_timeout_s = 300;
+  int64_t gpu_staging_budget_mib = 0;
   std::string log_level;
 };
 
@@ -47,6 +48,9 @@ void run(serve_options o) {
   o.server.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.request_timeout_s * 1000));
   o.server.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.idle_timeout_s * 1000));
 
+  if (o.gpu_staging_budget_mib < 0)
+    throw command_failed("--gpu-staging-budget-mib: expected 0 or more");
+  o.engine.gpu_staging_budget_bytes = static_cast<std::size_t>(o.gpu_staging_budget_mib) << 20;
   auto engine = Engine::start(o.engine);
   if (!engine)
     throw command_failed(engine.error());
@@ -100,6 +104,11 @@ void add_serve(CLI::App& app) {
     ->capture_default_str();
   cmd->add_option("--kv-cache-tokens", o->engine.kv_cache_tokens, "Tokens the KV pool holds")
     ->capture_default_str();
+  cmd->add_flag("--allow-nonfinite-weights", o->engine.allow_nonfinite_weights,
+                "Accept NaN/Inf in weight updates (refused by default)");
+  cmd->add_option("--gpu-staging-budget-mib", o->gpu_staging_budget_mib,
+                  "GPU runners: device MiB one update session may stage before its commit (0: one "
+                  "full copy of the weights)");
   cmd->add_flag("--resume-on-disconnect", o->server.resume_on_disconnect,
                 "Continue generation when the websocket client that paused it disconnects");
   cmd->add_option("--log-level", o->log_level, "debug, info, warn, error or off (default: info)");

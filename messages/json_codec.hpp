@@ -114,9 +114,12 @@ nlohmann::json to_json(const HostTensor& x);
 template <> expected<NamedTensor> from_json<NamedTensor>(const nlohmann::json& j);
 nlohmann::json to_json(const NamedTensor& x);
 
-// {"device": 0, "pointer": 0, "ipc_handle": "<128 hex digits>" | "", "offset": 0,
-//  "dtype": "bfloat16", "shape": [...]}; exactly one of pointer / ipc_handle is set, and an
-// ipc_handle is 64 bytes (cudaIpcMemHandle_t).
+// {"device": 0, "device_uuid": "GPU-..." | "", "pointer": 0, "ipc_handle": "<hex>" | "",
+//  "offset": 0, "nbytes": 0, "dtype": "bfloat16", "shape": [...], "ref_counter_handle": "",
+//  "ref_counter_offset": 0, "event_handle": "<128 hex digits>" | "", "event_sync_required": false};
+// exactly one of pointer / ipc_handle is set; an ipc_handle is 64 bytes (cudaIpcMemHandle_t) or
+// PyTorch's 66 (version 2 or 3, 'c', the 64 bytes); device_uuid is stored as "GPU-" + lowercase
+// hex; nbytes 0 means not given, any other value must be numel x element size.
 template <> expected<DeviceTensorRef> from_json<DeviceTensorRef>(const nlohmann::json& j);
 nlohmann::json to_json(const DeviceTensorRef& x);
 
@@ -156,8 +159,10 @@ expected<UpdateWeightsFromDistributedReqOutput>
 from_json<UpdateWeightsFromDistributedReqOutput>(const nlohmann::json& j);
 nlohmann::json to_json(const UpdateWeightsFromDistributedReqOutput& x);
 
-// named_tensors (inline bytes) and/or device_tensors (CUDA IPC); names unique across both.
-// SGLang's serialized_named_tensors (pickled torch objects) is refused.
+// named_tensors (inline bytes) and/or device_tensors (CUDA IPC) and/or SGLang's
+// serialized_named_tensors (base64 PyTorch IPC pickles, one per engine GPU: element 0 is read by
+// messages/torch_pickle.hpp's restricted reader, the others ignored, and its tensors appended to
+// device_tensors); names unique across all three.
 template <>
 expected<UpdateWeightsFromTensorReqInput>
 from_json<UpdateWeightsFromTensorReqInput>(const nlohmann::json& j);

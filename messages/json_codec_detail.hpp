@@ -378,7 +378,7 @@ json shape_value(const std::vector<int64_t>& shape);
 // (optional) goes into error messages so a bad payload names its tensor.
 void read_fields(object_reader& r, HostTensor& x, std::string_view name = {});
 void read_fields(object_reader& r, NamedTensor& x);
-void read_fields(object_reader& r, DeviceTensorRef& x);
+void read_fields(object_reader& r, DeviceTensorRef& x, std::string_view name = {});
 void read_fields(object_reader& r, NamedDeviceTensor& x);
 void write_fields(json& j, const HostTensor& x);
 void write_fields(json& j, const DeviceTensorRef& x);

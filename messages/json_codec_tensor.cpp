@@ -3,6 +3,7 @@
 #include "messages/base64.hpp"
 #include "messages/json_codec.hpp"
 #include "messages/json_codec_detail.hpp"
+#include "messages/torch_pickle.hpp"
 
 namespace rlserve {
 
@@ -10,8 +11,8 @@ using namespace json_codec_detail;
 
 namespace {
 
-// cudaIpcMemHandle_t is 64 opaque bytes (CUDA_IPC_HANDLE_SIZE).
-constexpr std::size_t k_ipc_handle_bytes = 64;
+// cudaIpcEventHandle_t is 64 opaque bytes (CUDA_IPC_HANDLE_SIZE).
+constexpr std::size_t k_ipc_event_handle_bytes = 64;
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string out = "[";
@@ -72,27 +73,40 @@ void read_fields(object_reader& r, NamedTensor& x) {
     x = std::move(tmp);
 }
 
-void read_fields(object_reader& r, DeviceTensorRef& x) {
+void read_fields(object_reader& r, DeviceTensorRef& x, std::string_view name) {
   DeviceTensorRef tmp;
-  std::string handle_hex;
+  std::string handle_hex, event_hex;
   r.field("device", tmp.device, int_rule<int32_t>{.lo = 0});
+  r.field("device_uuid", tmp.device_uuid);
   r.field("pointer", tmp.pointer);
   r.field("ipc_handle", handle_hex);
   r.field("offset", tmp.offset);
+  r.field("nbytes", tmp.nbytes);
   r.required("dtype", tmp.type);
   r.required("shape", tmp.shape, shape_rule{});
+  r.field("ref_counter_handle", tmp.ref_counter_handle);
+  r.field("ref_counter_offset", tmp.ref_counter_offset);
+  r.field("event_handle", event_hex);
+  r.field("event_sync_required", tmp.event_sync_required);
   if (!r.ok())
     return;
+  if (!tmp.device_uuid.empty()) {
+    // One spelling inside rlserve ("GPU-" + lowercase), whichever the sender used.
+    auto uuid = normalize_device_uuid(tmp.device_uuid);
+    if (!uuid) {
+      r.fail("device_uuid", uuid.error());
+      return;
+    }
+    tmp.device_uuid = std::move(*uuid);
+  }
   if (!handle_hex.empty()) {
     auto handle = hex_decode(handle_hex);
     if (!handle) {
       r.fail("ipc_handle", handle.error());
       return;
     }
-    if (handle->size() != k_ipc_handle_bytes) {
-      r.fail("ipc_handle", "expected " + std::to_string(k_ipc_handle_bytes) + " bytes (" +
-                             std::to_string(2 * k_ipc_handle_bytes) + " hex digits), got " +
-                             std::to_string(handle->size()) + " bytes");
+    if (auto ok = check_ipc_handle(*handle); !ok) {
+      r.fail("ipc_handle", ok.error());
       return;
     }
     tmp.ipc_handle = std::move(*handle);
@@ -106,9 +120,42 @@ void read_fields(object_reader& r, DeviceTensorRef& x) {
     r.cx().fail(r.where(), "neither pointer nor ipc_handle is set");
     return;
   }
-  if (!byte_count(tmp.shape, tmp.type)) {
+  auto nbytes = byte_count(tmp.shape, tmp.type);
+  if (!nbytes) {
     r.fail("shape", shape_text(tmp.shape) + " x " + std::to_string(element_size(tmp.type)) +
                       " bytes overflow int64");
+    return;
+  }
+  // 0 means "not given" (the runner computes it); a given count is a check on dtype and shape.
+  if (tmp.nbytes != 0 && tmp.nbytes != static_cast<uint64_t>(*nbytes)) {
+    r.fail("nbytes", tensor_label(name) + " has nbytes " + std::to_string(tmp.nbytes) +
+                       ", but shape " + shape_text(tmp.shape) + " of " +
+                       std::string(torch_name(tmp.type)) + " is " + std::to_string(*nbytes) +
+                       " bytes");
+    return;
+  }
+  if (!tmp.ref_counter_handle.empty()) {
+    if (auto ok = check_ref_counter_handle(tmp.ref_counter_handle); !ok) {
+      r.fail("ref_counter_handle", ok.error());
+      return;
+    }
+  }
+  if (!event_hex.empty()) {
+    auto event = hex_decode(event_hex);
+    if (!event) {
+      r.fail("event_handle", event.error());
+      return;
+    }
+    if (event->size() != k_ipc_event_handle_bytes) {
+      r.fail("event_handle", "expected " + std::to_string(k_ipc_event_handle_bytes) + " bytes (" +
+                               std::to_string(2 * k_ipc_event_handle_bytes) +
+                               " hex digits), got " + std::to_string(event->size()) + " bytes");
+      return;
+    }
+    tmp.event_handle = std::move(*event);
+  }
+  if (tmp.event_sync_required && tmp.event_handle.empty()) {
+    r.fail("event_sync_required", "true without an event_handle to wait for");
     return;
   }
   x = std::move(tmp);
@@ -117,7 +164,7 @@ void read_fields(object_reader& r, DeviceTensorRef& x) {
 void read_fields(object_reader& r, NamedDeviceTensor& x) {
   NamedDeviceTensor tmp;
   r.required("name", tmp.name, text_rule{.non_empty = true});
-  read_fields(r, tmp.tensor);
+  read_fields(r, tmp.tensor, tmp.name);
   if (r.ok())
     x = std::move(tmp);
 }
@@ -130,11 +177,17 @@ void write_fields(json& j, const HostTensor& x) {
 
 void write_fields(json& j, const DeviceTensorRef& x) {
   j["device"] = x.device;
+  j["device_uuid"] = x.device_uuid;
   j["pointer"] = x.pointer;
   j["ipc_handle"] = hex_encode(x.ipc_handle);
   j["offset"] = x.offset;
+  j["nbytes"] = x.nbytes;
   j["dtype"] = dtype_value(x.type);
   j["shape"] = shape_value(x.shape);
+  j["ref_counter_handle"] = x.ref_counter_handle;
+  j["ref_counter_offset"] = x.ref_counter_offset;
+  j["event_handle"] = hex_encode(x.event_handle);
+  j["event_sync_required"] = x.event_sync_required;
 }
 
 } // namespace json_codec_detail

@@ -6,6 +6,7 @@
 #include "messages/base64.hpp"
 #include "messages/json_codec.hpp"
 #include "messages/json_codec_detail.hpp"
+#include "messages/torch_pickle.hpp"
 
 namespace rlserve {
 
@@ -301,6 +302,50 @@ json to_json(const UpdateWeightsFromDistributedReqOutput& x) {
   return encode_status_reply(x);
 }
 
+namespace {
+
+// SGLang's serialized_named_tensors: one base64 pickle per engine GPU (element i holds handles
+// to memory on engine GPU i, from the trainer rank colocated with it). Each SGLang rank reads
+// only its own element; rlserve runs one GPU, reads element 0 and ignores the others the same
+// way. The pickle's layout follows load_format: a list of (name, tensor) tuples, or one
+// flattened bucket that is split back into its tensors here.
+std::vector<NamedDeviceTensor> read_serialized_named_tensors(
+  object_reader& r, const std::optional<std::string>& load_format) {
+  const json* v = r.get("serialized_named_tensors");
+  if (!v)
+    return {};
+  const path list = r.at("serialized_named_tensors");
+  if (!expect_array(r.cx(), *v, list))
+    return {};
+  if (v->empty()) {
+    r.cx().fail(list, "empty; expected one base64 pickle per engine GPU");
+    return {};
+  }
+  for (std::size_t i = 0; i < v->size(); ++i) {
+    if (!(*v)[i].is_string()) {
+      r.cx().expected_but_got(list.index(i), "a base64 string", (*v)[i]);
+      return {};
+    }
+  }
+  const path own = list.index(0);
+  auto bytes = base64_decode((*v)[0].get_ref<const std::string&>());
+  if (!bytes) {
+    r.cx().fail(own, bytes.error());
+    return {};
+  }
+  const auto form = load_format == std::optional<std::string>("flattened_bucket")
+                      ? torch_pickle_form::flattened_bucket
+                      : torch_pickle_form::named_list;
+  auto tensors = read_torch_ipc_pickle(*bytes, form);
+  if (!tensors) {
+    r.cx().fail(own, tensors.error());
+    return {};
+  }
+  return std::move(*tensors);
+}
+
+} // namespace
+
 template <>
 expected<UpdateWeightsFromTensorReqInput>
 from_json<UpdateWeightsFromTensorReqInput>(const json& j) {
@@ -317,10 +362,8 @@ from_json<UpdateWeightsFromTensorReqInput>(const json& j) {
       r.field("weight_version", x.weight_version, k_version);
       r.field("selector", x.selector);
       r.field("torch_empty_cache", x.torch_empty_cache);
-      r.unsupported("serialized_named_tensors", nullptr,
-                    "send named_tensors (base64 bytes) or device_tensors (CUDA IPC handles) "
-                    "instead of pickled torch objects");
       r.unsupported("disable_draft_model", nullptr, R"(use "selector": "target")");
+      auto pickled = read_serialized_named_tensors(r, x.load_format);
       if (!r.ok())
         return;
       name_set seen;
@@ -337,6 +380,14 @@ from_json<UpdateWeightsFromTensorReqInput>(const json& j) {
         if (!seen.add(r.cx(), p.key("name"), x.device_tensors[i].name,
                       "device_tensors[" + std::to_string(i) + "].name"))
           return;
+      }
+      const path serialized = r.at("serialized_named_tensors");
+      const path own = serialized.index(0);
+      for (auto& t : pickled) {
+        if (!seen.add(r.cx(), own, t.name,
+                      "an earlier tensor of serialized_named_tensors[0]"))
+          return;
+        x.device_tensors.push_back(std::move(t));
       }
     });
 }

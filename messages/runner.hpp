@@ -10,6 +10,7 @@
 #include "messages/dtype.hpp"
 #include "messages/generate.hpp"
 #include "messages/tensor.hpp"
+#include "messages/weight_update.hpp"
 
 namespace rlserve {
 
@@ -120,9 +121,19 @@ struct StageTensors {
   std::vector<NamedTensor> tensors;
 };
 
+// Tensors in a trainer's GPU memory (CUDA IPC, or device pointers of this process) for the
+// next commit; a GPU runner reads them on the device and closes them before it replies. All or
+// nothing per message, as StageTensors.
+struct StageDeviceTensors {
+  std::vector<NamedDeviceTensor> tensors;
+};
+
 struct RunnerReply {
   bool success = true;
   std::string message;
+  // On failure: the runner refused the message whole and its staging area is as it was before
+  // (so a session may go on); false when staged state may have been lost.
+  bool nothing_staged = false;
 };
 
 // A runner's answer to a CheckWeightsReqInput: its own role and unprefixed names.
@@ -201,8 +212,13 @@ typename Inspector::result_type inspect(Inspector& f, StageTensors& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StageDeviceTensors& x) {
+  return f(caf::meta::type_name("StageDeviceTensors"), x.tensors);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RunnerReply& x) {
-  return f(caf::meta::type_name("RunnerReply"), x.success, x.message);
+  return f(caf::meta::type_name("RunnerReply"), x.success, x.message, x.nothing_staged);
 }
 
 template <class Inspector>

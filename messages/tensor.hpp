@@ -81,8 +81,10 @@ struct NamedTensor {
 // the device, and closes it before it replies, so the producer may free or reuse the memory then.
 struct DeviceTensorRef {
   int32_t device = 0;              // the producer's device ordinal (in its own process)
-  std::string device_uuid;         // "GPU-xxxxxxxx-..." (nvidia-smi's form): when set, the runner
-                                   // refuses memory of any GPU but its own
+  // Always "GPU-" + 8-4-4-4-12 lowercase hex (nvidia-smi's form), or empty. PyTorch (via
+  // SGLang's reduction) sends the UUID without the prefix; the readers add it. When set, it
+  // names the GPU instead of `device`, and the runner refuses memory of any GPU but its own.
+  std::string device_uuid;
   uint64_t pointer = 0;
   std::vector<uint8_t> ipc_handle; // 64 bytes (cudaIpcMemHandle_t) or PyTorch's 66-byte shareable
                                    // handle (version byte, 'c', then the 64 bytes)
@@ -95,6 +97,9 @@ struct DeviceTensorRef {
   // a non-empty `ref_counter_handle` means this reference owns one decrement of slot
   // `ref_counter_offset` in that shared-memory file, made after the runner's last read of the
   // memory (the producer keeps the block out of its allocator until the count reaches 0).
+  // The slot is the int64 at byte 64 + 8 * ref_counter_offset of /dev/shm/<name without '/'>.
+  // One pickled tensor is one decrement: when a flattened bucket is split into many refs, only
+  // the first carries the handle. "/name" is checked (a '/', then [A-Za-z0-9_.-]).
   std::string ref_counter_handle;
   uint64_t ref_counter_offset = 0;
   // cudaIpcEventHandle_t (64 bytes) recorded by the producer after it wrote the memory; the

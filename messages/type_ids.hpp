@@ -57,6 +57,7 @@ struct ForwardBatchOutput;
 struct ReleaseSequences;
 struct RunnerManifest;
 struct StageTensors;
+struct StageDeviceTensors;
 struct RunnerReply;
 struct RunnerCheckOutput;
 struct WeightUpdaterStatus;
@@ -121,6 +122,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlserve, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlserve, (rlserve::ReleaseSequences))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::RunnerManifest))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::StageTensors))
+  CAF_ADD_TYPE_ID(rlserve, (rlserve::StageDeviceTensors))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::RunnerReply))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::RunnerCheckOutput))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::WeightUpdaterStatus))
@@ -129,6 +131,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlserve, caf::first_custom_type_id)
   CAF_ADD_ATOM(rlserve, rlserve, restore_atom, "restore")   // runner: begin a session
   CAF_ADD_ATOM(rlserve, rlserve, commit_atom, "commit")     // runner: swap staged weights in
   CAF_ADD_ATOM(rlserve, rlserve, discard_atom, "discard")   // runner: drop staged weights
+  CAF_ADD_ATOM(rlserve, rlserve, settle_atom, "settle")     // updater: commit an implicit session
   CAF_ADD_ATOM(rlserve, rlserve, manifest_atom, "manifest") // runner: describe yourself
   CAF_ADD_ATOM(rlserve, rlserve, step_atom, "step")         // scheduler: run one batch
   CAF_ADD_ATOM(rlserve, rlserve, version_atom, "version")   // weight version queries/updates

@@ -78,11 +78,15 @@ struct NamedDeviceTensor {
 };
 
 // Tensors inline (host bytes: zero-copy in-process, binary frames over the websocket) or as
-// CUDA IPC handles (SGLang's serialized_named_tensors carries the latter per TP rank).
+// CUDA IPC handles. SGLang's serialized_named_tensors (PyTorch IPC pickles, one per engine GPU)
+// has no field here: the JSON codec reads it into device_tensors, a flattened bucket already
+// split into its tensors.
 struct UpdateWeightsFromTensorReqInput {
   std::vector<NamedTensor> named_tensors;
   std::vector<NamedDeviceTensor> device_tensors; // (rlserve) CUDA IPC transport
-  std::optional<std::string> load_format;        // none | "direct" | "flattened_bucket"
+  // none | "direct" | "flattened_bucket". For serialized_named_tensors it says how the pickle
+  // was laid out; device_tensors hold one tensor per name either way.
+  std::optional<std::string> load_format;
   bool flush_cache = true;
   bool abort_all_requests = false;
   std::optional<std::string> weight_version;

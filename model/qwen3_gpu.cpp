@@ -13,13 +13,17 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kernels/bf16.hpp"
 #include "kernels/decoder_ops.hpp"
 #include "kernels/fill_random.hpp"
 #include "kernels/fused_moe.hpp"
 #include "kernels/gemm_w4a16.hpp"
+#include "kernels/int4_quant.hpp"
 #include "kernels/serving_layout.hpp"
+#include "kernels/weight_copy.hpp"
+#include "kernels/xxh3.hpp"
 #include "model/quant/int4_method.hpp"
 
 namespace rlserve::model {
@@ -145,6 +149,15 @@ struct qwen3_gpu_model::impl {
   step_meta dev{}, host{};
   // graphs per bucket
   std::map<int64_t, cudaGraphExec_t> graphs;
+  // weight updates: the recipe BF16 updates of INT4 modules are quantized with, the per-tensor
+  // table of batched copies, a non-finite flag word, a pinned bounce buffer for host uploads
+  std::optional<kernels::int4_recipe> int4_recipe;
+  void* batch_table = nullptr;
+  std::size_t batch_table_bytes = 0;
+  uint64_t* quant_flag = nullptr;
+  void* pinned = nullptr;
+  std::size_t pinned_bytes = 0;
+  cudaEvent_t pinned_done[2] = {nullptr, nullptr};
   // RLSERVE_GPU_PROFILE=1: steps run eagerly with an event after every phase; the time between
   // consecutive events is summed per phase name (what the decode benchmark prints).
   bool profile = std::getenv("RLSERVE_GPU_PROFILE") != nullptr;
@@ -175,6 +188,13 @@ struct qwen3_gpu_model::impl {
   ~impl() {
     for (auto& [b, g] : graphs)
       cudaGraphExecDestroy(g);
+    if (batch_table)
+      cudaFree(batch_table);
+    if (pinned)
+      cudaFreeHost(pinned);
+    for (auto e : pinned_done)
+      if (e)
+        cudaEventDestroy(e);
     if (meta_host)
       cudaFreeHost(meta_host);
     if (cublas)
@@ -226,6 +246,18 @@ struct qwen3_gpu_model::impl {
   }
 };
 
+// What a weight update has staged on the device (qwen3_gpu_model::stage).
+struct qwen3_gpu_model::staging {
+  struct bf16_entry {
+    uint16_t* dst = nullptr;     // the serving slot
+    int64_t elements = 0;
+    uint16_t* copy = nullptr;    // staged bytes
+  };
+  std::map<std::string, bf16_entry> bf16;
+  std::map<int, void*> modules; // INT4 module -> staged load-format copy of the whole module
+  std::size_t bytes = 0, peak = 0;
+};
+
 // ---------------------------------------------------------------------------------------------------
 // setup
 
@@ -255,6 +287,10 @@ status qwen3_gpu_model::impl::init_device() {
   cublas_ws = *w;
   if (cublasSetWorkspace(cublas, cublas_ws, ws) != CUBLAS_STATUS_SUCCESS)
     return fail(device_name + ": cublasSetWorkspace failed");
+  auto flag = alloc<uint64_t>(1);
+  if (!flag)
+    return std::move(flag).take_failure();
+  quant_flag = *flag;
   return {};
 }
 
@@ -1090,8 +1126,12 @@ status qwen3_gpu_model::impl::launch(int64_t T, int64_t S, int64_t R, bool graph
 // ---------------------------------------------------------------------------------------------------
 // the class
 
-qwen3_gpu_model::qwen3_gpu_model(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
-qwen3_gpu_model::~qwen3_gpu_model() = default;
+qwen3_gpu_model::qwen3_gpu_model(std::unique_ptr<impl> p)
+  : impl_(std::move(p)), staging_(std::make_unique<staging>()) {}
+qwen3_gpu_model::~qwen3_gpu_model() {
+  if (staging_ && (!staging_->bf16.empty() || !staging_->modules.empty()))
+    discard_staged();
+}
 
 expected<std::unique_ptr<qwen3_gpu_model>> qwen3_gpu_model::create(const qwen3_model& host,
                                                                    const gpu_options& options) {
@@ -1102,6 +1142,8 @@ expected<std::unique_ptr<qwen3_gpu_model>> qwen3_gpu_model::create(const qwen3_m
     return std::move(s).take_failure();
   if (auto s = p->allocate_weights(std::nullopt, &host); !s)
     return std::move(s).take_failure();
+  if (host.quantization())
+    p->int4_recipe = host.quantization()->recipe;
   if (auto s = p->allocate_runtime(); !s)
     return std::move(s).take_failure();
   std::unique_ptr<qwen3_gpu_model> m(new qwen3_gpu_model(std::move(p)));
@@ -1126,6 +1168,8 @@ qwen3_gpu_model::create_random(const model_config& config, std::optional<random_
     return std::move(s).take_failure();
   if (auto s = p->allocate_weights(int4, nullptr); !s)
     return std::move(s).take_failure();
+  if (int4)
+    p->int4_recipe = int4->symmetric ? kernels::int4_recipe::sym : kernels::int4_recipe::asym;
   if (auto s = p->allocate_runtime(); !s)
     return std::move(s).take_failure();
   // Values of the scale a trained model has: weights ~ U(-a, a) with a = 1/sqrt(in features),
@@ -1360,6 +1404,615 @@ status qwen3_gpu_model::upload(const qwen3_model& host, std::span<const std::str
   return {};
 }
 
+// ---------------------------------------------------------------------------------------------------
+// weight updates staged on the device
+
+namespace {
+
+// Load-format buffers of one INT4 module (B experts): weight words | scale words (padded to 4
+// bytes) | zero-point words; the same carving as the repack scratch.
+struct lf_view {
+  int32_t* w = nullptr;
+  uint16_t* s = nullptr;
+  int32_t* z = nullptr;
+};
+std::size_t lf_bytes(const gpu_int4_module& m) {
+  const int64_t B = m.shape.batch;
+  const int64_t scale_words = B * m.scale_words();
+  return static_cast<std::size_t>(B * m.weight_words() * 4 + (scale_words + scale_words % 2) * 2 +
+                                  B * m.zp_words() * 4);
+}
+lf_view carve_lf(void* base, const gpu_int4_module& m) {
+  const int64_t B = m.shape.batch;
+  lf_view v;
+  v.w = static_cast<int32_t*>(base);
+  v.s = reinterpret_cast<uint16_t*>(v.w + B * m.weight_words());
+  v.z = reinterpret_cast<int32_t*>(v.s + B * m.scale_words() + (B * m.scale_words()) % 2);
+  return v;
+}
+
+// The rows of one expert's [n, k] that one checkpoint Linear owns: gate_proj the first half of a
+// w13 module, up_proj the second, any other Linear all of them.
+struct int4_part {
+  int module = -1;
+  int64_t expert = 0;
+  int64_t row_offset = 0;
+  int64_t rows = 0;
+};
+
+// A possibly strided byte range on the device: `rows` rows of `row_bytes`, `pitch` apart.
+struct dev_range {
+  std::byte* data = nullptr;
+  int64_t rows = 1;
+  std::size_t row_bytes = 0;
+  std::size_t pitch = 0;
+  std::size_t bytes() const { return static_cast<std::size_t>(rows) * row_bytes; }
+};
+
+// Tensor `which` (packed / scale / zero point) of `p` inside load-format buffers `lf`.
+dev_range part_range(const gpu_int4_module& m, const lf_view& lf, const int4_part& p, char which) {
+  const int64_t k = m.shape.k, groups = kernels::int4_groups(m.shape);
+  dev_range r;
+  if (which == 'w') {
+    r.data = reinterpret_cast<std::byte*>(lf.w + p.expert * m.weight_words() + p.row_offset * (k / 8));
+    r.row_bytes = static_cast<std::size_t>(p.rows * (k / 8) * 4);
+  } else if (which == 's') {
+    r.data = reinterpret_cast<std::byte*>(lf.s + p.expert * m.scale_words() + p.row_offset * groups);
+    r.row_bytes = static_cast<std::size_t>(p.rows * groups * 2);
+  } else if (m.zp_layout == kernels::zero_point_layout::standard) { // [n/8, groups]
+    r.data = reinterpret_cast<std::byte*>(lf.z + p.expert * m.zp_words() + p.row_offset / 8 * groups);
+    r.row_bytes = static_cast<std::size_t>(p.rows / 8 * groups * 4);
+  } else { // [groups, n/8]: the part is a column block of every row
+    r.data = reinterpret_cast<std::byte*>(lf.z + p.expert * m.zp_words() + p.row_offset / 8);
+    r.rows = groups;
+    r.row_bytes = static_cast<std::size_t>(p.rows / 8 * 4);
+    r.pitch = static_cast<std::size_t>(m.shape.n / 8 * 4);
+  }
+  if (r.pitch == 0)
+    r.pitch = r.row_bytes;
+  return r;
+}
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+} // namespace
+
+
+namespace {
+
+// What one update source is to the device model.
+struct resolved_source {
+  enum kind_t { bf16_slot, int4_weight, int4_packed, int4_scale, int4_zero_point, int4_shape } kind;
+  int4_part part;
+  uint16_t* slot = nullptr;
+  int64_t elements = 0;
+};
+
+} // namespace
+
+status qwen3_gpu_model::stage(std::span<const update_source> tensors, bool allow_nonfinite) {
+  auto& p = *impl_;
+  auto& st = *staging_;
+  GPU_TRY(cudaSetDevice(p.device));
+  // 1. names, dtypes, shapes.
+  std::vector<resolved_source> resolved;
+  std::set<std::string> seen;
+  auto refuse = [](const std::string& name, const std::string& why) {
+    return fail(fmt::format("tensor '{}': {}; nothing from this message was staged", name, why));
+  };
+  for (const auto& t : tensors) {
+    if (!seen.insert(t.name).second)
+      return refuse(t.name, "appears twice in one update message");
+    int64_t numel = 1;
+    for (auto d : t.shape)
+      numel *= d;
+    resolved_source r{};
+    if (auto it = p.bf16_slots.find(t.name); it != p.bf16_slots.end()) {
+      if (kernels::weight_type_of(t.type) == kernels::weight_type::other)
+        return refuse(t.name, fmt::format("dtype {} cannot be served as bfloat16", torch_name(t.type)));
+      if (numel != it->second.second)
+        return refuse(t.name, fmt::format("shape {} holds {} elements; the parameter has {}",
+                                          shape_text(t.shape), numel, it->second.second));
+      r.kind = resolved_source::bf16_slot;
+      r.slot = it->second.first;
+      r.elements = numel;
+      resolved.push_back(r);
+      continue;
+    }
+    static constexpr std::pair<std::string_view, resolved_source::kind_t> suffixes[] = {
+      {".weight_packed", resolved_source::int4_packed}, {".weight_scale", resolved_source::int4_scale},
+      {".weight_zero_point", resolved_source::int4_zero_point}, {".weight_shape", resolved_source::int4_shape},
+      {".weight", resolved_source::int4_weight}};
+    bool matched = false;
+    for (auto [suffix, kind] : suffixes) {
+      if (!ends_with(t.name, suffix))
+        continue;
+      auto prefix = t.name.substr(0, t.name.size() - suffix.size());
+      auto it = p.int4_slots.find(prefix);
+      if (it == p.int4_slots.end())
+        break;
+      const auto& m = p.int4_modules[it->second.first];
+      int4_part part{it->second.first, it->second.second, 0, m.shape.n};
+      if (!m.gate_prefix.empty()) {
+        part.rows = m.shape.n / 2;
+        if (m.up_prefix[part.expert] == prefix)
+          part.row_offset = part.rows;
+      }
+      const int64_t k = m.shape.k, groups = kernels::int4_groups(m.shape);
+      std::vector<int64_t> want;
+      std::vector<dtype> types;
+      switch (kind) {
+        case resolved_source::int4_weight: want = {part.rows, k}; types = {dtype::bf16}; break;
+        case resolved_source::int4_packed: want = {part.rows, k / 8}; types = {dtype::i32}; break;
+        case resolved_source::int4_scale: want = {part.rows, groups}; types = {dtype::bf16}; break;
+        case resolved_source::int4_zero_point:
+          if (m.symmetric)
+            return refuse(t.name, "the module is symmetric and has no zero point");
+          want = m.zp_layout == kernels::zero_point_layout::standard
+                   ? std::vector<int64_t>{part.rows / 8, groups}
+                   : std::vector<int64_t>{groups, part.rows / 8};
+          types = {dtype::i32};
+          break;
+        case resolved_source::int4_shape: want = {2}; types = {dtype::i64, dtype::i32}; break;
+        default: break;
+      }
+      if (std::find(types.begin(), types.end(), t.type) == types.end() || t.shape != want)
+        return refuse(t.name, fmt::format("the INT4 module expects {} {}, the update sent {} {}{}",
+                                          torch_name(types[0]), shape_text(want), torch_name(t.type),
+                                          shape_text(t.shape),
+                                          kind == resolved_source::int4_weight
+                                            ? " (BF16 weights are quantized on the device)" : ""));
+      r.kind = kind;
+      r.part = part;
+      resolved.push_back(r);
+      matched = true;
+      break;
+    }
+    if (!matched)
+      return refuse(t.name, "not a parameter of the model on " + p.device_name);
+    if (!t.data)
+      return refuse(t.name, "no device memory given");
+  }
+  // 2. the staging budget.
+  std::size_t need = 0;
+  std::set<int> new_modules;
+  for (std::size_t i = 0; i < resolved.size(); ++i) {
+    const auto& r = resolved[i];
+    if (r.kind == resolved_source::bf16_slot) {
+      if (!st.bf16.count(tensors[i].name))
+        need += static_cast<std::size_t>(r.elements) * 2;
+    } else if (r.kind != resolved_source::int4_shape && !st.modules.count(r.part.module) &&
+               new_modules.insert(r.part.module).second) {
+      need += lf_bytes(p.int4_modules[r.part.module]);
+    }
+  }
+  const std::size_t budget = p.options.staging_budget_bytes ? p.options.staging_budget_bytes : p.weight_bytes;
+  if (st.bytes + need > budget)
+    return fail(fmt::format("this update message needs {} MiB more device staging; with the {} MiB "
+                            "already staged that exceeds the staging budget of {} MiB on {} (gpu "
+                            "staging budget): nothing from this message was staged",
+                            need >> 20, st.bytes >> 20, budget >> 20, p.device_name));
+  // 3. non-finite values, one launch for the message; weight_shape values.
+  if (p.batch_table_bytes < kernels::weight_batch_table_bytes(tensors.size())) {
+    if (p.batch_table)
+      cudaFree(p.batch_table);
+    p.batch_table = nullptr;
+    p.batch_table_bytes = kernels::weight_batch_table_bytes(std::max<std::size_t>(tensors.size(), 1024));
+    GPU_TRY(cudaMalloc(&p.batch_table, p.batch_table_bytes));
+  }
+  if (!allow_nonfinite) {
+    std::vector<kernels::weight_batch_item> scan;
+    std::vector<std::size_t> which;
+    for (std::size_t i = 0; i < resolved.size(); ++i) {
+      auto k = resolved[i].kind;
+      if (k != resolved_source::bf16_slot && k != resolved_source::int4_weight && k != resolved_source::int4_scale)
+        continue;
+      int64_t numel = 1;
+      for (auto d : tensors[i].shape)
+        numel *= d;
+      scan.push_back({tensors[i].data, nullptr, numel, tensors[i].type});
+      which.push_back(i);
+    }
+    auto flags = kernels::weight_scan_device(scan, p.batch_table, p.stream);
+    if (!flags)
+      return std::move(flags).take_failure();
+    for (std::size_t j = 0; j < which.size(); ++j)
+      if ((*flags)[j] != kernels::k_weight_all_finite)
+        return refuse(tensors[which[j]].name,
+                      fmt::format("element {} (flat index) is NaN or infinite; weights must be finite "
+                                  "(the engine's allow-nonfinite-weights option lifts this check)",
+                                  (*flags)[j]));
+  }
+  for (std::size_t i = 0; i < resolved.size(); ++i) {
+    if (resolved[i].kind != resolved_source::int4_shape)
+      continue;
+    const auto& m = p.int4_modules[resolved[i].part.module];
+    int64_t v[2] = {0, 0};
+    if (tensors[i].type == dtype::i64) {
+      GPU_TRY(cudaMemcpy(v, tensors[i].data, 16, cudaMemcpyDeviceToHost));
+    } else {
+      int32_t w[2];
+      GPU_TRY(cudaMemcpy(w, tensors[i].data, 8, cudaMemcpyDeviceToHost));
+      v[0] = w[0];
+      v[1] = w[1];
+    }
+    if (v[0] != resolved[i].part.rows || v[1] != m.shape.k)
+      return refuse(tensors[i].name, fmt::format("holds [{}, {}]; the module's shape is [{}, {}]", v[0],
+                                                 v[1], resolved[i].part.rows, m.shape.k));
+  }
+  // 4. Staging buffers. A module's copy starts as its current weights in load format, so parts
+  //    that do not arrive keep their values.
+  auto drop_all = [&](const std::string& why) {
+    discard_staged();
+    return fail(why + "; the session's staged weights were dropped (the old weights keep serving)");
+  };
+  for (std::size_t i = 0; i < resolved.size(); ++i) {
+    const auto& r = resolved[i];
+    if (r.kind != resolved_source::bf16_slot || st.bf16.count(tensors[i].name))
+      continue;
+    void* buf = nullptr;
+    if (auto e = cudaMallocAsync(&buf, static_cast<std::size_t>(r.elements) * 2, p.stream); e != cudaSuccess)
+      return drop_all(fmt::format("CUDA: cannot allocate {} MiB of staging: {}", (r.elements * 2) >> 20, cuda_text(e)));
+    st.bf16[tensors[i].name] = {r.slot, r.elements, static_cast<uint16_t*>(buf)};
+    st.bytes += static_cast<std::size_t>(r.elements) * 2;
+  }
+  for (int idx : new_modules) {
+    auto& m = p.int4_modules[idx];
+    void* buf = nullptr;
+    if (auto e = cudaMallocAsync(&buf, lf_bytes(m), p.stream); e != cudaSuccess)
+      return drop_all(fmt::format("CUDA: cannot allocate {} MiB of staging for '{}': {}", lf_bytes(m) >> 20,
+                                  m.name, cuda_text(e)));
+    st.modules[idx] = buf;
+    st.bytes += lf_bytes(m);
+    auto lf = carve_lf(buf, m);
+    if (m.serving) {
+      kernels::serving_restore_args a;
+      a.shape = m.shape;
+      a.has_zero_point = !m.symmetric;
+      a.zp_layout = m.zp_layout;
+      a.serving_weight = m.weight;
+      a.serving_scale = m.scale;
+      a.serving_zero_point = m.zero_point;
+      a.weight_packed = lf.w;
+      a.weight_scale = lf.s;
+      a.weight_zero_point = m.symmetric ? nullptr : lf.z;
+      if (auto s = kernels::serving_restore_launch(a, p.stream); s != kernel_status::ok)
+        return drop_all(fmt::format("restoring '{}' into staging failed: {}", m.name, kernels::to_string(s)));
+    } else {
+      GPU_TRY(cudaMemcpyAsync(lf.w, m.weight, m.shape.batch * m.weight_words() * 4, cudaMemcpyDeviceToDevice, p.stream));
+      GPU_TRY(cudaMemcpyAsync(lf.s, m.scale, m.shape.batch * m.scale_words() * 2, cudaMemcpyDeviceToDevice, p.stream));
+      if (!m.symmetric)
+        GPU_TRY(cudaMemcpyAsync(lf.z, m.zero_point, m.shape.batch * m.zp_words() * 4, cudaMemcpyDeviceToDevice, p.stream));
+    }
+  }
+  st.peak = std::max(st.peak, st.bytes);
+  // 5. Writes into staging.
+  std::vector<kernels::weight_batch_item> copies;
+  for (std::size_t i = 0; i < resolved.size(); ++i) {
+    const auto& r = resolved[i];
+    const auto& t = tensors[i];
+    if (r.kind == resolved_source::bf16_slot) {
+      copies.push_back({t.data, st.bf16[t.name].copy, r.elements, t.type});
+      continue;
+    }
+    if (r.kind == resolved_source::int4_shape)
+      continue;
+    const auto& m = p.int4_modules[r.part.module];
+    auto lf = carve_lf(st.modules[r.part.module], m);
+    auto put = [&](const dev_range& dst, const void* src) -> status {
+      GPU_TRY(cudaMemcpy2DAsync(dst.data, dst.pitch, src, dst.row_bytes, dst.row_bytes,
+                                static_cast<std::size_t>(dst.rows), cudaMemcpyDeviceToDevice, p.stream));
+      return {};
+    };
+    status s;
+    switch (r.kind) {
+      case resolved_source::int4_packed: s = put(part_range(m, lf, r.part, 'w'), t.data); break;
+      case resolved_source::int4_scale: s = put(part_range(m, lf, r.part, 's'), t.data); break;
+      case resolved_source::int4_zero_point: s = put(part_range(m, lf, r.part, 'z'), t.data); break;
+      case resolved_source::int4_weight: {
+        kernels::int4_quant_args q;
+        q.shape = {1, r.part.rows, m.shape.k, m.shape.group_size};
+        q.recipe = *p.int4_recipe;
+        q.zp_layout = m.zp_layout;
+        q.w = static_cast<const uint16_t*>(t.data);
+        q.nonfinite = p.quant_flag;
+        auto zr = part_range(m, lf, r.part, 'z');
+        const bool direct_zp = m.symmetric || zr.rows == 1;
+        q.weight_packed = reinterpret_cast<int32_t*>(part_range(m, lf, r.part, 'w').data);
+        q.weight_scale = reinterpret_cast<uint16_t*>(part_range(m, lf, r.part, 's').data);
+        void* zp_temp = nullptr;
+        if (!m.symmetric) {
+          if (direct_zp) {
+            q.weight_zero_point = reinterpret_cast<int32_t*>(zr.data);
+          } else {
+            GPU_TRY(cudaMallocAsync(&zp_temp, zr.bytes(), p.stream));
+            q.weight_zero_point = static_cast<int32_t*>(zp_temp);
+          }
+        }
+        if (auto ks = kernels::int4_quantize_launch(q, p.stream); ks != kernel_status::ok) {
+          s = fail(fmt::format("quantizing '{}' on the device failed: {}", t.name, kernels::to_string(ks)));
+        } else if (zp_temp) {
+          s = put(zr, zp_temp);
+        }
+        if (zp_temp)
+          cudaFreeAsync(zp_temp, p.stream);
+        break;
+      }
+      default: break;
+    }
+    if (!s)
+      return drop_all(s.error());
+  }
+  if (auto s = kernels::weight_to_bf16_device(copies, p.batch_table, p.stream); !s)
+    return drop_all(s.error());
+  // The sources may be a trainer's memory that is released after this returns.
+  if (auto e = cudaStreamSynchronize(p.stream); e != cudaSuccess)
+    return drop_all(fmt::format("CUDA: staging failed: {}", cuda_text(e)));
+  return {};
+}
+
+status qwen3_gpu_model::stage_host(std::span<const NamedTensor> tensors, bool allow_nonfinite) {
+  auto& p = *impl_;
+  GPU_TRY(cudaSetDevice(p.device));
+  // One device buffer for the message's bytes, filled through a pinned bounce buffer in chunks
+  // (pageable copies would be staged by the driver one tensor at a time).
+  std::size_t total = 0;
+  std::vector<std::size_t> at;
+  for (const auto& t : tensors) {
+    at.push_back(total);
+    total += (t.tensor.nbytes + 255) / 256 * 256;
+  }
+  void* dev = nullptr;
+  if (total) {
+    if (auto e = cudaMallocAsync(&dev, total, p.stream); e != cudaSuccess)
+      return fail(fmt::format("CUDA: cannot allocate {} MiB to upload an update: {}", total >> 20, cuda_text(e)));
+  }
+  struct freer {
+    void* ptr;
+    cudaStream_t s;
+    ~freer() {
+      if (ptr)
+        cudaFreeAsync(ptr, s);
+    }
+  } guard{dev, p.stream};
+  if (!p.pinned) {
+    p.pinned_bytes = 64u << 20;
+    GPU_TRY(cudaMallocHost(&p.pinned, p.pinned_bytes));
+    for (auto& e : p.pinned_done) {
+      GPU_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      GPU_TRY(cudaEventRecord(e, p.stream));
+    }
+  }
+  const std::size_t chunk = p.pinned_bytes / 2;
+  std::size_t half = 0;
+  cudaEvent_t done[2] = {p.pinned_done[0], p.pinned_done[1]};
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto* src = reinterpret_cast<const std::byte*>(tensors[i].tensor.data.get());
+    for (std::size_t off = 0; off < tensors[i].tensor.nbytes; off += chunk) {
+      const std::size_t n = std::min(chunk, tensors[i].tensor.nbytes - off);
+      auto* bounce = static_cast<std::byte*>(p.pinned) + half * chunk;
+      GPU_TRY(cudaEventSynchronize(done[half])); // the copy out of this half has finished
+      std::memcpy(bounce, src + off, n);
+      GPU_TRY(cudaMemcpyAsync(static_cast<std::byte*>(dev) + at[i] + off, bounce, n, cudaMemcpyHostToDevice, p.stream));
+      GPU_TRY(cudaEventRecord(done[half], p.stream));
+      half ^= 1;
+    }
+  }
+  std::vector<update_source> sources;
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    sources.push_back({tensors[i].name, static_cast<std::byte*>(dev) + at[i], tensors[i].tensor.type,
+                       tensors[i].tensor.shape});
+  return stage(sources, allow_nonfinite);
+}
+
+expected<std::string> qwen3_gpu_model::commit_staged() {
+  auto& p = *impl_;
+  auto& st = *staging_;
+  GPU_TRY(cudaSetDevice(p.device));
+  for (auto& [name, e] : st.bf16)
+    GPU_TRY(cudaMemcpyAsync(e.dst, e.copy, static_cast<std::size_t>(e.elements) * 2, cudaMemcpyDeviceToDevice, p.stream));
+  for (auto& [idx, buf] : st.modules) {
+    auto& m = p.int4_modules[idx];
+    auto lf = carve_lf(buf, m);
+    if (m.serving) {
+      kernels::serving_repack_args a;
+      a.shape = m.shape;
+      a.has_zero_point = !m.symmetric;
+      a.zp_layout = m.zp_layout;
+      a.weight_packed = lf.w;
+      a.weight_scale = lf.s;
+      a.weight_zero_point = m.symmetric ? nullptr : lf.z;
+      a.serving_weight = m.weight;
+      a.serving_scale = m.scale;
+      a.serving_zero_point = m.zero_point;
+      if (auto s = kernels::serving_repack_launch(a, p.stream); s != kernel_status::ok)
+        return fail(fmt::format("repacking '{}' into its serving buffers failed: {}; the module is "
+                                "partly written (resend the whole update)", m.name, kernels::to_string(s)));
+    } else {
+      GPU_TRY(cudaMemcpyAsync(m.weight, lf.w, m.shape.batch * m.weight_words() * 4, cudaMemcpyDeviceToDevice, p.stream));
+      GPU_TRY(cudaMemcpyAsync(m.scale, lf.s, m.shape.batch * m.scale_words() * 2, cudaMemcpyDeviceToDevice, p.stream));
+      if (!m.symmetric)
+        GPU_TRY(cudaMemcpyAsync(m.zero_point, lf.z, m.shape.batch * m.zp_words() * 4, cudaMemcpyDeviceToDevice, p.stream));
+    }
+  }
+  GPU_TRY(cudaStreamSynchronize(p.stream));
+  auto msg = fmt::format("committed {} BF16 tensor(s) and {} INT4 module(s) on {}", st.bf16.size(),
+                         st.modules.size(), p.device_name);
+  discard_staged();
+  return msg;
+}
+
+void qwen3_gpu_model::discard_staged() {
+  auto& p = *impl_;
+  auto& st = *staging_;
+  cudaSetDevice(p.device);
+  for (auto& [name, e] : st.bf16)
+    cudaFreeAsync(e.copy, p.stream);
+  for (auto& [idx, buf] : st.modules)
+    cudaFreeAsync(buf, p.stream);
+  st.bf16.clear();
+  st.modules.clear();
+  st.bytes = 0;
+  cudaStreamSynchronize(p.stream);
+}
+
+std::size_t qwen3_gpu_model::staged_bytes() const { return staging_->bytes; }
+std::size_t qwen3_gpu_model::staging_peak_bytes() const { return staging_->peak; }
+std::optional<kernels::int4_recipe> qwen3_gpu_model::int4_update_recipe() const { return impl_->int4_recipe; }
+
+status qwen3_gpu_model::read_parameters(std::span<const std::string> names, const parameter_visitor& visit) {
+  auto& p = *impl_;
+  GPU_TRY(cudaSetDevice(p.device));
+  // BF16 slots in one group; INT4 parts grouped by module, each module restored into the scratch
+  // once (its strided zero points gathered after it).
+  std::vector<std::size_t> slot_index;
+  std::vector<const void*> slot_ptr;
+  std::vector<std::size_t> slot_bytes;
+  std::map<int, std::vector<std::size_t>> by_module;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto& name = names[i];
+    if (auto it = p.bf16_slots.find(name); it != p.bf16_slots.end()) {
+      slot_index.push_back(i);
+      slot_ptr.push_back(it->second.first);
+      slot_bytes.push_back(static_cast<std::size_t>(it->second.second) * 2);
+      continue;
+    }
+    bool found = false;
+    for (std::string_view suffix : {".weight_packed", ".weight_scale", ".weight_zero_point"}) {
+      if (!ends_with(name, suffix))
+        continue;
+      if (auto it = p.int4_slots.find(name.substr(0, name.size() - suffix.size())); it != p.int4_slots.end()) {
+        by_module[it->second.first].push_back(i);
+        found = true;
+      }
+      break;
+    }
+    if (!found)
+      return fail(fmt::format("'{}' is not a parameter the device serves", name));
+  }
+  GPU_TRY(cudaStreamSynchronize(p.stream));
+  if (!slot_index.empty())
+    if (auto s = visit(slot_index, slot_ptr, slot_bytes); !s)
+      return s;
+  void* gather = nullptr; // strided parts of one module, packed one after another
+  std::size_t gather_bytes = 0;
+  struct freer {
+    void** ptr;
+    ~freer() {
+      if (*ptr)
+        cudaFree(*ptr);
+    }
+  } guard{&gather};
+  for (auto& [idx, list] : by_module) {
+    auto& m = p.int4_modules[idx];
+    lf_view lf;
+    if (m.serving) {
+      lf = carve_lf(p.int4_scratch, m);
+      kernels::serving_restore_args a;
+      a.shape = m.shape;
+      a.has_zero_point = !m.symmetric;
+      a.zp_layout = m.zp_layout;
+      a.serving_weight = m.weight;
+      a.serving_scale = m.scale;
+      a.serving_zero_point = m.zero_point;
+      a.weight_packed = lf.w;
+      a.weight_scale = lf.s;
+      a.weight_zero_point = m.symmetric ? nullptr : lf.z;
+      KERNEL_TRY("restoring '" + m.name + "' to read it", kernels::serving_restore_launch(a, p.stream));
+    } else {
+      lf = {m.weight, m.scale, m.zero_point};
+    }
+    std::vector<dev_range> ranges;
+    std::size_t strided = 0;
+    for (auto i : list) {
+      const auto& name = names[i];
+      const char which = ends_with(name, ".weight_packed") ? 'w' : ends_with(name, ".weight_scale") ? 's' : 'z';
+      const std::size_t suffix = which == 'w' ? 14 : which == 's' ? 13 : 18;
+      auto prefix = name.substr(0, name.size() - suffix);
+      auto slot = p.int4_slots.at(prefix);
+      int4_part part{idx, slot.second, 0, m.shape.n};
+      if (!m.gate_prefix.empty()) {
+        part.rows = m.shape.n / 2;
+        if (m.up_prefix[part.expert] == prefix)
+          part.row_offset = part.rows;
+      }
+      ranges.push_back(part_range(m, lf, part, which));
+      if (ranges.back().pitch != ranges.back().row_bytes)
+        strided += ranges.back().bytes();
+    }
+    if (strided > gather_bytes) {
+      if (gather)
+        cudaFree(gather);
+      gather = nullptr;
+      GPU_TRY(cudaMalloc(&gather, strided));
+      gather_bytes = strided;
+    }
+    std::vector<const void*> ptrs;
+    std::vector<std::size_t> sizes;
+    std::size_t at = 0;
+    for (auto& r : ranges) {
+      if (r.pitch != r.row_bytes) {
+        auto* dst = static_cast<std::byte*>(gather) + at;
+        GPU_TRY(cudaMemcpy2DAsync(dst, r.row_bytes, r.data, r.pitch, r.row_bytes,
+                                  static_cast<std::size_t>(r.rows), cudaMemcpyDeviceToDevice, p.stream));
+        ptrs.push_back(dst);
+        at += r.bytes();
+      } else {
+        ptrs.push_back(r.data);
+      }
+      sizes.push_back(r.bytes());
+    }
+    GPU_TRY(cudaStreamSynchronize(p.stream));
+    if (auto s = visit(list, ptrs, sizes); !s)
+      return s;
+  }
+  return {};
+}
+
+expected<std::vector<uint64_t>> qwen3_gpu_model::digests(std::span<const std::string> names) {
+  auto& p = *impl_;
+  std::vector<uint64_t> out(names.size());
+  auto s = read_parameters(names, [&](std::span<const std::size_t> index, std::span<const void* const> ptrs,
+                                      std::span<const std::size_t> bytes) -> status {
+    std::vector<kernels::xxh3_device_span> spans;
+    for (std::size_t j = 0; j < ptrs.size(); ++j)
+      spans.push_back({static_cast<const std::byte*>(ptrs[j]), bytes[j]});
+    auto d = kernels::xxh3_device_digests(spans, p.stream);
+    if (!d)
+      return std::move(d).take_failure();
+    for (std::size_t j = 0; j < index.size(); ++j)
+      out[index[j]] = (*d)[j];
+    return {};
+  });
+  if (!s)
+    return std::move(s).take_failure();
+  return out;
+}
+
+expected<HostTensor> qwen3_gpu_model::download(const std::string& name) {
+  auto& p = *impl_;
+  std::vector<std::byte> bytes;
+  std::string n = name;
+  auto s = read_parameters(std::span<const std::string>(&n, 1),
+                           [&](std::span<const std::size_t>, std::span<const void* const> ptrs,
+                               std::span<const std::size_t> count) -> status {
+                             bytes.resize(count[0]);
+                             GPU_TRY(cudaMemcpy(bytes.data(), ptrs[0], count[0], cudaMemcpyDeviceToHost));
+                             return {};
+                           });
+  if (!s)
+    return std::move(s).take_failure();
+  if (auto it = p.bf16_slots.find(name); it != p.bf16_slots.end())
+    return HostTensor::adopt(dtype::bf16, {it->second.second}, std::move(bytes));
+  const bool scale = ends_with(name, ".weight_scale");
+  const int64_t elements = static_cast<int64_t>(bytes.size() / (scale ? 2 : 4));
+  return HostTensor::adopt(scale ? dtype::bf16 : dtype::i32, {elements}, std::move(bytes));
+}
+
 std::vector<std::string> qwen3_gpu_model::int4_module_names() const {
   std::vector<std::string> out;
   for (const auto& m : impl_->int4_modules)
@@ -1428,6 +2081,7 @@ expected<double> gpu_copy_bandwidth(int device, std::size_t bytes, int repeats) 
 namespace rlserve::model {
 
 struct qwen3_gpu_model::impl {};
+struct qwen3_gpu_model::staging {};
 
 namespace {
 const char* k_no_cuda = "this build of rlserve has no CUDA support (configure with -DRLSERVE_CUDA=ON "
@@ -1456,6 +2110,18 @@ status qwen3_gpu_model::forward_sample(std::span<forward_item>, std::span<const 
 expected<std::string> qwen3_gpu_model::restore() { return fail(k_no_cuda); }
 status qwen3_gpu_model::upload(const qwen3_model&, std::span<const std::string>) { return fail(k_no_cuda); }
 expected<std::string> qwen3_gpu_model::post_process() { return fail(k_no_cuda); }
+status qwen3_gpu_model::stage(std::span<const update_source>, bool) { return fail(k_no_cuda); }
+status qwen3_gpu_model::stage_host(std::span<const NamedTensor>, bool) { return fail(k_no_cuda); }
+expected<std::string> qwen3_gpu_model::commit_staged() { return fail(k_no_cuda); }
+void qwen3_gpu_model::discard_staged() {}
+std::size_t qwen3_gpu_model::staged_bytes() const { return 0; }
+std::size_t qwen3_gpu_model::staging_peak_bytes() const { return 0; }
+std::optional<kernels::int4_recipe> qwen3_gpu_model::int4_update_recipe() const { return std::nullopt; }
+status qwen3_gpu_model::read_parameters(std::span<const std::string>, const parameter_visitor&) {
+  return fail(k_no_cuda);
+}
+expected<std::vector<uint64_t>> qwen3_gpu_model::digests(std::span<const std::string>) { return fail(k_no_cuda); }
+expected<HostTensor> qwen3_gpu_model::download(const std::string&) { return fail(k_no_cuda); }
 std::vector<std::string> qwen3_gpu_model::int4_module_names() const { return {}; }
 expected<gpu_int4_snapshot> qwen3_gpu_model::int4_module(const std::string&) const { return fail(k_no_cuda); }
 int64_t qwen3_gpu_model::graphs_captured() const { return 0; }

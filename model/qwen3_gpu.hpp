@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -40,6 +41,7 @@
 #include <vector>
 
 #include "kernels/int4_format.hpp"
+#include "messages/tensor.hpp"
 #include "messages/expected.hpp"
 #include "model/config.hpp"
 #include "model/qwen3.hpp"
@@ -59,6 +61,9 @@ struct gpu_options {
   // (kernels/decoder_ops.hpp) rather than cuBLAS; off only to compare the two
   // (decode_bench --linears cublas).
   bool bf16_gemv = true;
+  // Device bytes a weight update may stage before its commit (0: as many as the weights take,
+  // i.e. one full copy of the model).
+  std::size_t staging_budget_bytes = 0;
 };
 
 // One decode row's sampling request (forward_sample): model::sampler's rule, evaluated on the
@@ -129,6 +134,54 @@ public:
   // Every INT4 module LOAD_FORMAT -> SERVING.
   expected<std::string> post_process();
 
+  // ---- weight updates staged on the device ----
+  // The serving weights never change before commit_staged(): updates are checked whole, then
+  // written into a staging area on the device (BF16 parameters as converted copies; each touched
+  // INT4 module as a load-format copy of the whole module, taken from the serving buffers and
+  // overwritten by what arrives), and commit writes the staging area into the serving buffers in
+  // place (same addresses: the CUDA graphs stay valid).
+  //
+  // One tensor of an update in device memory (a trainer's CUDA IPC mapping, or host bytes
+  // uploaded here). Names: the canonical parameter names, for an INT4 module also its BF16
+  // `<prefix>.weight` (quantized here with the module's recipe) or its load-format tensors.
+  struct update_source {
+    std::string name;
+    const void* data = nullptr;
+    dtype type = dtype::bf16;
+    std::vector<int64_t> shape;
+  };
+  // All or nothing per call: every name, dtype and shape is checked and every float is scanned
+  // for NaN/Inf (one launch for the whole call; skipped with `allow_nonfinite`) before anything is
+  // written; a refused call leaves the staging area as it was. A later call may restage a name
+  // (the last one wins). Reads of `data` are finished when this returns. Fails too when the
+  // staging area would outgrow gpu_options::staging_budget_bytes.
+  status stage(std::span<const update_source> tensors, bool allow_nonfinite);
+  // Host tensors: copied to the device (through a pinned buffer), then as stage().
+  status stage_host(std::span<const NamedTensor> tensors, bool allow_nonfinite);
+  // Writes the staging area into the serving buffers (INT4 modules repacked from their staged
+  // load format; a module left in load format by restore() gets the load format) and frees it.
+  expected<std::string> commit_staged();
+  // Frees the staging area; the serving weights are untouched.
+  void discard_staged();
+  std::size_t staged_bytes() const;
+  std::size_t staging_peak_bytes() const; // the most the staging area held since create
+  // The recipe BF16 updates of INT4 modules are quantized with (none: no INT4 module).
+  std::optional<kernels::int4_recipe> int4_update_recipe() const;
+
+  // ---- what is served, read back from the device ----
+  // Canonical load-format bytes of each named parameter as the device serves them (INT4 modules
+  // restored on the device into scratch; a parameter the checkpoint keeps in f32/f16 is served,
+  // and read back, as its bf16 rounding). `visit` gets the parameters in groups (all BF16 ones,
+  // then one INT4 module's): their indices into `names`, device pointers and byte counts, valid
+  // during the call only.
+  using parameter_visitor =
+    std::function<status(std::span<const std::size_t>, std::span<const void* const>, std::span<const std::size_t>)>;
+  status read_parameters(std::span<const std::string> names, const parameter_visitor& visit);
+  // XXH3-64 of each named parameter's served bytes (read_parameters), hashed on the device.
+  expected<std::vector<uint64_t>> digests(std::span<const std::string> names);
+  // One parameter's served bytes on the host, with the dtype and shape they have on the device.
+  expected<HostTensor> download(const std::string& name);
+
   // ---- tests and benchmarks ----
   std::vector<std::string> int4_module_names() const;
   expected<gpu_int4_snapshot> int4_module(const std::string& name) const;
@@ -138,10 +191,12 @@ public:
   std::vector<std::pair<std::string, double>> take_profile();
 
   struct impl;
+  struct staging;
 
 private:
   explicit qwen3_gpu_model(std::unique_ptr<impl> p);
   std::unique_ptr<impl> impl_;
+  std::unique_ptr<staging> staging_;
 };
 
 // Whether this build has CUDA and a device is visible (what Engine uses to pick the GPU runner).

@@ -1,5 +1,5 @@
-// kernels_bench: the W4A16 GEMM, the BF16 GEMV, the fused MoE and the quantize-to-serving kernel
-// on one GPU, in one run, against the ceilings measured in the same run (device-to-device copy
+// kernels_bench: the W4A16 GEMM, the BF16 GEMV, the fused MoE, the quantize-to-serving kernel
+// and the XXH3-64 checksum kernel on one GPU, in one run, against the ceilings measured in the same run (device-to-device copy
 // bandwidth, cuBLAS BF16 on the same GEMM shapes). Prints a table per section and writes them as Markdown (--md).
 //
 // Method (w4a16-kernels.md §7): weights rotate over >= 4 x L2 of distinct copies (activations
@@ -8,7 +8,7 @@
 // throughput. Bytes: INT4 weights + bf16 scales + zero points + activations + outputs; for the
 // MoE, the experts each call actually touches (counted from its routing on the host).
 //
-// Usage: kernels_bench [--md FILE] [--iters N] [--quick] [--only gemm|gemv|moe|quant] [--ms 1,16] [--ts 1,16]
+// Usage: kernels_bench [--md FILE] [--iters N] [--quick] [--only gemm|gemv|moe|quant|xxh3] [--ms 1,16] [--ts 1,16]
 //                      [--ctas 132,264]   (GEMM grid caps to compare, m = first of --ms)
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -30,6 +30,7 @@
 #include "kernels/gemm_w4a16.hpp"
 #include "kernels/int4_format.hpp"
 #include "kernels/int4_quant.hpp"
+#include "kernels/xxh3.hpp"
 
 using namespace rlserve::kernels;
 
@@ -474,6 +475,46 @@ void bench_quantize(const int4_shape& s, int4_recipe recipe, double copy_bw, tab
     CHECK_CUDA(cudaFree(p));
 }
 
+// ---- 5. XXH3-64 checksums ------------------------------------------------------------------------------------
+
+// Hashes `lengths` buffers (each starting on a 256-byte boundary of one arena) with one
+// xxh3_batch_launch, against a device-to-device copy of the whole arena (the same bytes read,
+// and as many written).
+void bench_xxh3(const std::string& what, const std::vector<uint64_t>& lengths, table& out) {
+  std::vector<const std::byte*> pointers(lengths.size());
+  uint64_t total = 0, hashed = 0;
+  for (uint64_t n : lengths) {
+    total += (n + 255) / 256 * 256;
+    hashed += n;
+  }
+  auto* arena = static_cast<std::byte*>(dalloc(total));
+  auto* copy = dalloc(total);
+  bits(arena, total, 17);
+  for (size_t t = 0, at = 0; t < lengths.size(); at += (lengths[t] + 255) / 256 * 256, ++t)
+    pointers[t] = arena + at;
+  auto* d_pointers = static_cast<const std::byte**>(dalloc(lengths.size() * sizeof(void*)));
+  auto* d_lengths = static_cast<uint64_t*>(dalloc(lengths.size() * 8));
+  auto* d_digests = static_cast<uint64_t*>(dalloc(lengths.size() * 8));
+  CHECK_CUDA(cudaMemcpy(d_pointers, pointers.data(), lengths.size() * sizeof(void*), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d_lengths, lengths.data(), lengths.size() * 8, cudaMemcpyHostToDevice));
+  const xxh3_batch_args a{d_pointers, d_lengths, d_digests, static_cast<int64_t>(lengths.size())};
+  const int saved = g_iters;
+  g_iters = std::min(g_iters, 20);
+  const stats hash = time_launches([&](int) { CHECK_OK(xxh3_batch_launch(a, nullptr)); });
+  const stats cp = time_launches([&](int) { CHECK_CUDA(cudaMemcpyAsync(copy, arena, total, cudaMemcpyDeviceToDevice)); });
+  g_iters = saved;
+  const double hash_tbs = hashed / (hash.median_us * 1e-6) / 1e12;
+  out.rows.push_back({what, std::to_string(lengths.size()), fmt("%.2f", hashed / 1e9), fmt("%.2f", hash.median_us / 1e3),
+                      fmt("%.2f", hash_tbs), fmt("%.2f", cp.median_us / 1e3),
+                      fmt("%.2f", 2.0 * total / (cp.median_us * 1e-6) / 1e12),
+                      fmt("%.2f", hash.median_us / cp.median_us)});
+  std::printf("xxh3 %s: %.2f ms for %.2f GB (%.2f TB/s); copy %.2f ms\n", what.c_str(), hash.median_us / 1e3,
+              hashed / 1e9, hash_tbs, cp.median_us / 1e3);
+  for (void* p : {static_cast<void*>(arena), copy, static_cast<void*>(d_pointers), static_cast<void*>(d_lengths),
+                  static_cast<void*>(d_digests)})
+    CHECK_CUDA(cudaFree(p));
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -561,10 +602,33 @@ int main(int argc, char** argv) {
     bench_quantize({1, 14336, 4096, 128}, int4_recipe::sym, copy_bw, q);
   }
 
+  table h{"XXH3-64 checksums (xxh3_batch_launch, one warp per buffer) vs a device-to-device copy of the same "
+          "arena; times in ms",
+          {"buffers", "count", "GB hashed", "xxh3", "TB/s", "copy", "copy TB/s (read + write)", "xxh3 / copy"}};
+  if (only.empty() || only == "xxh3") {
+    // Expert-sized tensors (a Qwen3-30B-A3B INT4 checkpoint has ~55,000 tensors, most of them
+    // experts' packed weights of a few hundred KB).
+    const size_t count = quick ? 12000 : 50000;
+    std::vector<uint64_t> experts(count);
+    for (size_t t = 0; t < count; ++t)
+      experts[t] = 250000 + mix(t) % 100000;
+    bench_xxh3("250-350 KB", experts, h);
+    // One buffer is one warp: the time of a lone embedding-sized tensor.
+    bench_xxh3("one of 622 MB", {151936ull * 2048 * 2}, h);
+    // Both: the two 622 MB tensors of that model (embedding, lm_head) with the experts.
+    std::vector<uint64_t> model = experts;
+    model.push_back(151936ull * 2048 * 2);
+    model.push_back(151936ull * 2048 * 2);
+    bench_xxh3("both, big ones last", model, h);
+    // Longest first, as xxh3_device_digests orders them: the long warps start at once.
+    std::sort(model.begin(), model.end(), [](uint64_t x, uint64_t y) { return x > y; });
+    bench_xxh3("both, longest first", model, h);
+  }
+
   std::ostringstream all;
   all << "device: " << prop.name << ", " << prop.multiProcessorCount << " SMs, L2 " << (l2 >> 20)
       << " MB; device-to-device copy " << fmt("%.2f", copy_bw / 1e12) << " TB/s (read + write, 1 GiB)\n"
-      << g.markdown() << v.markdown() << m.markdown() << q.markdown();
+      << g.markdown() << v.markdown() << m.markdown() << q.markdown() << h.markdown();
   std::printf("%s", all.str().c_str());
   if (!md.empty())
     std::ofstream(md) << all.str();

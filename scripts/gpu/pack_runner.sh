@@ -4,16 +4,19 @@
 # machine, where scripts/gpu/run_runner.sh runs them (NCCL and cuBLAS come from the image's
 # nvidia.* Python packages there).
 #   scripts/gpu/pack_runner.sh [BUILD_DIR]      (default build-gemm; the folder is BUILD_DIR/runner)
+# With KEEP_CONFIG=1 an existing build folder is used as configured (e.g. the default `build`,
+# whose CUDA code is built for sm_80 and sm_90a) instead of being set to sm_90a only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-build-gemm}
-cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > /dev/null
+[ "${KEEP_CONFIG:-0}" = 1 ] || cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > /dev/null
 cmake --build "$B" -j "$(nproc)" --target rlserve rlserve_model_gpu_tests rlserve_actors_gpu_tests \
-  rlserve_kernels_gpu_tests decode_bench kernels_bench
+  rlserve_kernels_gpu_tests decode_bench kernels_bench update_bench
 D="$B/runner"
 rm -rf "$D" && mkdir -p "$D"
 cp "$B/apps/rlserve" "$B/tests/rlserve_model_gpu_tests" "$B/tests/rlserve_actors_gpu_tests" \
-  "$B/tests/rlserve_kernels_gpu_tests" "$B/benchmarks/decode_bench" "$B/benchmarks/gpu/kernels_bench" "$D/"
+  "$B/tests/rlserve_kernels_gpu_tests" "$B/benchmarks/decode_bench" "$B/benchmarks/gpu/kernels_bench" \
+  "$B/benchmarks/update_bench" "$D/"
 # Every library outside the C runtime, the C++ runtime and the CUDA driver (which the GPU machine has).
 for exe in "$D"/*; do
   ldd "$exe" | awk '/=> \// {print $3}'

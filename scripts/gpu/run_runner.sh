@@ -10,6 +10,9 @@
 #     moe     benchmarks/gpu/kernels_bench --only moe (fused MoE, both paths at decode sizes)
 #     gemv    benchmarks/gpu/kernels_bench --only gemv (BF16 GEMV vs cuBLAS at decode sizes)
 #     hf      benchmarks/gpu/transformers_decode.py (the transformers peer, same shape)
+#     ipc     tests/gpu/test_ipc_update.py (a PyTorch trainer updates `rlserve serve` by CUDA IPC)
+#     update  benchmarks/update_bench (CUDA IPC update at Qwen3-30B-A3B shape, INT4 and BF16 experts)
+#     xxh3    benchmarks/gpu/kernels_bench --only xxh3 (device checksums vs a copy)
 # Nothing is built here, and nothing about the GPU is changed.
 set -uo pipefail
 DEV=${DEV:-build-gemm/runner}
@@ -63,6 +66,24 @@ for what in "$@"; do
     gemv|all)
       echo "=== kernels_bench --only gemv"
       timeout "${GEMV_TIMEOUT:-120}" "$DEV/kernels_bench" --only gemv 2>&1 | tee "$OUT/gemv_bench.log" | grep "^gemv"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      ;;&
+    ipc|all)
+      echo "=== CUDA IPC update through rlserve serve"
+      timeout "${IPC_TIMEOUT:-400}" python3 tests/gpu/test_ipc_update.py > "$OUT/ipc_update.log" 2>&1
+      st=$?
+      tail -30 "$OUT/ipc_update.log"
+      echo "ipc: exit $st"
+      [ $st -eq 0 ] || rc=1
+      ;;&
+    update|all)
+      echo "=== update_bench"
+      timeout "${UPDATE_TIMEOUT:-400}" "$DEV/update_bench" ${UPDATE_ARGS:-} --json "$OUT/update.json" 2>&1 | tee "$OUT/update_bench.log" | tail -20
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      ;;&
+    xxh3|all)
+      echo "=== kernels_bench --only xxh3"
+      timeout "${XXH3_TIMEOUT:-120}" "$DEV/kernels_bench" --only xxh3 2>&1 | tee "$OUT/xxh3_bench.log" | tail -12
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       ;;&
     hf|all)

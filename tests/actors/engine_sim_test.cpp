@@ -206,7 +206,6 @@ BOOST_AUTO_TEST_CASE(session_rules_and_bad_tensors_are_refused_without_half_appl
   UpdateWeightsFromTensorReqInput good;
   good.named_tensors = {update[0]};
 
-  BOOST_TEST(contains(e->update_weights_from_tensor(good).message, "no weight-update session is open"));
   BOOST_TEST(contains(e->end_weight_update({}).message, "no weight-update session is open"));
   BOOST_REQUIRE(e->begin_weight_update({}).success);
   BOOST_TEST(contains(e->begin_weight_update({}).message, "already open"));
@@ -258,6 +257,121 @@ BOOST_AUTO_TEST_CASE(session_rules_and_bad_tensors_are_refused_without_half_appl
     else
       BOOST_TEST(digest == original[name]);
   }
+}
+
+// CUDA IPC tensors on a CPU engine: the manifest checks run first (unknown name, wrong shape, a
+// byte count that does not match), then the CPU runner refuses the rest whole; the session stays
+// open and a good inline bucket still lands.
+BOOST_AUTO_TEST_CASE(device_tensors_on_a_cpu_engine_are_refused_and_the_session_goes_on) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  auto original = engine_checksums(*e);
+  auto update = perturbed(dir, 9);
+  BOOST_REQUIRE(e->begin_weight_update({}).success);
+  auto device = [&](const NamedTensor& t) {
+    NamedDeviceTensor d;
+    d.name = t.name;
+    d.tensor.type = t.tensor.type;
+    d.tensor.shape = t.tensor.shape;
+    d.tensor.ipc_handle.assign(64, 0xab);
+    d.tensor.nbytes = t.tensor.nbytes;
+    return d;
+  };
+  auto send = [&](std::vector<NamedDeviceTensor> ts) {
+    UpdateWeightsFromTensorReqInput req;
+    req.device_tensors = std::move(ts);
+    return e->update_weights_from_tensor(req);
+  };
+  auto out = send({device(update[0])});
+  BOOST_TEST(!out.success);
+  BOOST_TEST(contains(out.message, "runs on the CPU"), out.message);
+  BOOST_TEST(contains(out.message, "session stays open"), out.message);
+  auto unknown = device(update[0]);
+  unknown.name = "model.layers.0.mlp.gate_projj.weight";
+  BOOST_TEST(contains(send({unknown}).message, "unknown tensor name 'model.layers.0.mlp.gate_projj.weight'"));
+  auto wrong = device(update[0]);
+  wrong.tensor.nbytes += 2;
+  BOOST_TEST(contains(send({wrong}).message, "bytes for"));
+  auto twice = device(update[0]);
+  BOOST_TEST(contains(send({twice, twice}).message, "appears twice"));
+  UpdateWeightsFromTensorReqInput good;
+  good.named_tensors = {update[0]};
+  auto ok = e->update_weights_from_tensor(good);
+  BOOST_REQUIRE_MESSAGE(ok.success, ok.message);
+  BOOST_REQUIRE(e->end_weight_update({}).success);
+  auto now = engine_checksums(*e);
+  for (auto& [name, digest] : now)
+    BOOST_TEST(digest == (name == update[0].name ? checksums_of({update[0]})[name] : original[name]), name);
+}
+
+// Updates outside begin/end (SGLang's way; slime sends its buckets so): while generation runs each
+// call commits at once; while paused the buckets accumulate and commit at continue_generation,
+// or at post_process_weights(post_process_quantization) after post_process_weights(restore).
+BOOST_AUTO_TEST_CASE(updates_outside_a_session_commit_at_once_or_when_generation_continues) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  auto original = engine_checksums(*e);
+  auto update = perturbed(dir, 12);
+  const std::size_t half = update.size() / 2;
+  auto bucket = [&](std::size_t from, std::size_t to, std::optional<std::string> label = {}) {
+    UpdateWeightsFromTensorReqInput req;
+    req.named_tensors.assign(update.begin() + from, update.begin() + to);
+    req.weight_version = label;
+    auto out = e->update_weights_from_tensor(req);
+    BOOST_REQUIRE_MESSAGE(out.success, out.message);
+    return out;
+  };
+  // Generation runs: committed by the call itself.
+  auto one = bucket(0, 1);
+  BOOST_TEST(contains(one.message, "committed"), one.message);
+  auto now = engine_checksums(*e);
+  BOOST_TEST(now[update[0].name] == checksums_of({update[0]})[update[0].name]);
+  BOOST_TEST(e->get_server_info().weight_version == "1");
+
+  // Paused: two buckets, nothing serves until continue.
+  PauseGenerationReqInput pause;
+  pause.mode = pause_mode::retract;
+  BOOST_REQUIRE(e->pause_generation(pause).success);
+  auto staged = bucket(0, half, std::string("step-7"));
+  BOOST_TEST(contains(staged.message, "outside begin/end"), staged.message);
+  bucket(half, update.size(), std::string("step-7"));
+  BOOST_TEST((engine_checksums(*e) == now));
+  BOOST_TEST(contains(e->begin_weight_update({}).message, "outside begin/end"));
+  auto cont = e->continue_generation({});
+  BOOST_REQUIRE_MESSAGE(cont.success, cont.message);
+  BOOST_TEST(contains(cont.message, "committed"), cont.message);
+  BOOST_TEST((engine_checksums(*e) == checksums_of(update)));
+  BOOST_TEST(e->get_server_info().weight_version == "step-7");
+
+  // slime's compressed-tensors sequence: restore, buckets, post-process (commits), continue.
+  auto back = perturbed(dir, 13);
+  BOOST_REQUIRE(e->pause_generation(pause).success);
+  PostProcessWeightsReqInput restore;
+  restore.restore_weights_before_loading = true;
+  auto r = e->post_process_weights(restore);
+  BOOST_REQUIRE_MESSAGE(r.success, r.message);
+  UpdateWeightsFromTensorReqInput all;
+  all.named_tensors = back;
+  BOOST_REQUIRE(e->update_weights_from_tensor(all).success);
+  BOOST_TEST((engine_checksums(*e) == checksums_of(update)));
+  PostProcessWeightsReqInput post;
+  post.post_process_quantization = true;
+  auto p = e->post_process_weights(post);
+  BOOST_REQUIRE_MESSAGE(p.success, p.message);
+  BOOST_TEST((engine_checksums(*e) == checksums_of(back)));
+  BOOST_REQUIRE(e->continue_generation({}).success);
+
+  // Dropped with end_weight_update(abort): the weights stay.
+  BOOST_REQUIRE(e->pause_generation(pause).success);
+  UpdateWeightsFromTensorReqInput again;
+  again.named_tensors = {update[0]};
+  BOOST_REQUIRE(e->update_weights_from_tensor(again).success);
+  EndWeightUpdateReqInput abort;
+  abort.abort = true;
+  BOOST_TEST(e->end_weight_update(abort).success);
+  BOOST_REQUIRE(e->continue_generation({}).success);
+  BOOST_TEST((engine_checksums(*e) == checksums_of(back)));
+  (void)original;
 }
 
 BOOST_AUTO_TEST_CASE(aborted_session_leaves_weights_and_version) {
@@ -383,6 +497,44 @@ BOOST_AUTO_TEST_CASE(disk_updates_load_whole_checkpoints_or_nothing) {
   BOOST_REQUIRE(e->end_weight_update({}).success);
   BOOST_TEST(e->update_weights_from_disk(req).success);
   BOOST_TEST(engine_checksums(*e) == original);
+}
+
+// A trainer's BF16 checkpoint into an engine serving INT4 experts: the experts' `.weight` are
+// quantized with the engine's recipe, so the result equals an engine started from that
+// checkpoint with the same quantization.
+BOOST_AUTO_TEST_CASE(a_bf16_checkpoint_loads_into_an_int4_engine) {
+  auto dir = scratch_dir("moe-bf16");
+  if (!fs::exists(dir / "config.json")) {
+    model::make_model_options o;
+    o.out = dir;
+    o.arch = "qwen3-moe";
+    o.seed = 3;
+    BOOST_REQUIRE(model::make_model(o).has_value());
+  }
+  engine_config int4;
+  int4.quantize = "int4-asym";
+  int4.quantize_group_size = 32;
+  auto e = start(dir, {}, int4);
+  auto before = engine_checksums(*e);
+  BOOST_TEST(before.count("model.layers.0.mlp.experts.0.gate_proj.weight_packed") == 1u);
+  auto update = perturbed(dir, 21);
+  auto bf16 = scratch_dir("moe-bf16-new");
+  fs::remove_all(bf16);
+  BOOST_REQUIRE(model::write_checkpoint(bf16, update).has_value());
+  fs::copy_file(dir / "config.json", bf16 / "config.json", fs::copy_options::overwrite_existing);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"})
+    if (fs::exists(dir / f))
+      fs::copy_file(dir / f, bf16 / f, fs::copy_options::overwrite_existing);
+  UpdateWeightFromDiskReqInput req;
+  req.model_path = bf16.string();
+  auto out = e->update_weights_from_disk(req);
+  BOOST_REQUIRE_MESSAGE(out.success, out.message);
+  auto fresh = start(bf16, {}, int4);
+  auto now = engine_checksums(*e);
+  BOOST_TEST((now == engine_checksums(*fresh)));
+  BOOST_TEST((now != before));
+  std::vector<int32_t> prompt{3, 14, 15, 92, 65};
+  BOOST_TEST((e->generate(greedy(prompt, 12)).output_ids == fresh->generate(greedy(prompt, 12)).output_ids));
 }
 
 BOOST_AUTO_TEST_CASE(pause_abort_ends_running_requests_and_holds_new_ones) {

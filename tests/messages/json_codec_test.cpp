@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "message_samples.hpp"
+#include "messages/base64.hpp"
 #include "messages/json_codec.hpp"
 #include "messages/validate.hpp"
 
@@ -398,8 +399,19 @@ std::vector<bad_case> bad_cases() {
     {"logit_bias", sp, R"({"logit_bias": {"42": -100}})",
      {R"(logit_bias: not supported by rlserve (got {"42":-100}))"}},
     {"json_schema", sp, R"({"json_schema": "{}"})", {"json_schema: not supported by rlserve"}},
-    {"serialized_named_tensors", tens, R"({"serialized_named_tensors": ["gASV"]})",
-     {R"(serialized_named_tensors: not supported by rlserve (got ["gASV"]))", "named_tensors"}},
+    // -- serialized_named_tensors: base64 PyTorch pickles (torch_pickle_test reads real ones)
+    {"serialized not a list", tens, R"({"serialized_named_tensors": "gASV"})",
+     {R"(serialized_named_tensors: expected a list, got "gASV")"}},
+    {"serialized empty", tens, R"({"serialized_named_tensors": []})",
+     {"serialized_named_tensors: empty; expected one base64 pickle per engine GPU"}},
+    {"serialized not a string", tens, R"({"serialized_named_tensors": ["gASV", 7]})",
+     {"serialized_named_tensors[1]: expected a base64 string, got 7"}},
+    {"serialized base64", tens, R"({"serialized_named_tensors": ["gAS*"]})",
+     {"serialized_named_tensors[0]: invalid base64 character '*' at offset 3"}},
+    {"serialized truncated", tens, R"({"serialized_named_tensors": ["gASV"]})",
+     {"serialized_named_tensors[0]: byte 2: the pickle ends inside FRAME"}},
+    {"serialized os.system", tens, R"({"serialized_named_tensors": ["Y29zCnN5c3RlbQooUydscycKdFIu"]})",
+     {"serialized_named_tensors[0]: byte 0: global os.system (GLOBAL) is not allowed"}},
     {"disable_draft_model", dist, R"({"names": [], "dtypes": [], "shapes": [], "disable_draft_model": true})",
      {"disable_draft_model: not supported by rlserve (got true)", "selector"}},
     {"manifest", disk, R"({"model_path": "/m", "manifest": {"a": 1}})",
@@ -440,7 +452,22 @@ std::vector<bad_case> bad_cases() {
     {"ipc bad digit", tens, keep(device_tensor_body(R"(, "ipc_handle": "0g")")),
      {"device_tensors[0].ipc_handle: invalid hex digit 'g' at offset 1"}},
     {"ipc short", tens, keep(device_tensor_body(R"(, "ipc_handle": "0011")")),
-     {"device_tensors[0].ipc_handle: expected 64 bytes (128 hex digits), got 2 bytes"}},
+     {"device_tensors[0].ipc_handle: 2 bytes; expected 64 (cudaIpcMemHandle_t) or 66"}},
+    {"ipc expandable", tens, keep(device_tensor_body(R"(, "ipc_handle": "0265)" + std::string(128, 'a') + "\"")),
+     {"device_tensors[0].ipc_handle: this handle is an expandable segment (type 'e')",
+      "unset expandable_segments"}},
+    {"ipc version", tens, keep(device_tensor_body(R"(, "ipc_handle": "0463)" + std::string(128, 'a') + "\"")),
+     {"device_tensors[0].ipc_handle: handle version 4; rlserve reads versions 2 and 3"}},
+    {"nbytes", tens, keep(device_tensor_body(R"(, "pointer": 1, "nbytes": 2)")),
+     {R"(device_tensors[0].nbytes: tensor "w" has nbytes 2, but shape [2] of bfloat16 is 4 bytes)"}},
+    {"device_uuid", tens, keep(device_tensor_body(R"(, "pointer": 1, "device_uuid": "GPU-0")")),
+     {R"(device_tensors[0].device_uuid: "GPU-0" is not a GPU UUID)"}},
+    {"ref_counter_handle", tens, keep(device_tensor_body(R"(, "pointer": 1, "ref_counter_handle": "/../etc/x")")),
+     {R"(device_tensors[0].ref_counter_handle: "/../etc/x" is not a shared-memory name)"}},
+    {"event_handle", tens, keep(device_tensor_body(R"(, "pointer": 1, "event_handle": "00")")),
+     {"device_tensors[0].event_handle: expected 64 bytes (128 hex digits), got 1 bytes"}},
+    {"event_sync_required", tens, keep(device_tensor_body(R"(, "pointer": 1, "event_sync_required": true)")),
+     {"device_tensors[0].event_sync_required: true without an event_handle to wait for"}},
     {"ipc and pointer", tens,
      keep(device_tensor_body(R"(, "pointer": 4096, "ipc_handle": ")" + std::string(128, 'a') + "\"")),
      {"device_tensors[0]: pointer and ipc_handle are both set"}},
@@ -709,7 +736,31 @@ BOOST_AUTO_TEST_CASE(either_or_fields_drop_cleanly) {
     j.erase("device");
     j.erase("offset");
     BOOST_TEST(!error_of<DeviceTensorRef>(j).has_value());
+    // Without the event to wait for, the flag that asks for the wait is an error.
+    j = to_json(sample);
+    j.erase("event_handle");
+    BOOST_TEST(error_of<DeviceTensorRef>(j).value_or("") ==
+               "event_sync_required: true without an event_handle to wait for");
   }
+}
+
+// The forms a sender may use that rlserve stores in one spelling: torch's UUID text (no
+// "GPU-", any case) and a raw 64-byte cudaIpcMemHandle_t next to PyTorch's 66-byte handle.
+BOOST_AUTO_TEST_CASE(device_tensor_refs_accept_torch_spellings) {
+  json j = to_json(samples<DeviceTensorRef>::ipc());
+  j["device_uuid"] = "4B652AE2-0EC6-7DCB-611E-8BD2E51D9120";
+  auto x = from_json<DeviceTensorRef>(j);
+  BOOST_TEST_REQUIRE(x.has_value(), error_text(x));
+  BOOST_TEST(x->device_uuid == "GPU-4b652ae2-0ec6-7dcb-611e-8bd2e51d9120");
+  j["ipc_handle"] = hex_encode(ipc_handle_bytes());
+  x = from_json<DeviceTensorRef>(j);
+  BOOST_TEST_REQUIRE(x.has_value(), error_text(x));
+  BOOST_TEST(x->ipc_handle.size() == 64u);
+  j["ipc_handle"] = "03" + j["ipc_handle"].get<std::string>().insert(0, "63");
+  x = from_json<DeviceTensorRef>(j);
+  BOOST_TEST(x.has_value(), error_text(x)); // version 3 reads as 2 does
+  j["nbytes"] = 0; // 0: not given
+  BOOST_TEST(from_json<DeviceTensorRef>(j).has_value());
 }
 
 // Whatever the codec accepts also passes messages/validate.hpp, the checks the in-process API

@@ -95,7 +95,8 @@ RLSERVE_FIELD_COUNT(TensorSpec, 3)
 RLSERVE_FIELD_COUNT(TensorAlias, 2)
 RLSERVE_FIELD_COUNT(RunnerManifest, 13)
 RLSERVE_FIELD_COUNT(StageTensors, 1)
-RLSERVE_FIELD_COUNT(RunnerReply, 2)
+RLSERVE_FIELD_COUNT(StageDeviceTensors, 1)
+RLSERVE_FIELD_COUNT(RunnerReply, 3)
 RLSERVE_FIELD_COUNT(RunnerCheckOutput, 7)
 RLSERVE_FIELD_COUNT(WeightUpdaterStatus, 4)
 
@@ -276,6 +277,14 @@ inline std::vector<uint8_t> ipc_handle_bytes() {
   std::vector<uint8_t> h(64);
   for (std::size_t i = 0; i < h.size(); ++i)
     h[i] = static_cast<uint8_t>(255 - i * 3);
+  return h;
+}
+
+// PyTorch's shareable form: version 2, type 'c', then the 64-byte cudaIpcMemHandle_t.
+inline std::vector<uint8_t> torch_ipc_handle_bytes() {
+  std::vector<uint8_t> h{2, 'c'};
+  auto raw = ipc_handle_bytes();
+  h.insert(h.end(), raw.begin(), raw.end());
   return h;
 }
 
@@ -503,11 +512,17 @@ struct samples<DeviceTensorRef> : simple_samples<DeviceTensorRef> {
   static DeviceTensorRef full() {
     DeviceTensorRef x;
     x.device = 1;
+    x.device_uuid = "GPU-4b652ae2-0ec6-7dcb-611e-8bd2e51d9120";
     x.pointer = 0x7f0000001000ull;
-    x.ipc_handle = ipc_handle_bytes();
+    x.ipc_handle = torch_ipc_handle_bytes();
     x.offset = 4096;
+    x.nbytes = 8 * 16 * 2;
     x.type = dtype::f16;
     x.shape = {8, 16};
+    x.ref_counter_handle = "/torch_504_3285582889_0";
+    x.ref_counter_offset = 638;
+    x.event_handle = ipc_handle_bytes();
+    x.event_sync_required = true;
     return x;
   }
   // JSON: exactly one of pointer / ipc_handle.
@@ -892,7 +907,14 @@ struct samples<StageTensors> : simple_samples<StageTensors> {
 };
 
 template <>
-struct samples<RunnerReply> : status_samples<RunnerReply> {};
+struct samples<StageDeviceTensors> : simple_samples<StageDeviceTensors> {
+  static StageDeviceTensors full() { return {samples<NamedDeviceTensor>::json()}; }
+};
+
+template <>
+struct samples<RunnerReply> : simple_samples<RunnerReply> {
+  static RunnerReply full() { return {false, "it failed: \"why\"\n", true}; }
+};
 
 template <>
 struct samples<RunnerCheckOutput> : simple_samples<RunnerCheckOutput> {

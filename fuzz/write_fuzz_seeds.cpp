@@ -1,12 +1,15 @@
 // Writes the seed corpora of fuzz/corpus/ from the project's own samples: the JSON test samples
 // of tests/messages/message_samples.hpp (each prefixed with its decoder's selector byte,
 // json_codec_selectors.hpp), make-model's tiny configs and tokenizer, small safetensors files,
-// websocket text and binary frames as the client library writes them, and HTTP requests.
+// websocket text and binary frames as the client library writes them, HTTP requests, and the
+// PyTorch CUDA IPC pickles of tests/data/torch_ipc (each prefixed with its form byte).
 //
-//   write_fuzz_seeds fuzz/corpus        (writes <target>/ folders; existing files are replaced)
+//   write_fuzz_seeds fuzz/corpus        (writes <target>/ folders; existing files are replaced;
+//                                        the pickles are read from <corpus>/../../tests/data)
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <string_view>
@@ -208,6 +211,26 @@ bool http_seeds(const fs::path& dir) {
   return true;
 }
 
+bool torch_pickle_seeds(const fs::path& dir) {
+  const fs::path fixtures = dir / ".." / ".." / ".." / "tests" / "data" / "torch_ipc";
+  if (!fs::is_directory(fixtures)) {
+    std::fprintf(stderr, "%s: not found (run from the repository root with fuzz/corpus)\n",
+                 fixtures.string().c_str());
+    return false;
+  }
+  for (const auto& entry : fs::directory_iterator(fixtures)) {
+    const auto name = entry.path().filename().string();
+    // plain_many (68 KB, 300 tensors) adds size, not new paths.
+    if (entry.path().extension() != ".pkl" || name == "plain_many.pkl")
+      continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const char form = name.find("bucket") != std::string::npos ? '\1' : '\0';
+    write_file(dir / name, std::string(1, form) + bytes);
+  }
+  return true;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -220,6 +243,7 @@ int main(int argc, char** argv) {
     {"json_codec_fuzz", &json_codec_seeds}, {"config_fuzz", &config_seeds},
     {"tokenizer_fuzz", &tokenizer_seeds},   {"safetensors_fuzz", &safetensors_seeds},
     {"protocol_fuzz", &protocol_seeds},     {"http_fuzz", &http_seeds},
+    {"torch_pickle_fuzz", &torch_pickle_seeds},
   };
   bool ok = true;
   for (const auto& [target, write] : writers) {

@@ -25,7 +25,8 @@ build: configure
 run: build
 	./$(BUILD_DIR)/apps/rlserve demo
 
-# Everything CI runs: unit, simulation and Python reference tests (no GPU needed).
+# The README's test command: unit, simulation and Python reference tests (no GPU needed).
+# CI (.ci/run) runs it, then test-asan and fuzz-smoke.
 test: build
 	ctest --test-dir $(BUILD_DIR) --label-exclude gpu --output-on-failure -j $(JOBS)
 

@@ -52,7 +52,13 @@ for target in "${targets[@]}"; do
   mkdir -p "$scratch/$target"
   echo "fuzz: $target for ${seconds}s from $seeds ($(ls "$seeds" | wc -l) seeds)"
   # The first folder receives what the run finds; the seeds are only read.
-  if ! "$exe" "${options[@]}" "-dict=$dict" "$scratch/$target" "$seeds" > "$build_dir/$target.log" 2>&1; then
+  "$exe" "${options[@]}" "-dict=$dict" "$scratch/$target" "$seeds" > "$build_dir/$target.log" 2>&1 &
+  pid=$!
+  status=0
+  wait "$pid" || status=$?
+  # The loaders' scratch folder (fuzz/fuzz_support.hpp): libFuzzer ends without atexit handlers.
+  rm -rf "/dev/shm/rlserve_fuzz_$pid" "${TMPDIR:-/tmp}/rlserve_fuzz_$pid"
+  if ((status != 0)); then
     tail -n 60 "$build_dir/$target.log" >&2
     echo "fuzz: $target FAILED; the input is in $artifacts/ (reproduce: $exe <that file>)" >&2
     exit 1

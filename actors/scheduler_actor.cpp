@@ -160,14 +160,16 @@ void flush_outbox(scheduler_pointer self) {
   if (out.empty())
     return;
   std::vector<std::pair<caf::actor, TokenChunks>> per_sink;
-  for (auto& [sink, chunk] : out) {
+  for (auto& sink_and_chunk : out) {
+    // Not a structured binding: clang 14 (the fuzzing build) cannot capture one in a lambda.
+    const caf::actor& sink = sink_and_chunk.first;
     auto it = std::find_if(per_sink.begin(), per_sink.end(),
                            [&](const auto& entry) { return entry.first == sink; });
     if (it == per_sink.end()) {
       per_sink.emplace_back(sink, TokenChunks{});
       it = std::prev(per_sink.end());
     }
-    it->second.chunks.push_back(std::move(chunk));
+    it->second.chunks.push_back(std::move(sink_and_chunk.second));
   }
   out.clear();
   for (auto& [sink, batch] : per_sink)

@@ -157,7 +157,11 @@ expected<quantization_config> parse_quantization_config(const nlohmann::json& j,
   auto groups = j.find("config_groups");
   if (groups == j.end() || !groups->is_object() || groups->size() != 1)
     return refuse("config_groups must hold exactly one group");
-  const auto& [gname, group] = *groups->items().begin();
+  // Not `*groups->items().begin()`: that dereferences a temporary iterator proxy, which is gone
+  // before its key and value are read (ASan: stack-use-after-scope).
+  const auto first_group = groups->begin();
+  const std::string& gname = first_group.key();
+  const json& group = first_group.value();
   const std::string gat = "config_groups." + gname;
   if (!group.is_object())
     return refuse(gat + " is not an object");

@@ -11,6 +11,7 @@
 #include "actors/guard.hpp"
 #include "caf/all.hpp"
 #include "messages/json_codec.hpp"
+#include "net/http_route.hpp"
 #include "net/log.hpp"
 #include "net/request_accounting.hpp"
 
@@ -127,25 +128,10 @@ void start_route(http_actor* self, http_call call) {
                                                          call.body.size(), s.st->max_generate_bytes)),
                                   false});
   }
-  json body = json::object();
-  if (!call.body.empty()) {
-    auto j = parse_json(call.body);
-    if (!j)
-      return bad(j.error());
-    body = std::move(*j);
-    if (body.is_null())
-      body = json::object();
-    if (!body.is_object())
-      return bad("the request body must be a JSON object");
-  }
-  for (const auto& [k, v] : call.query) {
-    auto name = (c->route == "flush_cache" && k == "timeout") ? std::string("timeout_s") : k;
-    if (body.contains(name))
-      continue;
-    auto parsed = parse_json(v);
-    body[name] = parsed ? *parsed : json(v);
-  }
-  auto msg = c->decode(body);
+  auto body = http_request_body(*c, call.body, call.query);
+  if (!body)
+    return bad(body.error());
+  auto msg = c->decode(*body);
   if (!msg)
     return bad(msg.error());
   if (auto refused = before_send(*s.st, s.info, *msg, 0)) {

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "net/fail.hpp"
+#include "net/http_route.hpp"
 #include "net/ws_session.hpp"
 
 namespace rlserve::net::detail {
@@ -20,50 +21,6 @@ namespace http = beast::http;
 namespace asio = boost::asio;
 
 namespace {
-
-std::string json_error_body(std::string_view error, std::string_view message) {
-  return dump(json{{"error", error}, {"message", message}});
-}
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
-std::string url_decode(std::string_view s) {
-  std::string out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '+') {
-      out += ' ';
-    } else if (s[i] == '%' && i + 2 < s.size() && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
-      out += static_cast<char>(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2]));
-      i += 2;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
-std::map<std::string, std::string> parse_query(std::string_view q) {
-  std::map<std::string, std::string> out;
-  while (!q.empty()) {
-    auto amp = q.find('&');
-    auto item = q.substr(0, amp);
-    q = amp == std::string_view::npos ? std::string_view{} : q.substr(amp + 1);
-    if (item.empty())
-      continue;
-    auto eq = item.find('=');
-    out[url_decode(item.substr(0, eq))] =
-      eq == std::string_view::npos ? std::string() : url_decode(item.substr(eq + 1));
-  }
-  return out;
-}
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -217,13 +174,9 @@ void http_session::on_read(beast::error_code ec, std::size_t) {
 }
 
 void http_session::route(http::request<http::string_body>& req) {
-  std::string_view target(req.target().data(), req.target().size());
-  auto qpos = target.find('?');
-  std::string path(target.substr(0, qpos));
-  auto query = qpos == std::string_view::npos ? std::map<std::string, std::string>{}
-                                              : parse_query(target.substr(qpos + 1));
-  while (path.size() > 1 && path.back() == '/')
-    path.pop_back();
+  auto target = split_target({req.target().data(), req.target().size()});
+  std::string path = std::move(target.path);
+  auto query = std::move(target.query);
   const auto method = req.method();
   const bool get = method == http::verb::get || method == http::verb::head;
   const bool post = method == http::verb::post || method == http::verb::put;

@@ -8,6 +8,7 @@ debian_packages=(
   libcaf-dev                       # CAF 0.17.6: actors (we write its 0.17 API)
   libboost1.74-dev libboost-test1.74-dev libboost-system1.74-dev  # Asio, Beast, Test
   nlohmann-json3-dev libxxhash-dev libspdlog-dev libfmt-dev libcli11-dev libpcre2-dev
+  clang libclang-rt-14-dev llvm    # libFuzzer targets (make fuzz-smoke); llvm-symbolizer for reports
 )
 python_packages=(numpy safetensors tokenizers xxhash websockets)
 

@@ -101,7 +101,9 @@ inline std::vector<uint16_t> adversarial_weights(const int4_shape& s, uint64_t s
 
 template <class T>
 void poison(std::vector<T>& v) {
-  std::memset(v.data(), 0xD5, v.size() * sizeof(T));
+  // An empty vector's data() may be null, and memset(nullptr, ..., 0) is undefined (UBSan).
+  if (!v.empty())
+    std::memset(v.data(), 0xD5, v.size() * sizeof(T));
 }
 
 template <class T>

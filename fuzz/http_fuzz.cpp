@@ -1,0 +1,64 @@
+// The HTTP request path of net/ on untrusted bytes, up to the engine call: Beast's request
+// parser with http_session's limits, the websocket-upgrade check, the API-key headers, then
+// route_http_request (path, query, method, route) and, for a routed call, http_request_body and
+// the route's request decoder, as http_session and http_call_actor run them.
+#include <cstddef>
+#include <cstdint>
+#include <variant>
+
+#include <boost/asio/buffer.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/websocket/rfc6455.hpp>
+
+#include "caf/message.hpp"
+#include "fuzz/fuzz_support.hpp"
+#include "net/auth.hpp"
+#include "net/http_route.hpp"
+
+namespace http = boost::beast::http;
+using namespace rlserve::net;
+using namespace rlserve::net::detail;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
+  http::request_parser<http::string_body> parser;
+  parser.eager(true);
+  parser.body_limit(1 << 20);
+  parser.header_limit(64 * 1024);
+  boost::beast::error_code ec;
+  std::size_t used = 0;
+  while (used < size && !parser.is_done()) {
+    std::size_t n = parser.put(boost::asio::buffer(data + used, size - used), ec);
+    if (ec == http::error::need_more)
+      break;
+    if (ec)
+      return 0;
+    if (n == 0)
+      break;
+    used += n;
+  }
+  if (!parser.is_done()) {
+    // The connection closed here (a body without a length ends at EOF); Beast requires that
+    // some of the message came first.
+    if (!parser.got_some())
+      return 0;
+    parser.put_eof(ec);
+    if (ec || !parser.is_done())
+      return 0;
+  }
+  auto req = parser.release();
+  (void)boost::beast::websocket::is_upgrade(req);
+  auto a = req[http::field::authorization];
+  auto x = req["x-api-key"];
+  (void)tokens_from_headers({a.data(), a.size()}, {x.data(), x.size()});
+
+  auto routed = route_http_request(req.method(), {req.target().data(), req.target().size()},
+                                   std::move(req.body()));
+  auto* r = std::get_if<http_routed>(&routed);
+  if (!r || r->call.kind != http_call::route)
+    return 0;
+  auto body = http_request_body(*r->call.codec, r->call.body, r->call.query);
+  if (body)
+    (void)r->call.codec->decode(*body);
+  return 0;
+}

@@ -1,0 +1,135 @@
+#include "net/http_route.hpp"
+
+#include "messages/codec_registry.hpp"
+#include "messages/json_codec.hpp"
+#include "net/protocol.hpp"
+
+namespace rlserve::net::detail {
+
+namespace http = boost::beast::http;
+
+namespace {
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}
+
+std::string url_decode(std::string_view s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '+') {
+      out += ' ';
+    } else if (s[i] == '%' && i + 2 < s.size() && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2]));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+std::map<std::string, std::string> parse_query(std::string_view q) {
+  std::map<std::string, std::string> out;
+  while (!q.empty()) {
+    auto amp = q.find('&');
+    auto item = q.substr(0, amp);
+    q = amp == std::string_view::npos ? std::string_view{} : q.substr(amp + 1);
+    if (item.empty())
+      continue;
+    auto eq = item.find('=');
+    out[url_decode(item.substr(0, eq))] =
+      eq == std::string_view::npos ? std::string() : url_decode(item.substr(eq + 1));
+  }
+  return out;
+}
+
+} // namespace
+
+std::string json_error_body(std::string_view error, std::string_view message) {
+  return dump(json{{"error", error}, {"message", message}});
+}
+
+http_target split_target(std::string_view target) {
+  auto qpos = target.find('?');
+  http_target out;
+  out.path = std::string(target.substr(0, qpos));
+  if (qpos != std::string_view::npos)
+    out.query = parse_query(target.substr(qpos + 1));
+  while (out.path.size() > 1 && out.path.back() == '/')
+    out.path.pop_back();
+  return out;
+}
+
+std::variant<http_routed, http_refusal> route_http_request(http::verb method,
+                                                           std::string_view target,
+                                                           std::string body) {
+  auto [path, query] = split_target(target);
+  const bool get = method == http::verb::get || method == http::verb::head;
+  const bool post = method == http::verb::post || method == http::verb::put;
+
+  http_routed out;
+  if (path == "/health" || path == "/health_generate" || path == "/metrics" || path == "/model_info") {
+    if (!get)
+      return http_refusal{405, json_error_body("Method Not Allowed", "use GET for " + path)};
+    out.call.kind = path == "/health"            ? http_call::health
+                    : path == "/health_generate" ? http_call::health_generate
+                    : path == "/metrics"         ? http_call::metrics
+                                                 : http_call::model_info;
+  } else {
+    std::string name = path.size() > 1 ? path.substr(1) : "";
+    if (name == "server_info")
+      name = "get_server_info";
+    const codec_entry* c = find_codec(name);
+    if (!c) {
+      std::string routes = "/health, /health_generate, /metrics, /model_info";
+      for (const auto& e : all_codecs())
+        routes += ", /" + std::string(e.route);
+      return http_refusal{404, json_error_body("Not Found",
+                                               "no route " + path + " (routes: " + routes + ")")};
+    }
+    const bool is_generate = c->route == "generate";
+    if (!(post || (get && !is_generate)))
+      return http_refusal{405, json_error_body("Method Not Allowed",
+                                               is_generate ? "use POST for /generate"
+                                                           : "use POST or GET for " + path)};
+    out.call.kind = http_call::route;
+    out.call.codec = c;
+    out.call.body = std::move(body);
+    out.call.query = std::move(query);
+    out.level = to_route_auth(c->auth);
+  }
+  out.path = std::move(path);
+  return out;
+}
+
+expected<json> http_request_body(const codec_entry& codec, std::string_view text,
+                                 const std::map<std::string, std::string>& query) {
+  json body = json::object();
+  if (!text.empty()) {
+    auto j = parse_json(text);
+    if (!j)
+      return std::move(j).take_failure();
+    body = std::move(*j);
+    if (body.is_null())
+      body = json::object();
+    if (!body.is_object())
+      return fail("the request body must be a JSON object");
+  }
+  for (const auto& [k, v] : query) {
+    auto name = (codec.route == "flush_cache" && k == "timeout") ? std::string("timeout_s") : k;
+    if (body.contains(name))
+      continue;
+    auto parsed = parse_json(v);
+    body[name] = parsed ? *parsed : json(v);
+  }
+  return body;
+}
+
+} // namespace rlserve::net::detail

@@ -1,0 +1,60 @@
+// Private to net/: what an HTTP request asks for, decided from its method, target and body alone
+// (no sockets, no actors), so http_session and http_call_actor share it and fuzz/http_fuzz.cpp
+// can feed it untrusted requests.
+//
+//   auto r = route_http_request(req.method(), req.target(), std::move(req.body()));
+//   if (auto* no = std::get_if<http_refusal>(&r)) ...answer(no->status, no->body)...
+//   auto& routed = std::get<http_routed>(r);   // call + the auth level it needs
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include <boost/beast/http/verb.hpp>
+#include <nlohmann/json.hpp>
+
+#include "messages/expected.hpp"
+#include "net/auth.hpp"
+#include "net/http_call_actor.hpp"
+
+namespace rlserve::net::detail {
+
+// {"error": <error>, "message": <message>}: the body of a refusal.
+std::string json_error_body(std::string_view error, std::string_view message);
+
+// The request target split at '?': the path without trailing slashes ("/" stays "/"), and the
+// query's key=value pairs URL-decoded ('+' is a space, %XX a byte; a later key wins).
+struct http_target {
+  std::string path;
+  std::map<std::string, std::string> query;
+};
+http_target split_target(std::string_view target);
+
+// A request answered without calling the engine: 404 (no such route) or 405 (wrong method).
+struct http_refusal {
+  unsigned status = 404;
+  std::string body; // json_error_body
+};
+
+// A request for the engine, and the key level it needs.
+struct http_routed {
+  http_call call;
+  route_auth level = route_auth::normal;
+  std::string path;
+};
+
+// GET /health, /health_generate, /metrics, /model_info; POST (or GET, except generate) /<route>
+// for every codec_registry route (/server_info is get_server_info). `body` moves into the call.
+std::variant<http_routed, http_refusal> route_http_request(boost::beast::http::verb method,
+                                                           std::string_view target,
+                                                           std::string body);
+
+// The JSON body a routed call decodes: the request body (empty or null: {}), which must be an
+// object, plus every query parameter the body does not set, read as JSON when it parses and as a
+// string otherwise (flush_cache's "timeout" is its timeout_s). Errors are the 400 message.
+expected<nlohmann::json> http_request_body(const codec_entry& codec, std::string_view body,
+                                           const std::map<std::string, std::string>& query);
+
+} // namespace rlserve::net::detail

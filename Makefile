@@ -26,7 +26,7 @@ run: build
 	./$(BUILD_DIR)/apps/rlserve demo
 
 # The README's test command: unit, simulation and Python reference tests (no GPU needed).
-# CI (.ci/run) runs it, then test-asan and fuzz-smoke.
+# CI (.ci/run) runs it, then fuzz-smoke.
 test: build
 	ctest --test-dir $(BUILD_DIR) --label-exclude gpu --output-on-failure -j $(JOBS)
 

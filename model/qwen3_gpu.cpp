@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 #include <cublas_v2.h>
@@ -157,6 +158,7 @@ struct qwen3_gpu_model::impl {
   uint64_t* quant_flag = nullptr;
   void* pinned = nullptr;
   std::size_t pinned_bytes = 0;
+  cudaStream_t upload_stream = nullptr; // host uploads of updates (stage_host's helper thread)
   cudaEvent_t pinned_done[2] = {nullptr, nullptr};
   // RLSERVE_GPU_PROFILE=1: steps run eagerly with an event after every phase; the time between
   // consecutive events is summed per phase name (what the decode benchmark prints).
@@ -190,6 +192,8 @@ struct qwen3_gpu_model::impl {
       cudaGraphExecDestroy(g);
     if (batch_table)
       cudaFree(batch_table);
+    if (upload_stream)
+      cudaStreamDestroy(upload_stream);
     if (pinned)
       cudaFreeHost(pinned);
     for (auto e : pinned_done)
@@ -1755,82 +1759,106 @@ status qwen3_gpu_model::stage(std::span<const update_source> tensors, bool allow
   return {};
 }
 
-status qwen3_gpu_model::stage_host(std::span<const NamedTensor> tensors, bool allow_nonfinite) {
-  // Uploaded and staged in chunks of at most k_upload_chunk bytes (a disk update hands over a
-  // whole checkpoint in one message; a device buffer of its size would double the memory an
-  // update needs). One chunk is all or nothing; when a later chunk is refused, what earlier
-  // chunks staged is dropped with it and the reply says so.
-  constexpr std::size_t k_upload_chunk = std::size_t{1} << 30;
-  std::size_t first = 0;
-  while (first < tensors.size()) {
-    std::size_t last = first, bytes = 0;
-    while (last < tensors.size() && (last == first || bytes + tensors[last].tensor.nbytes <= k_upload_chunk))
-      bytes += tensors[last++].tensor.nbytes;
-    auto s = stage_host_chunk(tensors.subspan(first, last - first), allow_nonfinite);
-    if (!s) {
-      if (first == 0)
-        return s;
-      discard_staged();
-      return fail(s.error() + " — but earlier parts of this message had been staged, so the "
-                  "session's staged weights were dropped (the old weights keep serving)");
-    }
-    first = last;
-  }
-  return {};
-}
-
-status qwen3_gpu_model::stage_host_chunk(std::span<const NamedTensor> tensors, bool allow_nonfinite) {
+// Host bytes of some tensors copied into one device buffer (each tensor at a 256-byte aligned
+// offset) through the pinned double buffer, on the upload stream; finished when it returns. Runs
+// on a helper thread while the runner's thread stages the chunk before (it touches only the
+// pinned buffer, its events and the upload stream, which nothing else uses).
+status qwen3_gpu_model::upload_chunk(std::span<const NamedTensor> tensors, host_upload& out) {
   auto& p = *impl_;
   GPU_TRY(cudaSetDevice(p.device));
-  // One device buffer for the message's bytes, filled through a pinned bounce buffer in chunks
-  // (pageable copies would be staged by the driver one tensor at a time).
-  std::size_t total = 0;
-  std::vector<std::size_t> at;
-  for (const auto& t : tensors) {
-    at.push_back(total);
-    total += (t.tensor.nbytes + 255) / 256 * 256;
-  }
-  void* dev = nullptr;
-  if (total) {
-    if (auto e = cudaMallocAsync(&dev, total, p.stream); e != cudaSuccess)
-      return fail(fmt::format("CUDA: cannot allocate {} MiB to upload an update: {}", total >> 20, cuda_text(e)));
-  }
-  struct freer {
-    void* ptr;
-    cudaStream_t s;
-    ~freer() {
-      if (ptr)
-        cudaFreeAsync(ptr, s);
-    }
-  } guard{dev, p.stream};
+  if (!p.upload_stream)
+    GPU_TRY(cudaStreamCreateWithFlags(&p.upload_stream, cudaStreamNonBlocking));
   if (!p.pinned) {
     p.pinned_bytes = 64u << 20;
     GPU_TRY(cudaMallocHost(&p.pinned, p.pinned_bytes));
     for (auto& e : p.pinned_done) {
       GPU_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      GPU_TRY(cudaEventRecord(e, p.stream));
+      GPU_TRY(cudaEventRecord(e, p.upload_stream));
     }
   }
-  const std::size_t chunk = p.pinned_bytes / 2;
+  std::size_t total = 0;
+  out.at.clear();
+  for (const auto& t : tensors) {
+    out.at.push_back(total);
+    total += (t.tensor.nbytes + 255) / 256 * 256;
+  }
+  if (total)
+    if (auto e = cudaMallocAsync(&out.device, total, p.upload_stream); e != cudaSuccess)
+      return fail(fmt::format("CUDA: cannot allocate {} MiB to upload an update: {}", total >> 20, cuda_text(e)));
+  const std::size_t half_bytes = p.pinned_bytes / 2;
   std::size_t half = 0;
-  cudaEvent_t done[2] = {p.pinned_done[0], p.pinned_done[1]};
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const auto* src = reinterpret_cast<const std::byte*>(tensors[i].tensor.data.get());
-    for (std::size_t off = 0; off < tensors[i].tensor.nbytes; off += chunk) {
-      const std::size_t n = std::min(chunk, tensors[i].tensor.nbytes - off);
-      auto* bounce = static_cast<std::byte*>(p.pinned) + half * chunk;
-      GPU_TRY(cudaEventSynchronize(done[half])); // the copy out of this half has finished
+    for (std::size_t off = 0; off < tensors[i].tensor.nbytes; off += half_bytes) {
+      const std::size_t n = std::min(half_bytes, tensors[i].tensor.nbytes - off);
+      auto* bounce = static_cast<std::byte*>(p.pinned) + half * half_bytes;
+      GPU_TRY(cudaEventSynchronize(p.pinned_done[half])); // the copy out of this half has finished
       std::memcpy(bounce, src + off, n);
-      GPU_TRY(cudaMemcpyAsync(static_cast<std::byte*>(dev) + at[i] + off, bounce, n, cudaMemcpyHostToDevice, p.stream));
-      GPU_TRY(cudaEventRecord(done[half], p.stream));
+      GPU_TRY(cudaMemcpyAsync(static_cast<std::byte*>(out.device) + out.at[i] + off, bounce, n,
+                              cudaMemcpyHostToDevice, p.upload_stream));
+      GPU_TRY(cudaEventRecord(p.pinned_done[half], p.upload_stream));
       half ^= 1;
     }
   }
-  std::vector<update_source> sources;
-  for (std::size_t i = 0; i < tensors.size(); ++i)
-    sources.push_back({tensors[i].name, static_cast<std::byte*>(dev) + at[i], tensors[i].tensor.type,
-                       tensors[i].tensor.shape});
-  return stage(sources, allow_nonfinite);
+  GPU_TRY(cudaStreamSynchronize(p.upload_stream));
+  return {};
+}
+
+status qwen3_gpu_model::stage_host(std::span<const NamedTensor> tensors, bool allow_nonfinite) {
+  // Uploaded and staged in chunks of at most gpu_options::upload_chunk_bytes (a disk update hands over a
+  // whole checkpoint in one message; a device buffer of its size would double the memory an
+  // update needs), the upload of chunk i + 1 on a helper thread while chunk i is scanned and
+  // quantized on the device. One chunk is all or nothing; when a later chunk is refused, what
+  // earlier chunks staged is dropped with it and the reply says so.
+  auto& p = *impl_;
+  if (tensors.empty())
+    return {};
+  GPU_TRY(cudaSetDevice(p.device));
+  const std::size_t k_upload_chunk = std::max<std::size_t>(p.options.upload_chunk_bytes, 1);
+  std::vector<std::pair<std::size_t, std::size_t>> chunks; // [first, last)
+  for (std::size_t first = 0; first < tensors.size();) {
+    std::size_t last = first, bytes = 0;
+    while (last < tensors.size() && (last == first || bytes + tensors[last].tensor.nbytes <= k_upload_chunk))
+      bytes += tensors[last++].tensor.nbytes;
+    chunks.emplace_back(first, last);
+    first = last;
+  }
+  auto part = [&](std::size_t c) { return tensors.subspan(chunks[c].first, chunks[c].second - chunks[c].first); };
+  auto release = [&](host_upload& u) {
+    if (u.device)
+      cudaFreeAsync(u.device, p.stream);
+    u.device = nullptr;
+  };
+  host_upload current;
+  status s = upload_chunk(part(0), current);
+  for (std::size_t c = 0; c < chunks.size() && s; ++c) {
+    host_upload next;
+    status next_status;
+    std::thread uploader;
+    if (c + 1 < chunks.size())
+      uploader = std::thread([&, c] { next_status = upload_chunk(part(c + 1), next); });
+    std::vector<update_source> sources;
+    auto ts = part(c);
+    for (std::size_t i = 0; i < ts.size(); ++i)
+      sources.push_back({ts[i].name, static_cast<std::byte*>(current.device) + current.at[i], ts[i].tensor.type,
+                         ts[i].tensor.shape});
+    s = stage(sources, allow_nonfinite);
+    release(current);
+    if (uploader.joinable())
+      uploader.join();
+    if (s && !next_status)
+      s = std::move(next_status);
+    current = std::move(next);
+    if (!s && c > 0) {
+      release(current);
+      discard_staged();
+      return fail(s.error() + " — but earlier parts of this message had been staged, so the "
+                  "session's staged weights were dropped (the old weights keep serving)");
+    }
+  }
+  release(current);
+  cudaStreamSynchronize(p.stream);
+  return s;
 }
 
 expected<std::string> qwen3_gpu_model::commit_staged() {
@@ -2136,7 +2164,7 @@ status qwen3_gpu_model::upload(const qwen3_model&, std::span<const std::string>)
 expected<std::string> qwen3_gpu_model::post_process() { return fail(k_no_cuda); }
 status qwen3_gpu_model::stage(std::span<const update_source>, bool) { return fail(k_no_cuda); }
 status qwen3_gpu_model::stage_host(std::span<const NamedTensor>, bool) { return fail(k_no_cuda); }
-status qwen3_gpu_model::stage_host_chunk(std::span<const NamedTensor>, bool) { return fail(k_no_cuda); }
+status qwen3_gpu_model::upload_chunk(std::span<const NamedTensor>, host_upload&) { return fail(k_no_cuda); }
 expected<std::string> qwen3_gpu_model::commit_staged() { return fail(k_no_cuda); }
 void qwen3_gpu_model::discard_staged() {}
 std::size_t qwen3_gpu_model::staged_bytes() const { return 0; }

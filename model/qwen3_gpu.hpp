@@ -64,6 +64,9 @@ struct gpu_options {
   // Device bytes a weight update may stage before its commit (0: as many as the weights take,
   // i.e. one full copy of the model).
   std::size_t staging_budget_bytes = 0;
+  // Host bytes of an update go to the device in chunks of this size, the next chunk's upload
+  // overlapping this chunk's quantization (tests set it small to run many chunks).
+  std::size_t upload_chunk_bytes = std::size_t{1} << 30;
 };
 
 // One decode row's sampling request (forward_sample): model::sampler's rule, evaluated on the
@@ -156,9 +159,9 @@ public:
   // (the last one wins). Reads of `data` are finished when this returns. Fails too when the
   // staging area would outgrow gpu_options::staging_budget_bytes.
   status stage(std::span<const update_source> tensors, bool allow_nonfinite);
-  // Host tensors: copied to the device (through a pinned buffer), then as stage(), in chunks of
-  // up to 1 GiB: all or nothing per chunk; a refusal after the first chunk drops everything
-  // staged in the session (the message says so).
+  // Host tensors: copied to the device (through a pinned buffer, the next chunk's copy overlapping
+  // this chunk's staging), then as stage(), in chunks of up to 1 GiB: all or nothing per chunk; a
+  // refusal after the first chunk drops everything staged in the session (the message says so).
   status stage_host(std::span<const NamedTensor> tensors, bool allow_nonfinite);
   // Writes the staging area into the serving buffers (INT4 modules repacked from their staged
   // load format; a module left in load format by restore() gets the load format) and frees it.
@@ -197,7 +200,11 @@ public:
 
 private:
   explicit qwen3_gpu_model(std::unique_ptr<impl> p);
-  status stage_host_chunk(std::span<const NamedTensor> tensors, bool allow_nonfinite);
+  struct host_upload {
+    void* device = nullptr;      // one buffer for a chunk's tensors
+    std::vector<std::size_t> at; // each tensor's offset in it
+  };
+  status upload_chunk(std::span<const NamedTensor> tensors, host_upload& out);
   std::unique_ptr<impl> impl_;
   std::unique_ptr<staging> staging_;
 };

@@ -41,8 +41,10 @@ std::shared_ptr<qwen3_model> int4_host(kernels::int4_recipe recipe, uint64_t see
   return std::make_shared<qwen3_model>(std::move(*m));
 }
 
-std::unique_ptr<qwen3_gpu_model> gpu_of(const qwen3_model& host, std::size_t budget = 0) {
+std::unique_ptr<qwen3_gpu_model> gpu_of(const qwen3_model& host, std::size_t budget = 0,
+                                        std::size_t upload_chunk = std::size_t{1} << 30) {
   gpu_options o;
+  o.upload_chunk_bytes = upload_chunk;
   o.kv_num_blocks = 64;
   o.max_batch_tokens = 256;
   o.max_sequences = 8;
@@ -122,7 +124,8 @@ BOOST_AUTO_TEST_CASE(staged_updates_commit_the_bytes_the_cpu_model_computes) {
   for (auto recipe : {kernels::int4_recipe::asym, kernels::int4_recipe::sym_qat}) {
     for (bool through_host : {false, true}) {
       auto host = int4_host(recipe, 13);
-      auto gpu = gpu_of(*host);
+      // Host uploads in 64 KiB chunks: many chunks, each uploaded while the one before stages.
+      auto gpu = gpu_of(*host, 0, through_host ? std::size_t{64} << 10 : std::size_t{1} << 30);
       BOOST_TEST((device_digests(*gpu, *host) == host_digests(*host)), "the device serves the loaded model");
       auto before = host_digests(*host);
       auto update = update_tensors(host->config(), 77);
@@ -232,6 +235,22 @@ BOOST_AUTO_TEST_CASE(refused_messages_stage_nothing_and_discard_changes_nothing)
   BOOST_TEST(why(s).find("staging budget") != std::string::npos, why(s));
   BOOST_TEST(small->staged_bytes() == 0u);
   BOOST_TEST((device_digests(*small, *host) == before));
+}
+
+BOOST_AUTO_TEST_CASE(a_refusal_in_a_later_upload_chunk_drops_the_session_staging) {
+  auto host = int4_host(kernels::int4_recipe::asym, 51);
+  auto gpu = gpu_of(*host, 0, std::size_t{64} << 10);
+  const auto before = host_digests(*host);
+  auto update = update_tensors(host->config(), 6);
+  std::vector<std::byte> bytes(update.back().tensor.bytes().begin(), update.back().tensor.bytes().end());
+  uint16_t nan = 0x7fc0;
+  std::memcpy(bytes.data() + 2 * 5, &nan, 2);
+  update.back().tensor = HostTensor::adopt(dtype::bf16, update.back().tensor.shape, std::move(bytes));
+  auto s = gpu->stage_host(update, false);
+  BOOST_TEST(!s.has_value());
+  BOOST_TEST(why(s).find("were dropped") != std::string::npos, why(s));
+  BOOST_TEST(gpu->staged_bytes() == 0u);
+  BOOST_TEST((device_digests(*gpu, *host) == before));
 }
 
 BOOST_AUTO_TEST_CASE(download_returns_the_served_bytes) {

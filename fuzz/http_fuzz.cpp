@@ -52,8 +52,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   auto x = req["x-api-key"];
   (void)tokens_from_headers({a.data(), a.size()}, {x.data(), x.size()});
 
+  auto content_type = req[http::field::content_type];
   auto routed = route_http_request(req.method(), {req.target().data(), req.target().size()},
-                                   std::move(req.body()));
+                                   std::move(req.body()),
+                                   json_media_type({content_type.data(), content_type.size()}));
   auto* r = std::get_if<http_routed>(&routed);
   if (!r || r->call.kind != http_call::route)
     return 0;

@@ -34,7 +34,9 @@ std::string describe_char(char c) {
   return std::string("byte 0x") + digits[u >> 4] + digits[u & 15];
 }
 
-int hex_value(char c) {
+} // namespace
+
+int hex_digit_value(char c) {
   if (c >= '0' && c <= '9')
     return c - '0';
   if (c >= 'a' && c <= 'f')
@@ -43,8 +45,6 @@ int hex_value(char c) {
     return c - 'A' + 10;
   return -1;
 }
-
-} // namespace
 
 std::string base64_encode(std::span<const std::byte> bytes) {
   std::string out;
@@ -125,8 +125,8 @@ expected<std::vector<uint8_t>> hex_decode(std::string_view text) {
   std::vector<uint8_t> out;
   out.reserve(text.size() / 2);
   for (std::size_t i = 0; i < text.size(); i += 2) {
-    int hi = hex_value(text[i]);
-    int lo = hex_value(text[i + 1]);
+    int hi = hex_digit_value(text[i]);
+    int lo = hex_digit_value(text[i + 1]);
     if (hi < 0 || lo < 0) {
       auto at = hi < 0 ? i : i + 1;
       return fail("invalid hex digit " + describe_char(text[at]) + " at offset " +

@@ -29,6 +29,9 @@ expected<std::size_t> base64_decoded_size(std::string_view text);
 // `base64 length 7 is not a multiple of 4`, `misplaced '=' padding at offset 4`.
 expected<std::vector<std::byte>> base64_decode(std::string_view text);
 
+// The value of one hex digit (either case), or -1.
+int hex_digit_value(char c);
+
 // Lowercase hex, two digits per byte.
 std::string hex_encode(std::span<const uint8_t> bytes);
 

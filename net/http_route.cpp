@@ -1,5 +1,8 @@
 #include "net/http_route.hpp"
 
+#include <cctype>
+
+#include "messages/base64.hpp"
 #include "messages/codec_registry.hpp"
 #include "messages/json_codec.hpp"
 #include "net/protocol.hpp"
@@ -10,23 +13,13 @@ namespace http = boost::beast::http;
 
 namespace {
 
-int hex_value(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
 std::string url_decode(std::string_view s) {
   std::string out;
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '+') {
       out += ' ';
-    } else if (s[i] == '%' && i + 2 < s.size() && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
-      out += static_cast<char>(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2]));
+    } else if (s[i] == '%' && i + 2 < s.size() && hex_digit_value(s[i + 1]) >= 0 && hex_digit_value(s[i + 2]) >= 0) {
+      out += static_cast<char>(hex_digit_value(s[i + 1]) * 16 + hex_digit_value(s[i + 2]));
       i += 2;
     } else {
       out += s[i];
@@ -67,12 +60,30 @@ http_target split_target(std::string_view target) {
   return out;
 }
 
+bool json_media_type(std::string_view content_type) {
+  std::string type(content_type.substr(0, content_type.find(';')));
+  for (auto& c : type)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  while (!type.empty() && type.back() == ' ')
+    type.pop_back();
+  return type == "application/json" || (type.starts_with("application/") && type.ends_with("+json"));
+}
+
+bool get_allowed(std::string_view route) {
+  return route == "get_server_info" || route == "flush_cache" || route == "get_weights_by_name";
+}
+
 std::variant<http_routed, http_refusal> route_http_request(http::verb method,
                                                            std::string_view target,
-                                                           std::string body) {
+                                                           std::string body, bool body_is_json) {
   auto [path, query] = split_target(target);
-  const bool get = method == http::verb::get || method == http::verb::head;
+  const bool head = method == http::verb::head;
+  const bool get = method == http::verb::get || head;
   const bool post = method == http::verb::post || method == http::verb::put;
+  if (post && !body.empty() && !body_is_json)
+    return http_refusal{415, json_error_body("Unsupported Media Type",
+                                             "a request body must be JSON, sent with Content-Type: "
+                                             "application/json")};
 
   http_routed out;
   if (path == "/health" || path == "/health_generate" || path == "/metrics" || path == "/model_info") {
@@ -94,11 +105,14 @@ std::variant<http_routed, http_refusal> route_http_request(http::verb method,
       return http_refusal{404, json_error_body("Not Found",
                                                "no route " + path + " (routes: " + routes + ")")};
     }
-    const bool is_generate = c->route == "generate";
-    if (!(post || (get && !is_generate)))
+    // GET only where it has no side effect (or SGLang trainers use it: flush_cache); HEAD
+    // never runs a route with one: a HEAD answers like its GET, without the body.
+    const bool get_ok = get_allowed(c->route) && !(head && c->route == "flush_cache");
+    if (!(post || (get && get_ok)))
       return http_refusal{405, json_error_body("Method Not Allowed",
-                                               is_generate ? "use POST for /generate"
-                                                           : "use POST or GET for " + path)};
+                                               get_ok ? "use GET or POST for " + path
+                                                      : "use POST for " + path +
+                                                          " (it changes the engine's state)")};
     out.call.kind = http_call::route;
     out.call.codec = c;
     out.call.body = std::move(body);

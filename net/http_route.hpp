@@ -2,7 +2,7 @@
 // (no sockets, no actors), so http_session and http_call_actor share it and fuzz/http_fuzz.cpp
 // can feed it untrusted requests.
 //
-//   auto r = route_http_request(req.method(), req.target(), std::move(req.body()));
+//   auto r = route_http_request(req.method(), req.target(), std::move(req.body()), is_json);
 //   if (auto* no = std::get_if<http_refusal>(&r)) ...answer(no->status, no->body)...
 //   auto& routed = std::get<http_routed>(r);   // call + the auth level it needs
 #pragma once
@@ -32,7 +32,17 @@ struct http_target {
 };
 http_target split_target(std::string_view target);
 
-// A request answered without calling the engine: 404 (no such route) or 405 (wrong method).
+// Whether a Content-Type names JSON (application/json or application/<x>+json, any case, any
+// parameters). A browser can POST text/plain or a form to any address without asking first, but
+// not JSON: requiring it keeps web pages from driving the engine.
+bool json_media_type(std::string_view content_type);
+
+// Routes a GET (and HEAD) may call: those without side effects, and flush_cache, which SGLang
+// serves on GET and RL trainers call that way.
+bool get_allowed(std::string_view route);
+
+// A request answered without calling the engine: 404 (no such route), 405 (wrong method: GET only
+// for get_allowed routes, HEAD never for flush_cache) or 415 (a non-empty body that is not JSON).
 struct http_refusal {
   unsigned status = 404;
   std::string body; // json_error_body
@@ -45,11 +55,12 @@ struct http_routed {
   std::string path;
 };
 
-// GET /health, /health_generate, /metrics, /model_info; POST (or GET, except generate) /<route>
-// for every codec_registry route (/server_info is get_server_info). `body` moves into the call.
+// GET /health, /health_generate, /metrics, /model_info; POST /<route> for every codec_registry
+// route, GET too where get_allowed (/server_info is get_server_info). `body` moves into the call;
+// `body_is_json` is json_media_type of the request's Content-Type.
 std::variant<http_routed, http_refusal> route_http_request(boost::beast::http::verb method,
                                                            std::string_view target,
-                                                           std::string body);
+                                                           std::string body, bool body_is_json = true);
 
 // The JSON body a routed call decodes: the request body (empty or null: {}), which must be an
 // object, plus every query parameter the body does not set, read as JSON when it parses and as a

@@ -48,23 +48,6 @@ bool origin_allowed(const http::request<http::string_body>& req, const server_op
   return !host.empty() && origin.substr(scheme + 3) == lower(std::string_view(host.data(), host.size()));
 }
 
-// A body must say it is JSON: a browser can POST text/plain or a form to any address without
-// asking first, but not application/json.
-bool json_content_type(const http::request<http::string_body>& req) {
-  auto v = lower(std::string_view(req[http::field::content_type].data(), req[http::field::content_type].size()));
-  auto semi = v.find(';');
-  auto type = v.substr(0, semi);
-  while (!type.empty() && type.back() == ' ')
-    type.pop_back();
-  return type == "application/json" || (type.starts_with("application/") && type.ends_with("+json"));
-}
-
-// Routes a GET (and HEAD) may call: those without side effects, and flush_cache, which SGLang
-// serves on GET and RL trainers call that way.
-bool get_allowed(std::string_view route) {
-  return route == "get_server_info" || route == "flush_cache" || route == "get_weights_by_name";
-}
-
 std::vector<std::string> request_tokens(const http::request<http::string_body>& req) {
   auto a = req[http::field::authorization];
   auto x = req["x-api-key"];
@@ -174,53 +157,16 @@ void http_session::on_read(beast::error_code ec, std::size_t) {
 }
 
 void http_session::route(http::request<http::string_body>& req) {
-  auto target = split_target({req.target().data(), req.target().size()});
-  std::string path = std::move(target.path);
-  auto query = std::move(target.query);
-  const auto method = req.method();
-  const bool get = method == http::verb::get || method == http::verb::head;
-  const bool post = method == http::verb::post || method == http::verb::put;
-  if (post && !req.body().empty() && !json_content_type(req))
-    return answer(415, "application/json",
-                  json_error_body("Unsupported Media Type",
-                                  "a request body must be JSON, sent with Content-Type: application/json"));
-
-  http_call call;
-  route_auth level = route_auth::normal;
-  if (path == "/health" || path == "/health_generate" || path == "/metrics" || path == "/model_info") {
-    if (!get)
-      return answer(405, "application/json",
-                    json_error_body("Method Not Allowed", "use GET for " + path));
-    call.kind = path == "/health"            ? http_call::health
-                : path == "/health_generate" ? http_call::health_generate
-                : path == "/metrics"         ? http_call::metrics
-                                             : http_call::model_info;
-  } else {
-    std::string name = path.size() > 1 ? path.substr(1) : "";
-    if (name == "server_info")
-      name = "get_server_info";
-    const codec_entry* c = find_codec(name);
-    if (!c) {
-      std::string routes = "/health, /health_generate, /metrics, /model_info";
-      for (const auto& e : all_codecs())
-        routes += ", /" + std::string(e.route);
-      return answer(404, "application/json",
-                    json_error_body("Not Found", "no route " + path + " (routes: " + routes + ")"));
-    }
-    // GET only where it has no side effect (or SGLang trainers use it: flush_cache); HEAD
-    // never runs a route with one: a HEAD answers like its GET, without the body.
-    const bool get_ok = get_allowed(c->route) && !(head_ && c->route == "flush_cache");
-    if (!(post || (get && get_ok)))
-      return answer(405, "application/json",
-                    json_error_body("Method Not Allowed",
-                                    get_ok ? "use GET or POST for " + path
-                                           : "use POST for " + path + " (it changes the engine's state)"));
-    call.kind = http_call::route;
-    call.codec = c;
-    call.body = std::move(req.body());
-    call.query = std::move(query);
-    level = to_route_auth(c->auth);
-  }
+  auto content_type = req[http::field::content_type];
+  auto routed = route_http_request(req.method(), {req.target().data(), req.target().size()},
+                                   std::move(req.body()),
+                                   json_media_type({content_type.data(), content_type.size()}));
+  if (auto* refusal = std::get_if<http_refusal>(&routed))
+    return answer(refusal->status, "application/json", std::move(refusal->body));
+  auto& r = std::get<http_routed>(routed);
+  auto& call = r.call;
+  const auto level = r.level;
+  const std::string& path = r.path;
   if (auto r = authorize(st_->opts.keys, level, request_tokens(req)); r != auth_result::ok) {
     st_->stats.protocol_error(r == auth_result::forbidden ? "forbidden" : "unauthorized");
     log_info("HTTP " + path + " refused: " + (r == auth_result::forbidden ? "forbidden" : "unauthorized"));

@@ -65,6 +65,18 @@ BOOST_AUTO_TEST_CASE(unknown_paths_and_wrong_methods_are_refused) {
   BOOST_TEST(refusal_status(route_http_request(http::verb::get, "/generate", "")) == 405u);
   BOOST_TEST(refusal_status(route_http_request(http::verb::post, "/metrics", "")) == 405u);
   BOOST_TEST(refusal_status(route_http_request(http::verb::delete_, "/flush_cache", "")) == 405u);
+  // Side effects need POST; HEAD never flushes; a body must be JSON.
+  BOOST_TEST(refusal_status(route_http_request(http::verb::get, "/pause_generation?mode=abort", "")) == 405u);
+  BOOST_TEST(refusal_status(route_http_request(http::verb::head, "/flush_cache", "")) == 405u);
+  BOOST_TEST(refusal_status(route_http_request(http::verb::post, "/pause_generation", "{}", false)) == 415u);
+  BOOST_TEST(routed(route_http_request(http::verb::post, "/continue_generation", "", false)).call.kind ==
+             http_call::route);
+  BOOST_TEST(json_media_type("application/json"));
+  BOOST_TEST(json_media_type("Application/JSON; charset=utf-8"));
+  BOOST_TEST(json_media_type("application/vnd.api+json"));
+  BOOST_TEST(!json_media_type("text/plain"));
+  BOOST_TEST(!json_media_type("application/x-www-form-urlencoded"));
+  BOOST_TEST(!json_media_type(""));
 }
 
 BOOST_AUTO_TEST_CASE(body_and_query_make_the_decoded_object) {

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/gpu/qwen3_30b_a3b.hpp"
 #include "model/qwen3.hpp"
 #include "model/qwen3_gpu.hpp"
 
@@ -51,29 +52,6 @@ struct options {
   bool gemv = true;
   std::string json;
 };
-
-model_config qwen3_30b_a3b(int64_t layers) {
-  model_config c;
-  c.architecture = "Qwen3MoeForCausalLM";
-  c.model_type = "qwen3_moe";
-  c.vocab_size = 151936;
-  c.hidden_size = 2048;
-  c.intermediate_size = 6144;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 4;
-  c.head_dim = 128;
-  c.max_position_embeddings = 40960;
-  c.rope_theta = 1e6;
-  c.rms_norm_eps = 1e-6;
-  c.tie_word_embeddings = false;
-  c.num_experts = 128;
-  c.num_experts_per_tok = 8;
-  c.moe_intermediate_size = 768;
-  c.decoder_sparse_step = 1;
-  c.norm_topk_prob = true;
-  return c;
-}
 
 struct row {
   std::string mode;
@@ -116,7 +94,7 @@ std::vector<int64_t> parse_list(const char* s) {
 }
 
 bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& rows) {
-  const auto c = qwen3_30b_a3b(o.layers);
+  const auto c = bench::qwen3_30b_a3b(o.layers);
   int64_t max_b = 1;
   for (auto b : o.batches)
     max_b = std::max(max_b, b);

@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "benchmarks/gpu/qwen3_30b_a3b.hpp"
 #include "messages/base64.hpp"
 #include "model/cuda_ipc.hpp"
 #include "model/qwen3_gpu.hpp"
@@ -39,36 +40,6 @@ namespace {
 
 double seconds_since(clock_type::time_point t) {
   return std::chrono::duration<double>(clock_type::now() - t).count();
-}
-
-model_config qwen3_30b_a3b(int64_t layers) {
-  model_config c;
-  c.architecture = "Qwen3MoeForCausalLM";
-  c.model_type = "qwen3_moe";
-  c.vocab_size = 151936;
-  c.hidden_size = 2048;
-  c.intermediate_size = 6144;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 4;
-  c.head_dim = 128;
-  c.max_position_embeddings = 40960;
-  c.rope_theta = 1e6;
-  c.rms_norm_eps = 1e-6;
-  c.tie_word_embeddings = false;
-  c.num_experts = 128;
-  c.num_experts_per_tok = 8;
-  c.moe_intermediate_size = 768;
-  c.decoder_sparse_step = 1;
-  c.norm_topk_prob = true;
-  return c;
-}
-
-std::vector<uint8_t> unhex(const std::string& s) {
-  std::vector<uint8_t> out(s.size() / 2);
-  for (std::size_t i = 0; i < out.size(); ++i)
-    out[i] = static_cast<uint8_t>(std::stoi(s.substr(2 * i, 2), nullptr, 16));
-  return out;
 }
 
 // A child process with its stdin and stdout as pipes.
@@ -141,7 +112,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const auto c = qwen3_30b_a3b(layers);
+  const auto c = bench::qwen3_30b_a3b(layers);
   gpu_options o;
   o.kv_num_blocks = 256;
   o.max_batch_tokens = 256;
@@ -181,7 +152,12 @@ int main(int argc, char** argv) {
       nt.name = r["name"].get<std::string>();
       nt.tensor.type = dtype::bf16;
       nt.tensor.shape = r["shape"].get<std::vector<int64_t>>();
-      nt.tensor.ipc_handle = unhex(r["ipc_handle"].get<std::string>());
+      auto handle = hex_decode(r["ipc_handle"].get<std::string>());
+      if (!handle) {
+        std::fprintf(stderr, "update_bench: the trainer sent a bad handle: %s\n", handle.error().c_str());
+        return 1;
+      }
+      nt.tensor.ipc_handle = std::move(*handle);
       nt.tensor.offset = r["offset"].get<uint64_t>();
       nt.tensor.nbytes = r["nbytes"].get<uint64_t>();
       nt.tensor.device_uuid = r["device_uuid"].get<std::string>();

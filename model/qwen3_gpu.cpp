@@ -87,6 +87,74 @@ struct gpu_int4_module {
   int64_t zp_words() const { return symmetric ? 0 : shape.n / 8 * kernels::int4_groups(shape); }
 };
 
+// Load-format buffers of one INT4 module (B experts): weight words | scale words (padded to 4
+// bytes) | zero-point words; the same carving as the repack scratch.
+struct lf_view {
+  int32_t* w = nullptr;
+  uint16_t* s = nullptr;
+  int32_t* z = nullptr;
+};
+std::size_t lf_bytes(const gpu_int4_module& m) {
+  const int64_t B = m.shape.batch;
+  const int64_t scale_words = B * m.scale_words();
+  return static_cast<std::size_t>(B * m.weight_words() * 4 + (scale_words + scale_words % 2) * 2 +
+                                  B * m.zp_words() * 4);
+}
+lf_view carve_lf(void* base, const gpu_int4_module& m) {
+  const int64_t B = m.shape.batch;
+  lf_view v;
+  v.w = static_cast<int32_t*>(base);
+  v.s = reinterpret_cast<uint16_t*>(v.w + B * m.weight_words());
+  v.z = reinterpret_cast<int32_t*>(v.s + B * m.scale_words() + (B * m.scale_words()) % 2);
+  return v;
+}
+
+// The exact inverse repack of module `m` (serving buffers) into load-format buffers `lf`, and the
+// repack of `lf` into the serving buffers: the arguments every caller builds alike.
+kernels::serving_restore_args restore_args(const gpu_int4_module& m, const lf_view& lf) {
+  kernels::serving_restore_args a;
+  a.shape = m.shape;
+  a.has_zero_point = !m.symmetric;
+  a.zp_layout = m.zp_layout;
+  a.serving_weight = m.weight;
+  a.serving_scale = m.scale;
+  a.serving_zero_point = m.zero_point;
+  a.weight_packed = lf.w;
+  a.weight_scale = lf.s;
+  a.weight_zero_point = m.symmetric ? nullptr : lf.z;
+  return a;
+}
+
+kernels::serving_repack_args repack_args(const gpu_int4_module& m, const lf_view& lf) {
+  kernels::serving_repack_args a;
+  a.shape = m.shape;
+  a.has_zero_point = !m.symmetric;
+  a.zp_layout = m.zp_layout;
+  a.weight_packed = lf.w;
+  a.weight_scale = lf.s;
+  a.weight_zero_point = m.symmetric ? nullptr : lf.z;
+  a.serving_weight = m.weight;
+  a.serving_scale = m.scale;
+  a.serving_zero_point = m.zero_point;
+  return a;
+}
+
+// The module's own buffers, whatever layout they hold.
+lf_view buffers_of(const gpu_int4_module& m) { return {m.weight, m.scale, m.zero_point}; }
+
+// Copies all of a module's words (weight, scale, zero point) from `src` to `dst` on `stream`.
+cudaError_t copy_module_words(const lf_view& dst, const lf_view& src, const gpu_int4_module& m,
+                              cudaStream_t stream) {
+  const int64_t B = m.shape.batch;
+  if (auto e = cudaMemcpyAsync(dst.w, src.w, B * m.weight_words() * 4, cudaMemcpyDeviceToDevice, stream); e != cudaSuccess)
+    return e;
+  if (auto e = cudaMemcpyAsync(dst.s, src.s, B * m.scale_words() * 2, cudaMemcpyDeviceToDevice, stream); e != cudaSuccess)
+    return e;
+  if (!m.symmetric)
+    return cudaMemcpyAsync(dst.z, src.z, B * m.zp_words() * 4, cudaMemcpyDeviceToDevice, stream);
+  return cudaSuccess;
+}
+
 struct gpu_layer {
   uint16_t *input_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
   gpu_linear q, k, v, o;
@@ -691,26 +759,10 @@ status qwen3_gpu_model::impl::allocate_runtime() {
 status qwen3_gpu_model::impl::restore_module(gpu_int4_module& m) {
   if (!m.serving)
     return {};
-  const int64_t B = m.shape.batch;
-  auto* sw = static_cast<int32_t*>(int4_scratch);
-  auto* ss = reinterpret_cast<uint16_t*>(sw + B * m.weight_words());
-  auto* sz = reinterpret_cast<int32_t*>(ss + B * m.scale_words() + (B * m.scale_words()) % 2);
-  kernels::serving_restore_args a;
-  a.shape = m.shape;
-  a.has_zero_point = !m.symmetric;
-  a.zp_layout = m.zp_layout;
-  a.serving_weight = m.weight;
-  a.serving_scale = m.scale;
-  a.serving_zero_point = m.zero_point;
-  a.weight_packed = sw;
-  a.weight_scale = ss;
-  a.weight_zero_point = m.symmetric ? nullptr : sz;
-  if (auto s = kernels::serving_restore_device(a, m.name, stream); !s)
+  auto scratch = carve_lf(int4_scratch, m);
+  if (auto s = kernels::serving_restore_device(restore_args(m, scratch), m.name, stream); !s)
     return s;
-  GPU_TRY(cudaMemcpyAsync(m.weight, sw, B * m.weight_words() * 4, cudaMemcpyDeviceToDevice, stream));
-  GPU_TRY(cudaMemcpyAsync(m.scale, ss, B * m.scale_words() * 2, cudaMemcpyDeviceToDevice, stream));
-  if (!m.symmetric)
-    GPU_TRY(cudaMemcpyAsync(m.zero_point, sz, B * m.zp_words() * 4, cudaMemcpyDeviceToDevice, stream));
+  GPU_TRY(copy_module_words(buffers_of(m), scratch, m, stream));
   m.serving = false;
   return {};
 }
@@ -718,26 +770,14 @@ status qwen3_gpu_model::impl::restore_module(gpu_int4_module& m) {
 status qwen3_gpu_model::impl::post_process_module(gpu_int4_module& m) {
   if (m.serving)
     return {};
-  const int64_t B = m.shape.batch;
-  auto* sw = static_cast<int32_t*>(int4_scratch);
-  auto* ss = reinterpret_cast<uint16_t*>(sw + B * m.weight_words());
-  auto* sz = reinterpret_cast<int32_t*>(ss + B * m.scale_words() + (B * m.scale_words()) % 2);
-  kernels::serving_repack_args a;
-  a.shape = m.shape;
-  a.has_zero_point = !m.symmetric;
-  a.zp_layout = m.zp_layout;
-  a.weight_packed = m.weight;
-  a.weight_scale = m.scale;
-  a.weight_zero_point = m.zero_point;
-  a.serving_weight = sw;
-  a.serving_scale = ss;
-  a.serving_zero_point = m.symmetric ? nullptr : sz;
+  auto scratch = carve_lf(int4_scratch, m);
+  auto a = repack_args(m, buffers_of(m));
+  a.serving_weight = scratch.w; // out of place through the scratch, then copied back
+  a.serving_scale = scratch.s;
+  a.serving_zero_point = m.symmetric ? nullptr : scratch.z;
   if (auto s = kernels::serving_repack_device(a, m.name, stream); !s)
     return s;
-  GPU_TRY(cudaMemcpyAsync(m.weight, sw, B * m.weight_words() * 4, cudaMemcpyDeviceToDevice, stream));
-  GPU_TRY(cudaMemcpyAsync(m.scale, ss, B * m.scale_words() * 2, cudaMemcpyDeviceToDevice, stream));
-  if (!m.symmetric)
-    GPU_TRY(cudaMemcpyAsync(m.zero_point, sz, B * m.zp_words() * 4, cudaMemcpyDeviceToDevice, stream));
+  GPU_TRY(copy_module_words(buffers_of(m), scratch, m, stream));
   m.serving = true;
   return {};
 }
@@ -1413,28 +1453,6 @@ status qwen3_gpu_model::upload(const qwen3_model& host, std::span<const std::str
 
 namespace {
 
-// Load-format buffers of one INT4 module (B experts): weight words | scale words (padded to 4
-// bytes) | zero-point words; the same carving as the repack scratch.
-struct lf_view {
-  int32_t* w = nullptr;
-  uint16_t* s = nullptr;
-  int32_t* z = nullptr;
-};
-std::size_t lf_bytes(const gpu_int4_module& m) {
-  const int64_t B = m.shape.batch;
-  const int64_t scale_words = B * m.scale_words();
-  return static_cast<std::size_t>(B * m.weight_words() * 4 + (scale_words + scale_words % 2) * 2 +
-                                  B * m.zp_words() * 4);
-}
-lf_view carve_lf(void* base, const gpu_int4_module& m) {
-  const int64_t B = m.shape.batch;
-  lf_view v;
-  v.w = static_cast<int32_t*>(base);
-  v.s = reinterpret_cast<uint16_t*>(v.w + B * m.weight_words());
-  v.z = reinterpret_cast<int32_t*>(v.s + B * m.scale_words() + (B * m.scale_words()) % 2);
-  return v;
-}
-
 // The rows of one expert's [n, k] that one checkpoint Linear owns: gate_proj the first half of a
 // w13 module, up_proj the second, any other Linear all of them.
 struct int4_part {
@@ -1443,6 +1461,19 @@ struct int4_part {
   int64_t row_offset = 0;
   int64_t rows = 0;
 };
+
+// The part checkpoint Linear `prefix` is of expert `slot.second` of module `slot.first`.
+int4_part part_of(const std::vector<gpu_int4_module>& modules, std::pair<int, int64_t> slot,
+                  const std::string& prefix) {
+  const auto& m = modules[slot.first];
+  int4_part part{slot.first, slot.second, 0, m.shape.n};
+  if (!m.gate_prefix.empty()) {
+    part.rows = m.shape.n / 2;
+    if (m.up_prefix[part.expert] == prefix)
+      part.row_offset = part.rows;
+  }
+  return part;
+}
 
 // A possibly strided byte range on the device: `rows` rows of `row_bytes`, `pitch` apart.
 struct dev_range {
@@ -1542,12 +1573,7 @@ status qwen3_gpu_model::stage(std::span<const update_source> tensors, bool allow
       if (it == p.int4_slots.end())
         break;
       const auto& m = p.int4_modules[it->second.first];
-      int4_part part{it->second.first, it->second.second, 0, m.shape.n};
-      if (!m.gate_prefix.empty()) {
-        part.rows = m.shape.n / 2;
-        if (m.up_prefix[part.expert] == prefix)
-          part.row_offset = part.rows;
-      }
+      const auto part = part_of(p.int4_modules, it->second, prefix);
       const int64_t k = m.shape.k, groups = kernels::int4_groups(m.shape);
       std::vector<int64_t> want;
       std::vector<dtype> types;
@@ -1674,23 +1700,10 @@ status qwen3_gpu_model::stage(std::span<const update_source> tensors, bool allow
     st.bytes += lf_bytes(m);
     auto lf = carve_lf(buf, m);
     if (m.serving) {
-      kernels::serving_restore_args a;
-      a.shape = m.shape;
-      a.has_zero_point = !m.symmetric;
-      a.zp_layout = m.zp_layout;
-      a.serving_weight = m.weight;
-      a.serving_scale = m.scale;
-      a.serving_zero_point = m.zero_point;
-      a.weight_packed = lf.w;
-      a.weight_scale = lf.s;
-      a.weight_zero_point = m.symmetric ? nullptr : lf.z;
-      if (auto s = kernels::serving_restore_launch(a, p.stream); s != kernel_status::ok)
+      if (auto s = kernels::serving_restore_launch(restore_args(m, lf), p.stream); s != kernel_status::ok)
         return drop_all(fmt::format("restoring '{}' into staging failed: {}", m.name, kernels::to_string(s)));
     } else {
-      GPU_TRY(cudaMemcpyAsync(lf.w, m.weight, m.shape.batch * m.weight_words() * 4, cudaMemcpyDeviceToDevice, p.stream));
-      GPU_TRY(cudaMemcpyAsync(lf.s, m.scale, m.shape.batch * m.scale_words() * 2, cudaMemcpyDeviceToDevice, p.stream));
-      if (!m.symmetric)
-        GPU_TRY(cudaMemcpyAsync(lf.z, m.zero_point, m.shape.batch * m.zp_words() * 4, cudaMemcpyDeviceToDevice, p.stream));
+      GPU_TRY(copy_module_words(lf, buffers_of(m), m, p.stream));
     }
   }
   st.peak = std::max(st.peak, st.bytes);
@@ -1871,24 +1884,11 @@ expected<std::string> qwen3_gpu_model::commit_staged() {
     auto& m = p.int4_modules[idx];
     auto lf = carve_lf(buf, m);
     if (m.serving) {
-      kernels::serving_repack_args a;
-      a.shape = m.shape;
-      a.has_zero_point = !m.symmetric;
-      a.zp_layout = m.zp_layout;
-      a.weight_packed = lf.w;
-      a.weight_scale = lf.s;
-      a.weight_zero_point = m.symmetric ? nullptr : lf.z;
-      a.serving_weight = m.weight;
-      a.serving_scale = m.scale;
-      a.serving_zero_point = m.zero_point;
-      if (auto s = kernels::serving_repack_launch(a, p.stream); s != kernel_status::ok)
+      if (auto s = kernels::serving_repack_launch(repack_args(m, lf), p.stream); s != kernel_status::ok)
         return fail(fmt::format("repacking '{}' into its serving buffers failed: {}; the module is "
                                 "partly written (resend the whole update)", m.name, kernels::to_string(s)));
     } else {
-      GPU_TRY(cudaMemcpyAsync(m.weight, lf.w, m.shape.batch * m.weight_words() * 4, cudaMemcpyDeviceToDevice, p.stream));
-      GPU_TRY(cudaMemcpyAsync(m.scale, lf.s, m.shape.batch * m.scale_words() * 2, cudaMemcpyDeviceToDevice, p.stream));
-      if (!m.symmetric)
-        GPU_TRY(cudaMemcpyAsync(m.zero_point, lf.z, m.shape.batch * m.zp_words() * 4, cudaMemcpyDeviceToDevice, p.stream));
+      GPU_TRY(copy_module_words(buffers_of(m), lf, m, p.stream));
     }
   }
   GPU_TRY(cudaStreamSynchronize(p.stream));
@@ -1961,22 +1961,10 @@ status qwen3_gpu_model::read_parameters(std::span<const std::string> names, cons
   } guard{&gather};
   for (auto& [idx, list] : by_module) {
     auto& m = p.int4_modules[idx];
-    lf_view lf;
+    lf_view lf = buffers_of(m);
     if (m.serving) {
       lf = carve_lf(p.int4_scratch, m);
-      kernels::serving_restore_args a;
-      a.shape = m.shape;
-      a.has_zero_point = !m.symmetric;
-      a.zp_layout = m.zp_layout;
-      a.serving_weight = m.weight;
-      a.serving_scale = m.scale;
-      a.serving_zero_point = m.zero_point;
-      a.weight_packed = lf.w;
-      a.weight_scale = lf.s;
-      a.weight_zero_point = m.symmetric ? nullptr : lf.z;
-      KERNEL_TRY("restoring '" + m.name + "' to read it", kernels::serving_restore_launch(a, p.stream));
-    } else {
-      lf = {m.weight, m.scale, m.zero_point};
+      KERNEL_TRY("restoring '" + m.name + "' to read it", kernels::serving_restore_launch(restore_args(m, lf), p.stream));
     }
     std::vector<dev_range> ranges;
     std::size_t strided = 0;
@@ -1985,13 +1973,7 @@ status qwen3_gpu_model::read_parameters(std::span<const std::string> names, cons
       const char which = ends_with(name, ".weight_packed") ? 'w' : ends_with(name, ".weight_scale") ? 's' : 'z';
       const std::size_t suffix = which == 'w' ? 14 : which == 's' ? 13 : 18;
       auto prefix = name.substr(0, name.size() - suffix);
-      auto slot = p.int4_slots.at(prefix);
-      int4_part part{idx, slot.second, 0, m.shape.n};
-      if (!m.gate_prefix.empty()) {
-        part.rows = m.shape.n / 2;
-        if (m.up_prefix[part.expert] == prefix)
-          part.row_offset = part.rows;
-      }
+      const auto part = part_of(p.int4_modules, p.int4_slots.at(prefix), prefix);
       ranges.push_back(part_range(m, lf, part, which));
       if (ranges.back().pitch != ranges.back().row_bytes)
         strided += ranges.back().bytes();

@@ -160,6 +160,62 @@ std::string non_finite_name(const HostTensor& t, std::size_t i) {
   return sign ? "-inf" : "+inf";
 }
 
+// Splits checked tensors (host or device) among the selected runners: each name must be a
+// parameter (or alias) of at least one of them with the manifest's dtype and shape, or the BF16
+// `<prefix>.weight` of an INT4 module (its runner checks and quantizes it). `tied(t, canonical,
+// role)` decides a tensor sent under an alias: true when the canonical name's own entry carries
+// it, false to route it under the canonical name, or an error. `what` names the kind in errors.
+template <class Named, class Tied>
+expected<std::vector<std::vector<Named>>> route_owned(const std::vector<runner_entry*>& targets,
+                                                      const std::vector<Named>& bucket,
+                                                      const updater_state& st, runner_selector sel,
+                                                      const std::string& what, Tied tied) {
+  std::vector<std::vector<Named>> out(targets.size());
+  for (const auto& t : bucket) {
+    bool owned = false;
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      auto& r = *targets[i];
+      std::string name = t.name;
+      if (auto a = r.aliases.find(name); a != r.aliases.end()) {
+        name = a->second;
+        auto carried = tied(t, name, r.handle.manifest.role);
+        if (!carried)
+          return std::move(carried).take_failure();
+        if (*carried) {
+          owned = true;
+          continue;
+        }
+      }
+      auto spec = r.by_name.find(name);
+      if (spec == r.by_name.end()) {
+        // The float `<prefix>.weight` of an INT4 module (its manifest lists weight_packed): the
+        // runner quantizes it and checks dtype and shape itself.
+        if (name.ends_with(".weight") && r.by_name.count(name + "_packed")) {
+          owned = true;
+          out[i].push_back({name, t.tensor});
+        }
+        continue;
+      }
+      owned = true;
+      if (spec->second->type != t.tensor.type || spec->second->shape != t.tensor.shape)
+        return fail(what + " '" + t.name + "': the " + r.handle.manifest.role + " model expects " +
+                    spec_string(spec->second->type, spec->second->shape) + ", the update sent " +
+                    spec_string(t.tensor.type, t.tensor.shape));
+      out[i].push_back({name, t.tensor});
+    }
+    if (!owned) {
+      for (const auto& r : st.runners)
+        if (r->by_name.count(t.name) || r->aliases.count(t.name) || r->by_name.count(t.name + "_packed"))
+          return fail(what + " '" + t.name + "' belongs to the " + r->handle.manifest.role +
+                      " model, which selector \"" + selector_name(sel) + "\" does not reach");
+      return fail("unknown tensor name '" + t.name + "': not a parameter of the " +
+                  (targets.size() == 1 ? targets[0]->handle.manifest.role + " model"
+                                       : std::string("target or draft model")));
+    }
+  }
+  return out;
+}
+
 // Splits a bucket among the selected runners after checking all of it: every name is a
 // parameter (or alias) of at least one selected runner, with its dtype, shape and byte count;
 // no name twice; tied aliases agree with their target; no NaN or infinity unless the engine
@@ -168,7 +224,6 @@ std::string non_finite_name(const HostTensor& t, std::size_t i) {
 expected<std::vector<std::vector<NamedTensor>>>
 route_bucket(const std::vector<runner_entry*>& targets, const std::vector<NamedTensor>& bucket,
              const updater_state& st, runner_selector sel) {
-  std::vector<std::vector<NamedTensor>> out(targets.size());
   std::set<std::string> seen;
   const bool all_on_device = std::all_of(targets.begin(), targets.end(), [](const runner_entry* r) {
     return r->handle.manifest.device != "cpu";
@@ -196,57 +251,23 @@ route_bucket(const std::vector<runner_entry*>& targets, const std::vector<NamedT
                     "; non-finite weights are refused (engine option allow_non_finite_weights, "
                     "`serve --allow-non-finite-weights`, accepts them)");
   }
-  for (const auto& t : bucket) {
-    bool owned = false;
-    for (std::size_t i = 0; i < targets.size(); ++i) {
-      auto& r = *targets[i];
-      std::string name = t.name;
-      if (auto a = r.aliases.find(name); a != r.aliases.end()) {
-        name = a->second;
-        // Sent under both names: they are one tensor here, so they must be equal.
-        for (const auto& other : bucket) {
-          if (other.name != name)
-            continue;
-          if (other.tensor.nbytes != t.tensor.nbytes ||
-              std::memcmp(other.tensor.data.get(), t.tensor.data.get(), t.tensor.nbytes) != 0)
-            return fail("'" + t.name + "' and '" + name + "' are tied in the " +
-                        r.handle.manifest.role +
-                        " model (tie_word_embeddings) but the update gives them different values");
-          name.clear(); // the canonical entry carries it
-        }
-        if (name.empty()) {
-          owned = true;
-          continue;
-        }
-      }
-      auto spec = r.by_name.find(name);
-      if (spec == r.by_name.end()) {
-        // The float `<prefix>.weight` of an INT4 module (its manifest lists weight_packed): the
-        // runner quantizes it and checks dtype and shape itself (qwen3_model::validate).
-        if (name.ends_with(".weight") && r.by_name.count(name + "_packed")) {
-          owned = true;
-          out[i].push_back({name, t.tensor});
-        }
-        continue;
-      }
-      owned = true;
-      if (spec->second->type != t.tensor.type || spec->second->shape != t.tensor.shape)
-        return fail("tensor '" + t.name + "': the " + r.handle.manifest.role + " model expects " +
-                    spec_string(spec->second->type, spec->second->shape) + ", the update sent " +
-                    spec_string(t.tensor.type, t.tensor.shape));
-      out[i].push_back({name, t.tensor});
-    }
-    if (!owned) {
-      for (const auto& r : st.runners)
-        if (r->by_name.count(t.name) || r->aliases.count(t.name) || r->by_name.count(t.name + "_packed"))
-          return fail("tensor '" + t.name + "' belongs to the " + r->handle.manifest.role +
-                      " model, which selector \"" + selector_name(sel) + "\" does not reach");
-      return fail("unknown tensor name '" + t.name + "': not a parameter of the " +
-                  (targets.size() == 1 ? targets[0]->handle.manifest.role + " model"
-                                       : std::string("target or draft model")));
-    }
-  }
-  return out;
+  // Sent under both tied names: they are one tensor here, so they must be equal, and the
+  // canonical entry carries it.
+  return route_owned(targets, bucket, st, sel, "tensor",
+                     [&](const NamedTensor& t, const std::string& canonical,
+                         const std::string& role) -> expected<bool> {
+                       for (const auto& other : bucket) {
+                         if (other.name != canonical)
+                           continue;
+                         if (other.tensor.nbytes != t.tensor.nbytes ||
+                             std::memcmp(other.tensor.data.get(), t.tensor.data.get(), t.tensor.nbytes) != 0)
+                           return fail("'" + t.name + "' and '" + canonical + "' are tied in the " + role +
+                                       " model (tie_word_embeddings) but the update gives them different "
+                                       "values");
+                         return true;
+                       }
+                       return false;
+                     });
 }
 
 // Device tensors (CUDA IPC) of one update message, checked against the manifests as
@@ -255,7 +276,6 @@ route_bucket(const std::vector<runner_entry*>& targets, const std::vector<NamedT
 expected<std::vector<std::vector<NamedDeviceTensor>>>
 route_device(const std::vector<runner_entry*>& targets, const std::vector<NamedDeviceTensor>& bucket,
              const updater_state& st, runner_selector sel) {
-  std::vector<std::vector<NamedDeviceTensor>> out(targets.size());
   std::set<std::string> seen;
   for (const auto& t : bucket) {
     if (!seen.insert(t.name).second)
@@ -272,43 +292,15 @@ route_device(const std::vector<runner_entry*>& targets, const std::vector<NamedD
       return fail("device tensor '" + t.name + "': " + std::to_string(t.tensor.nbytes) + " bytes for " +
                   spec_string(t.tensor.type, t.tensor.shape) + " (" + std::to_string(want) + " expected)");
   }
-  for (const auto& t : bucket) {
-    bool owned = false;
-    for (std::size_t i = 0; i < targets.size(); ++i) {
-      auto& r = *targets[i];
-      std::string name = t.name;
-      if (auto a = r.aliases.find(name); a != r.aliases.end()) {
-        name = a->second;
-        if (seen.count(name))
-          return fail("'" + t.name + "' and '" + name + "' are tied in the " + r.handle.manifest.role +
-                      " model (tie_word_embeddings): send one of them");
-      }
-      auto spec = r.by_name.find(name);
-      if (spec == r.by_name.end()) {
-        if (name.ends_with(".weight") && r.by_name.count(name + "_packed")) {
-          owned = true; // BF16 weights of an INT4 module: the runner checks and quantizes them
-          out[i].push_back({name, t.tensor});
-        }
-        continue;
-      }
-      owned = true;
-      if (spec->second->type != t.tensor.type || spec->second->shape != t.tensor.shape)
-        return fail("device tensor '" + t.name + "': the " + r.handle.manifest.role + " model expects " +
-                    spec_string(spec->second->type, spec->second->shape) + ", the update sent " +
-                    spec_string(t.tensor.type, t.tensor.shape));
-      out[i].push_back({name, t.tensor});
-    }
-    if (!owned) {
-      for (const auto& r : st.runners)
-        if (r->by_name.count(t.name) || r->aliases.count(t.name) || r->by_name.count(t.name + "_packed"))
-          return fail("device tensor '" + t.name + "' belongs to the " + r->handle.manifest.role +
-                      " model, which selector \"" + selector_name(sel) + "\" does not reach");
-      return fail("unknown tensor name '" + t.name + "': not a parameter of the " +
-                  (targets.size() == 1 ? targets[0]->handle.manifest.role + " model"
-                                       : std::string("target or draft model")));
-    }
-  }
-  return out;
+  // Both tied names: the bytes are on the device, so they cannot be compared here; one is enough.
+  return route_owned(targets, bucket, st, sel, "device tensor",
+                     [&](const NamedDeviceTensor& t, const std::string& canonical,
+                         const std::string& role) -> expected<bool> {
+                       if (seen.count(canonical))
+                         return fail("'" + t.name + "' and '" + canonical + "' are tied in the " + role +
+                                     " model (tie_word_embeddings): send one of them");
+                       return false;
+                     });
 }
 
 // What one runner gets of an update message.

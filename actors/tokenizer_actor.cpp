@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <random>
+#include <type_traits>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -300,7 +301,10 @@ auto locked_update(tokenizer_pointer self, gate_op op) {
       self->request(self->state.scheduler, caf::infinite, std::move(req))
         .then(
           [self, op, rp](Out& out) mutable {
-            self->state.gate.finished(op, out.success);
+            if constexpr (std::is_same_v<Out, EndWeightUpdateReqOutput>)
+              self->state.gate.finished(op, out.success, out.session_open);
+            else
+              self->state.gate.finished(op, out.success);
             if (self->state.gate.session_open())
               defer_pending_resumes(self);
             rp.deliver(std::move(out));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -10,6 +11,7 @@
 
 #include <xxhash.h>
 
+#include "actors/policy/update_session.hpp"
 #include "caf/all.hpp"
 #include "messages/registration_check.hpp"
 #include "messages/enums.hpp"
@@ -29,28 +31,14 @@ struct runner_entry {
   std::unordered_map<std::string, std::string> aliases; // alias -> canonical name
 };
 
-struct session_state {
-  bool open = false;
-  runner_selector selector = runner_selector::all;
-  bool loaded = false;        // something was staged
-  std::size_t staged = 0;     // tensors staged so far (all runners)
-  std::optional<std::string> version; // from the update messages, if they named one
-  // Opened by an update outside begin/end (update_weights_from_tensor, or post_process_weights
-  // with restore_weights_before_loading): committed by settle (continue_generation, the
-  // scheduler right after the update while generation runs), post_process_weights with
-  // post_process_quantization, or end_weight_update.
-  bool implicit = false;
-};
-
 struct updater_state {
   // Not an aggregate: under C++20, CAF 0.17's stateful_actor would otherwise try to build the
   // state from the actor pointer (parenthesized aggregate init makes is_constructible true).
   updater_state() = default;
 
   std::vector<std::unique_ptr<runner_entry>> runners; // target first
-  std::string version;
-  uint64_t committed = 0;
-  session_state session;
+  // The session rules and the weight version (the one place it lives).
+  policy::update_session session{"0"};
   bool allow_non_finite = false; // engine option allow_non_finite_weights
   static inline const char* name = "weight_updater";
 };
@@ -371,15 +359,6 @@ void stage_routed(updater_pointer self, const std::vector<runner_entry*>& target
   }
 }
 
-// Drops the open session on every runner it reached (the old weights keep serving).
-void abort_session(updater_pointer self) {
-  auto targets = select(self->state, self->state.session.selector);
-  self->state.session = {};
-  if (targets)
-    for (auto* r : *targets)
-      caf::anon_send(r->handle.actor, discard_atom_v); // its reply is not needed
-}
-
 std::size_t count_tensors(const std::vector<std::vector<NamedTensor>>& routed) {
   std::size_t n = 0;
   for (auto& l : routed)
@@ -416,146 +395,234 @@ void commit_chain(updater_pointer self, std::shared_ptr<std::vector<runner_entry
       [self, fail_with](caf::error& e) mutable { fail_with(self->system().render(e)); });
 }
 
-// Commits (or with req.abort drops) the open session, explicit or implicit.
-void end_session(updater_pointer self, const EndWeightUpdateReqInput& req,
-                 caf::typed_response_promise<EndWeightUpdateReqOutput> rp) {
-  auto& st = self->state;
-  if (!st.session.open) {
-    rp.deliver(EndWeightUpdateReqOutput{
-      false, "no weight-update session is open; call begin_weight_update first", st.version});
+// What performing one request's plan needs: the session's runners (prepare, commit, discard)
+// and, for a stage step, the request's tensors routed to its runners.
+struct plan_io {
+  policy::session_op op;
+  std::vector<runner_entry*> session_runners;
+  std::vector<runner_entry*> stage_runners;
+  std::vector<runner_bucket> buckets; // one per stage runner
+  std::size_t tensors = 0;
+  std::optional<std::string> version; // the update's weight_version
+};
+
+using answer_fn = std::function<void(bool success, std::string message)>;
+
+// Runs the plan's steps from `i` on, one after another: each step's outcome goes to the session
+// machine, whose verdict ends the request or lets the next step run. `text` gathers what the
+// verdicts of earlier steps said; `answer` gets the final result.
+void run_plan(updater_pointer self, std::shared_ptr<plan_io> io, std::shared_ptr<policy::session_plan> plan,
+              std::size_t i, std::string text, answer_fn answer) {
+  if (i == plan->steps.size()) {
+    answer(true, text + plan->message);
     return;
   }
-  if (req.abort) {
-    auto staged = st.session.staged;
-    abort_session(self);
-    rp.deliver(EndWeightUpdateReqOutput{
-      true, "session aborted: " + std::to_string(staged) +
-              " staged tensors dropped, the weights are unchanged (version " + st.version + ")",
-      st.version});
-    return;
+  auto next = [self, io, plan, i, text, answer](policy::session_verdict v) mutable {
+    if (v.discard)
+      for (auto* r : io->session_runners)
+        caf::anon_send(r->handle.actor, discard_atom_v); // its reply is not needed
+    if (v.done) {
+      answer(v.success, text + v.message);
+      return;
+    }
+    run_plan(self, io, plan, i + 1, text + v.message, answer);
+  };
+  switch (plan->steps[i]) {
+    case policy::session_step::prepare:
+      gather<RunnerReply>(self, io->session_runners, restore_atom_v,
+                          [self, io, next](std::vector<RunnerReply> replies) mutable {
+                            next(self->state.session.prepared(io->op, failures(io->session_runners, replies),
+                                                              io->session_runners.size()));
+                          });
+      return;
+    case policy::session_step::stage:
+      stage_routed(self, io->stage_runners, std::move(io->buckets),
+                   [self, io, next](stage_result r) mutable {
+                     next(self->state.session.staged(
+                       io->op, policy::stage_outcome{io->tensors, io->version, r.error, r.intact}));
+                   });
+      return;
+    case policy::session_step::commit:
+      commit_chain(self, std::make_shared<std::vector<runner_entry*>>(io->session_runners), 0, "",
+                   [self, io, next](std::optional<std::string> err) mutable {
+                     next(self->state.session.committed(io->op, err));
+                   });
+      return;
+    case policy::session_step::discard:
+      for (auto* r : io->session_runners)
+        caf::anon_send(r->handle.actor, discard_atom_v);
+      next(policy::session_verdict{});
+      return;
   }
-  auto targets = select(st, st.session.selector);
-  if (!targets) {
-    abort_session(self);
-    rp.deliver(EndWeightUpdateReqOutput{false, targets.error(), st.version});
-    return;
-  }
-  auto chosen = std::make_shared<std::vector<runner_entry*>>(*targets);
-  auto label = req.weight_version ? req.weight_version : st.session.version;
-  auto loaded = st.session.loaded;
-  auto staged = st.session.staged;
-  commit_chain(self, chosen, 0, "",
-               [self, rp, label, loaded, staged](std::optional<std::string> err) mutable {
-                 auto& st = self->state;
-                 st.session = {};
-                 if (err) {
-                   rp.deliver(EndWeightUpdateReqOutput{false, *err, st.version});
-                   return;
-                 }
-                 auto before = st.version;
-                 if (label)
-                   st.version = *label;
-                 else if (loaded)
-                   st.version = next_weight_version(st.version);
-                 if (loaded || label)
-                   ++st.committed;
-                 rp.deliver(EndWeightUpdateReqOutput{
-                   true, loaded ? "committed " + std::to_string(staged) +
-                                    " tensors; weight version " + before + " -> " + st.version
-                                : "session closed with nothing staged; weights unchanged "
-                                  "(version " + st.version + ")",
-                   st.version});
-               });
 }
 
-// Opens an implicit session on `targets` (an update that came outside begin/end):
-// `done(error or nullopt)`.
-template <class Done>
-void open_implicit(updater_pointer self, runner_selector sel, std::vector<runner_entry*> targets, Done done) {
-  auto& st = self->state;
-  st.session = session_state{true, sel, false, 0, std::nullopt, true};
-  gather<RunnerReply>(self, targets, restore_atom_v,
-                      [self, targets, done](std::vector<RunnerReply> replies) mutable {
-                        if (auto err = failures(targets, replies)) {
-                          abort_session(self);
-                          done(std::optional<std::string>{"the update could not start: " + *err});
-                          return;
-                        }
-                        done(std::optional<std::string>{});
-                      });
+// Starts a plan the machine made: refused plans answer at once.
+void start_plan(updater_pointer self, std::shared_ptr<plan_io> io, policy::session_plan plan,
+                answer_fn answer) {
+  if (plan.refused) {
+    answer(false, plan.message);
+    return;
+  }
+  if (io->session_runners.empty()) {
+    auto runners = select(self->state, plan.selector);
+    if (runners)
+      io->session_runners = *runners;
+  }
+  run_plan(self, std::move(io), std::make_shared<policy::session_plan>(std::move(plan)), 0, "",
+           std::move(answer));
 }
 
-// Stages one update_weights_from_tensor message in the open session (explicit or implicit).
-void stage_tensor_update(updater_pointer self, UpdateWeightsFromTensorReqInput& req,
-                       caf::typed_response_promise<UpdateWeightsFromTensorReqOutput> rp) {
+// The answer of the calls that end a session (end_weight_update, settle).
+answer_fn end_answer(updater_pointer self, caf::typed_response_promise<EndWeightUpdateReqOutput> rp) {
+  return [self, rp](bool ok, std::string message) mutable {
+    const auto& s = self->state.session;
+    rp.deliver(EndWeightUpdateReqOutput{ok, std::move(message), s.version(), s.open()});
+  };
+}
+
+template <class Out>
+answer_fn status_answer(caf::typed_response_promise<Out> rp) {
+  return [rp](bool ok, std::string message) mutable {
+    Out out;
+    out.success = ok;
+    out.message = std::move(message);
+    rp.deliver(std::move(out));
+  };
+}
+
+// One update_weights_from_tensor message: checked whole against the manifests, then staged in
+// the open session, or in an implicit one opened for it.
+void tensor_update(updater_pointer self, UpdateWeightsFromTensorReqInput& req,
+                   caf::typed_response_promise<UpdateWeightsFromTensorReqOutput> rp) {
   auto& st = self->state;
+  auto answer = status_answer(rp);
   if (req.load_format && *req.load_format != "direct" &&
       !(*req.load_format == "flattened_bucket" && req.named_tensors.empty())) {
-    rp.deliver(UpdateWeightsFromTensorReqOutput{
-      false, "update_weights_from_tensor: load_format \"" + *req.load_format +
-               "\" is not supported for inline tensors (use none or \"direct\")"});
-    return;
-  }
-  if (st.session.selector != runner_selector::all && req.selector != st.session.selector) {
-    rp.deliver(UpdateWeightsFromTensorReqOutput{
-      false, "selector \"" + selector_name(req.selector) +
-               "\" reaches runners this session did not open (it was begun with \"" +
-               selector_name(st.session.selector) + "\")"});
+    answer(false, "update_weights_from_tensor: load_format \"" + *req.load_format +
+                    "\" is not supported for inline tensors (use none or \"direct\")");
     return;
   }
   auto targets = select(st, req.selector);
   if (!targets) {
-    rp.deliver(UpdateWeightsFromTensorReqOutput{false, targets.error()});
+    answer(false, targets.error());
     return;
   }
+  const std::string unchanged = st.session.open()
+                                  ? "; nothing from this update was staged (the session stays open)"
+                                  : "; nothing from this update was staged";
   auto routed = route_bucket(*targets, req.named_tensors, st, req.selector);
   if (!routed) {
-    rp.deliver(UpdateWeightsFromTensorReqOutput{
-      false, routed.error() + "; nothing from this update was staged (the session stays open)"});
+    answer(false, routed.error() + unchanged);
     return;
   }
   auto routed_device = route_device(*targets, req.device_tensors, st, req.selector);
   if (!routed_device) {
-    rp.deliver(UpdateWeightsFromTensorReqOutput{
-      false, routed_device.error() + "; nothing from this update was staged (the session stays open)"});
+    answer(false, routed_device.error() + unchanged);
     return;
   }
-  auto n = count_tensors(*routed);
-  std::vector<runner_bucket> buckets(targets->size());
-  for (std::size_t i = 0; i < buckets.size(); ++i) {
-    buckets[i].host = std::move((*routed)[i]);
-    n += (*routed_device)[i].size();
-    buckets[i].device = std::move((*routed_device)[i]);
+  auto io = std::make_shared<plan_io>();
+  io->op = policy::session_op::tensor_update;
+  io->stage_runners = *targets;
+  io->tensors = count_tensors(*routed);
+  io->buckets.resize(targets->size());
+  for (std::size_t i = 0; i < targets->size(); ++i) {
+    io->buckets[i].host = std::move((*routed)[i]);
+    io->tensors += (*routed_device)[i].size();
+    io->buckets[i].device = std::move((*routed_device)[i]);
   }
-  auto version = req.weight_version;
-  stage_routed(self, *targets, std::move(buckets),
-               [self, rp, n, version](stage_result r) mutable {
-                 if (r.error && r.intact) {
-                   rp.deliver(UpdateWeightsFromTensorReqOutput{
-                     false, *r.error + " (the session stays open: resend the bucket, or end "
-                            "it with abort)"});
-                   return;
-                 }
-                 if (r.error) {
-                   abort_session(self);
-                   rp.deliver(UpdateWeightsFromTensorReqOutput{
-                     false, "staging failed, the session was aborted and the old weights "
-                            "keep serving: " + *r.error});
-                   return;
-                 }
-                 auto& s = self->state.session;
-                 s.loaded = s.loaded || n > 0;
-                 s.staged += n;
-                 if (version)
-                   s.version = version;
-                 rp.deliver(UpdateWeightsFromTensorReqOutput{
-                   true, "staged " + std::to_string(n) + " tensors; " +
-                           (s.implicit ? std::string("sent outside begin/end, they serve once committed "
-                                                     "(at once while generation runs; else at "
-                                                     "continue_generation, post_process_weights or "
-                                                     "end_weight_update)")
-                                       : std::string("they serve after end_weight_update"))});
-               });
+  io->version = req.weight_version;
+  start_plan(self, io, st.session.update(req.selector, req.requester), std::move(answer));
+}
+
+// update_weights_from_disk: every parameter of the selected runners read from the checkpoint
+// (owned copies), checked, then prepared, staged and committed as a session of its own.
+void disk_update(updater_pointer self, UpdateWeightFromDiskReqInput& req,
+                 caf::typed_response_promise<UpdateWeightFromDiskReqOutput> rp) {
+  auto& st = self->state;
+  auto answer = [rp, path = req.model_path](bool ok, std::string message) mutable {
+    rp.deliver(UpdateWeightFromDiskReqOutput{
+      ok, ok ? "loaded from " + path + ": " + message : message, 0});
+  };
+  if (auto why = st.session.disk_refusal()) {
+    answer(false, *why);
+    return;
+  }
+  auto targets = select(st, req.selector);
+  if (!targets) {
+    answer(false, targets.error());
+    return;
+  }
+  auto ckpt = model::checkpoint::open(req.model_path);
+  if (!ckpt) {
+    answer(false, ckpt.error());
+    return;
+  }
+  std::vector<NamedTensor> bucket;
+  std::set<std::string> wanted;
+  for (auto* r : *targets)
+    for (const auto& spec : r->handle.manifest.parameters)
+      wanted.insert(spec.name);
+  // An INT4 module may come as its load-format tensors or, from a trainer's BF16 checkpoint,
+  // as `<prefix>.weight`, which the runner quantizes with the module's recipe.
+  const auto available = ckpt->names();
+  const std::set<std::string> present(available.begin(), available.end());
+  std::set<std::string> bf16_of_int4;
+  for (const auto& name : wanted) {
+    if (name.ends_with(".weight_packed") && !present.count(name)) {
+      auto prefix = name.substr(0, name.size() - 14);
+      if (present.count(prefix + ".weight")) {
+        bf16_of_int4.insert(prefix);
+        continue;
+      }
+    }
+    if ((name.ends_with(".weight_scale") || name.ends_with(".weight_zero_point") ||
+         name.ends_with(".weight_shape")) && !present.count(name)) {
+      auto prefix = name.substr(0, name.rfind(".weight_"));
+      if (present.count(prefix + ".weight") && !present.count(prefix + ".weight_packed"))
+        continue; // the module comes as BF16: none of its load-format tensors are needed
+    }
+    auto t = ckpt->tensor(name);
+    if (!t) {
+      answer(false, req.model_path + " lacks tensor '" + name + "' (" + t.error() +
+                      "); weights unchanged");
+      return;
+    }
+    bucket.push_back({name, std::move(*t)});
+  }
+  for (const auto& prefix : bf16_of_int4) {
+    auto t = ckpt->tensor(prefix + ".weight");
+    if (!t) {
+      answer(false, t.error() + "; weights unchanged");
+      return;
+    }
+    bucket.push_back({prefix + ".weight", std::move(*t)});
+    wanted.insert(prefix + ".weight");
+  }
+  for (const auto& name : available) {
+    bool tolerated = name.find("rotary_emb.inv_freq") != std::string::npos;
+    for (auto* r : *targets)
+      tolerated = tolerated || r->aliases.count(name);
+    if (!wanted.count(name) && !tolerated) {
+      answer(false, req.model_path + " holds tensor '" + name +
+                      "', which no selected model has (is it a checkpoint of another "
+                      "architecture?); weights unchanged");
+      return;
+    }
+  }
+  auto routed = route_bucket(*targets, bucket, st, req.selector);
+  if (!routed) {
+    answer(false, routed.error() + "; weights unchanged");
+    return;
+  }
+  auto io = std::make_shared<plan_io>();
+  io->op = policy::session_op::disk_update;
+  io->session_runners = *targets;
+  io->stage_runners = *targets;
+  io->tensors = count_tensors(*routed);
+  io->buckets.resize(targets->size());
+  for (std::size_t i = 0; i < targets->size(); ++i)
+    io->buckets[i].host = std::move((*routed)[i]);
+  start_plan(self, io, st.session.disk(req.selector, req.weight_version), std::move(answer));
 }
 
 weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<runner_handle> runners,
@@ -570,248 +637,69 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
       e->aliases.emplace(a.alias, a.target);
     self->state.runners.push_back(std::move(e));
   }
-  self->state.version = std::move(initial_version);
+  self->state.session = policy::update_session{std::move(initial_version)};
 
+  using policy::session_op;
   return {
     [self](BeginWeightUpdateReqInput& req) -> caf::result<BeginWeightUpdateReqOutput> {
       auto& st = self->state;
-      if (st.session.open && st.session.implicit)
-        return BeginWeightUpdateReqOutput{
-          false, "an update sent outside begin/end is staged and not yet committed; it commits at "
-                 "continue_generation, post_process_weights(post_process_quantization=true) or "
-                 "end_weight_update (or drop it with end_weight_update(abort=true)) before "
-                 "beginning a session"};
-      if (st.session.open)
-        return BeginWeightUpdateReqOutput{
-          false, "a weight-update session is already open (begun with selector \"" +
-                   selector_name(st.session.selector) +
-                   "\"); end it with end_weight_update (or abort it) before beginning another"};
+      if (st.session.open()) // refused, whatever the selector: the machine says why
+        return BeginWeightUpdateReqOutput{false, st.session.begin(req.selector, req.requester).message};
       auto targets = select(st, req.selector);
       if (!targets)
         return BeginWeightUpdateReqOutput{false, targets.error()};
       auto rp = self->make_response_promise<BeginWeightUpdateReqOutput>();
-      auto sel = req.selector;
-      st.session.open = true; // reserve: a second begin while runners restore is refused
-      st.session.selector = sel;
-      gather<RunnerReply>(self, *targets, restore_atom_v,
-                          [self, rp, sel, targets = *targets](std::vector<RunnerReply> replies) mutable {
-                            if (auto err = failures(targets, replies)) {
-                              abort_session(self);
-                              rp.deliver(BeginWeightUpdateReqOutput{
-                                false, "begin_weight_update failed, no session is open: " + *err});
-                              return;
-                            }
-                            self->state.session = session_state{true, sel, false, 0, std::nullopt};
-                            rp.deliver(BeginWeightUpdateReqOutput{
-                              true, "weight-update session open for selector \"" +
-                                      selector_name(sel) + "\" (" + std::to_string(targets.size()) +
-                                      " runner" + (targets.size() == 1 ? "" : "s") + ")"});
-                          });
+      auto io = std::make_shared<plan_io>();
+      io->op = session_op::begin;
+      io->session_runners = *targets;
+      start_plan(self, io, st.session.begin(req.selector, req.requester), status_answer(rp));
       return rp;
     },
     [self](UpdateWeightsFromTensorReqInput& req) -> caf::result<UpdateWeightsFromTensorReqOutput> {
-      auto& st = self->state;
-      if (st.session.open) {
-        auto rp = self->make_response_promise<UpdateWeightsFromTensorReqOutput>();
-        stage_tensor_update(self, req, rp);
-        return rp;
-      }
-      // Outside begin/end (SGLang's way, slime's): an implicit session opens here and commits at
-      // continue_generation, post_process_weights(post_process_quantization), end_weight_update,
-      // or at once when generation is not paused (the scheduler settles it).
-      auto targets = select(st, req.selector);
-      if (!targets)
-        return UpdateWeightsFromTensorReqOutput{false, targets.error()};
       auto rp = self->make_response_promise<UpdateWeightsFromTensorReqOutput>();
-      open_implicit(self, req.selector, *targets, [self, rp, req](std::optional<std::string> err) mutable {
-        if (err) {
-          rp.deliver(UpdateWeightsFromTensorReqOutput{false, *err});
-          return;
-        }
-        stage_tensor_update(self, req, rp);
-      });
+      tensor_update(self, req, rp);
       return rp;
     },
     [self](UpdateWeightsFromDistributedReqInput& req) {
-      if (!self->state.session.open)
-        return UpdateWeightsFromDistributedReqOutput{
-          false, "no weight-update session is open; call begin_weight_update first"};
+      if (auto why = self->state.session.distributed_refusal(req.requester))
+        return UpdateWeightsFromDistributedReqOutput{false, *why};
       return UpdateWeightsFromDistributedReqOutput{
         false, "no weight-update group named \"" + req.group_name +
                  "\" exists (rlserve cannot join NCCL weight-update groups yet; send the tensors by "
                  "CUDA IPC, inline or from disk)"};
     },
     [self](UpdateWeightFromDiskReqInput& req) -> caf::result<UpdateWeightFromDiskReqOutput> {
-      auto& st = self->state;
-      if (st.session.open)
-        return UpdateWeightFromDiskReqOutput{
-          false, "update_weights_from_disk runs as a session of its own, but a session is open; "
-                 "end it first", 0};
-      auto targets = select(st, req.selector);
-      if (!targets)
-        return UpdateWeightFromDiskReqOutput{false, targets.error(), 0};
-      auto ckpt = model::checkpoint::open(req.model_path);
-      if (!ckpt)
-        return UpdateWeightFromDiskReqOutput{false, ckpt.error(), 0};
-      // Every parameter of every selected runner, read from the checkpoint (aliasing its mmap).
-      std::vector<NamedTensor> bucket;
-      std::set<std::string> wanted;
-      for (auto* r : *targets)
-        for (const auto& spec : r->handle.manifest.parameters)
-          wanted.insert(spec.name);
-      // An INT4 module may come as its load-format tensors or, from a trainer's BF16 checkpoint,
-      // as `<prefix>.weight`, which the runner quantizes with the module's recipe.
-      const auto available = ckpt->names();
-      const std::set<std::string> present(available.begin(), available.end());
-      std::set<std::string> bf16_of_int4;
-      for (const auto& name : wanted) {
-        if (name.ends_with(".weight_packed") && !present.count(name)) {
-          auto prefix = name.substr(0, name.size() - 14);
-          if (present.count(prefix + ".weight")) {
-            bf16_of_int4.insert(prefix);
-            continue;
-          }
-        }
-        if ((name.ends_with(".weight_scale") || name.ends_with(".weight_zero_point") ||
-             name.ends_with(".weight_shape")) && !present.count(name)) {
-          auto prefix = name.substr(0, name.rfind(".weight_"));
-          if (present.count(prefix + ".weight") && !present.count(prefix + ".weight_packed"))
-            continue; // the module comes as BF16: none of its load-format tensors are needed
-        }
-        auto t = ckpt->tensor(name);
-        if (!t)
-          return UpdateWeightFromDiskReqOutput{
-            false, req.model_path + " lacks tensor '" + name + "' (" + t.error() +
-                     "); weights unchanged", 0};
-        bucket.push_back({name, std::move(*t)});
-      }
-      for (const auto& prefix : bf16_of_int4) {
-        auto t = ckpt->tensor(prefix + ".weight");
-        if (!t)
-          return UpdateWeightFromDiskReqOutput{false, t.error() + "; weights unchanged", 0};
-        bucket.push_back({prefix + ".weight", std::move(*t)});
-        wanted.insert(prefix + ".weight");
-      }
-      for (const auto& name : available) {
-        bool tolerated = name.find("rotary_emb.inv_freq") != std::string::npos;
-        for (auto* r : *targets)
-          tolerated = tolerated || r->aliases.count(name);
-        if (!wanted.count(name) && !tolerated)
-          return UpdateWeightFromDiskReqOutput{
-            false, req.model_path + " holds tensor '" + name + "', which no selected model has "
-                   "(is it a checkpoint of another architecture?); weights unchanged", 0};
-      }
-      auto routed = route_bucket(*targets, bucket, st, req.selector);
-      if (!routed)
-        return UpdateWeightFromDiskReqOutput{false, routed.error() + "; weights unchanged", 0};
       auto rp = self->make_response_promise<UpdateWeightFromDiskReqOutput>();
-      auto sel = req.selector;
-      auto version = req.weight_version;
-      auto path = req.model_path;
-      st.session = session_state{true, sel, false, 0, std::nullopt};
-      auto chosen = std::make_shared<std::vector<runner_entry*>>(*targets);
-      gather<RunnerReply>(
-        self, *chosen, restore_atom_v,
-        [self, rp, chosen, routed = std::move(*routed), version, path](
-          std::vector<RunnerReply> replies) mutable {
-          if (auto err = failures(*chosen, replies)) {
-            abort_session(self);
-            rp.deliver(UpdateWeightFromDiskReqOutput{false, "restore failed: " + *err, 0});
-            return;
-          }
-          auto n = count_tensors(routed);
-          std::vector<runner_bucket> buckets(routed.size());
-          for (std::size_t i = 0; i < routed.size(); ++i)
-            buckets[i].host = std::move(routed[i]);
-          stage_routed(self, *chosen, std::move(buckets),
-                       [self, rp, chosen, n, version, path](stage_result r) mutable {
-                         if (r.error) {
-                           abort_session(self);
-                           rp.deliver(UpdateWeightFromDiskReqOutput{
-                             false, "staging failed, weights unchanged: " + *r.error, 0});
-                           return;
-                         }
-                         commit_chain(self, chosen, 0, "",
-                                      [self, rp, n, version, path](std::optional<std::string> err) mutable {
-                                        auto& st = self->state;
-                                        st.session = {};
-                                        if (err) {
-                                          rp.deliver(UpdateWeightFromDiskReqOutput{false, *err, 0});
-                                          return;
-                                        }
-                                        st.version = version ? *version : next_weight_version(st.version);
-                                        ++st.committed;
-                                        rp.deliver(UpdateWeightFromDiskReqOutput{
-                                          true, "loaded " + std::to_string(n) + " tensors from " +
-                                                  path + "; weight version " + st.version, 0});
-                                      });
-                       });
-        });
+      disk_update(self, req, rp);
       return rp;
     },
     [self](EndWeightUpdateReqInput& req) -> caf::result<EndWeightUpdateReqOutput> {
       auto rp = self->make_response_promise<EndWeightUpdateReqOutput>();
-      end_session(self, req, rp);
+      auto io = std::make_shared<plan_io>();
+      io->op = session_op::end;
+      start_plan(self, io, self->state.session.end(req.abort, req.weight_version, req.requester),
+                 end_answer(self, rp));
       return rp;
     },
     [self](settle_atom) -> caf::result<EndWeightUpdateReqOutput> {
-      auto& st = self->state;
-      if (!st.session.open || !st.session.implicit)
-        return EndWeightUpdateReqOutput{true, "", st.version};
       auto rp = self->make_response_promise<EndWeightUpdateReqOutput>();
-      end_session(self, EndWeightUpdateReqInput{}, rp);
+      auto io = std::make_shared<plan_io>();
+      io->op = session_op::settle;
+      start_plan(self, io, self->state.session.settle(), end_answer(self, rp));
       return rp;
     },
     [self](PostProcessWeightsReqInput& req) -> caf::result<PostProcessWeightsReqOutput> {
-      // The generation-1 calls slime makes around its buckets: restore_weights_before_loading
-      // before them, post_process_quantization after. Updates stage beside the serving weights
-      // (nothing is restored in place), so restore opens an implicit session and post-process
-      // commits it; the old weights serve until then.
       auto& st = self->state;
-      if (st.session.open && !st.session.implicit)
-        return PostProcessWeightsReqOutput{
-          false, "post_process_weights is refused inside a weight-update session: "
-                 "begin_weight_update prepares the runners and end_weight_update commits"};
       auto targets = select(st, req.selector);
       if (!targets)
         return PostProcessWeightsReqOutput{false, targets.error()};
-      if (!req.restore_weights_before_loading && !req.post_process_quantization)
-        return PostProcessWeightsReqOutput{true, "nothing requested"};
       auto rp = self->make_response_promise<PostProcessWeightsReqOutput>();
-      auto post = [self, rp, pp = req.post_process_quantization](std::string before) mutable {
-        if (!pp) {
-          rp.deliver(PostProcessWeightsReqOutput{true, before});
-          return;
-        }
-        auto& st = self->state;
-        if (!st.session.open) {
-          rp.deliver(PostProcessWeightsReqOutput{
-            true, before + "nothing staged to post-process; the weights serve as they are (version " +
-                    st.version + ")"});
-          return;
-        }
-        // Commit through the same path as end_weight_update, then answer in this call's shape.
-        self->request(caf::actor_cast<weight_updater_actor>(self), caf::infinite, settle_atom_v)
-          .then([rp, before](EndWeightUpdateReqOutput& out) mutable {
-                  rp.deliver(PostProcessWeightsReqOutput{out.success, before + out.message});
-                },
-                [self, rp](caf::error& e) mutable {
-                  rp.deliver(PostProcessWeightsReqOutput{false, self->system().render(e)});
-                });
-      };
-      if (req.restore_weights_before_loading && !st.session.open) {
-        open_implicit(self, req.selector, *targets, [rp, post](std::optional<std::string> err) mutable {
-          if (err) {
-            rp.deliver(PostProcessWeightsReqOutput{false, *err});
-            return;
-          }
-          post("ready for new weights: they are staged beside the serving ones and serve once "
-               "committed (post_process_weights with post_process_quantization, "
-               "continue_generation or end_weight_update); ");
-        });
-        return rp;
-      }
-      post(req.restore_weights_before_loading ? "an update is already staged; " : "");
+      auto io = std::make_shared<plan_io>();
+      io->op = session_op::post_process;
+      start_plan(self, io,
+                 st.session.post_process(req.restore_weights_before_loading,
+                                         req.post_process_quantization, req.selector),
+                 status_answer(rp));
       return rp;
     },
     [](InitWeightsUpdateGroupReqInput& req) {
@@ -886,34 +774,19 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
       return self->delegate(targets->front()->handle.actor, std::move(req));
     },
     [self](UpdateWeightVersionReqInput& req) {
-      if (req.new_version.empty())
-        return UpdateWeightVersionReqOutput{false, "new_version must not be empty",
-                                            self->state.version};
-      auto before = self->state.version;
-      self->state.version = req.new_version;
-      return UpdateWeightVersionReqOutput{
-        true, "weight version " + before + " -> " + req.new_version, req.new_version};
+      auto& s = self->state.session;
+      auto v = s.relabel(req.new_version);
+      return UpdateWeightVersionReqOutput{v.success, v.message, s.version()};
     },
     [self](version_atom) {
-      const auto& st = self->state;
-      return WeightUpdaterStatus{st.version, st.session.open,
-                                 st.session.open ? selector_name(st.session.selector) : "",
-                                 st.committed};
+      const auto& s = self->state.session;
+      return WeightUpdaterStatus{s.version(), s.open(), s.open() ? selector_name(s.selector()) : "",
+                                 s.commits()};
     },
   };
 }
 
 } // namespace
-
-std::string next_weight_version(const std::string& current) {
-  auto digits_begin = current.size();
-  while (digits_begin > 0 && current[digits_begin - 1] >= '0' && current[digits_begin - 1] <= '9')
-    --digits_begin;
-  if (digits_begin == current.size() || current.size() - digits_begin > 18)
-    return current + "-1";
-  auto n = std::stoull(current.substr(digits_begin));
-  return current.substr(0, digits_begin) + std::to_string(n + 1);
-}
 
 weight_updater_actor spawn_weight_updater(caf::actor_system& sys, std::vector<runner_handle> runners,
                                           std::string initial_version, bool allow_non_finite) {

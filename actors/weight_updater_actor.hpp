@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include "actors/policy/update_session.hpp"
 #include "actors/runner_actor.hpp"
 #include "caf/fwd.hpp"
 #include "caf/replies_to.hpp"
@@ -61,8 +62,7 @@ struct runner_handle {
 weight_updater_actor spawn_weight_updater(caf::actor_system& sys, std::vector<runner_handle> runners,
                                           std::string initial_version, bool allow_non_finite = false);
 
-// The version a commit gets when the caller named none: the trailing number incremented
-// ("7" -> "8", "step-9" -> "step-10"), or "-1" appended when there is none.
-std::string next_weight_version(const std::string& current);
+// The version a commit gets when the caller named none (actors/policy/update_session.hpp).
+using policy::next_weight_version;
 
 } // namespace rlserve

@@ -516,11 +516,15 @@ expected<EndWeightUpdateReqOutput> from_json<EndWeightUpdateReqOutput>(const jso
       r.field("success", x.success);
       r.field("message", x.message);
       r.field("weight_version", x.weight_version);
+      r.field("session_open", x.session_open);
     });
 }
 
 json to_json(const EndWeightUpdateReqOutput& x) {
-  return {{"success", x.success}, {"message", x.message}, {"weight_version", x.weight_version}};
+  return {{"success", x.success},
+          {"message", x.message},
+          {"weight_version", x.weight_version},
+          {"session_open", x.session_open}};
 }
 
 template <>

@@ -64,6 +64,10 @@ struct UpdateWeightsFromDistributedReqInput {
   std::optional<std::string> load_format; // none: one broadcast per tensor; "flattened_bucket"
   runner_selector selector = runner_selector::all;
   bool torch_empty_cache = false;
+  // (internal) who sent it: 0 for HTTP and in-process callers, else the websocket connection.
+  // Set by the server, never read from JSON: a session begun on a connection takes its updates
+  // and its end from that connection only.
+  uint64_t requester = 0;
 };
 
 struct UpdateWeightsFromDistributedReqOutput {
@@ -92,6 +96,10 @@ struct UpdateWeightsFromTensorReqInput {
   std::optional<std::string> weight_version;
   runner_selector selector = runner_selector::all;
   bool torch_empty_cache = false;
+  // (internal) who sent it: 0 for HTTP and in-process callers, else the websocket connection.
+  // Set by the server, never read from JSON: a session begun on a connection takes its updates
+  // and its end from that connection only.
+  uint64_t requester = 0;
 };
 
 struct UpdateWeightsFromTensorReqOutput {
@@ -127,6 +135,10 @@ struct UpdateWeightFromDiskReqOutput {
 // quantized modules to the load format.
 struct BeginWeightUpdateReqInput {
   runner_selector selector = runner_selector::all;
+  // (internal) who sent it: 0 for HTTP and in-process callers, else the websocket connection.
+  // Set by the server, never read from JSON: a session begun on a connection takes its updates
+  // and its end from that connection only.
+  uint64_t requester = 0;
 };
 
 struct BeginWeightUpdateReqOutput {
@@ -139,12 +151,18 @@ struct BeginWeightUpdateReqOutput {
 struct EndWeightUpdateReqInput {
   std::optional<std::string> weight_version; // (rlserve) the label the committed weights get
   bool abort = false;                        // (rlserve)
+  // (internal) who sent it: 0 for HTTP and in-process callers, else the websocket connection.
+  // Set by the server, never read from JSON: a session begun on a connection takes its updates
+  // and its end from that connection only.
+  uint64_t requester = 0;
 };
 
 struct EndWeightUpdateReqOutput {
   bool success = true;
   std::string message;
   std::string weight_version; // (rlserve) the version serving after this call
+  bool session_open = false;  // (rlserve) whether a session is still open after this call (a
+                              // refused end leaves it open, a failed commit closes it)
 };
 
 // Generation 1 of the miles API, kept for clients that still send it. Inside a session it is
@@ -251,7 +269,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, UpdateWeightsFromDistributedReqInput& x) {
   return f(caf::meta::type_name("UpdateWeightsFromDistributedReqInput"), x.names, x.dtypes,
            x.shapes, x.group_name, x.flush_cache, x.abort_all_requests, x.weight_version,
-           x.load_format, x.selector, x.torch_empty_cache);
+           x.load_format, x.selector, x.torch_empty_cache, x.requester);
 }
 
 template <class Inspector>
@@ -268,7 +286,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, UpdateWeightsFromTensorReqInput& x) {
   return f(caf::meta::type_name("UpdateWeightsFromTensorReqInput"), x.named_tensors,
            x.device_tensors, x.load_format, x.flush_cache, x.abort_all_requests,
-           x.weight_version, x.selector, x.torch_empty_cache);
+           x.weight_version, x.selector, x.torch_empty_cache, x.requester);
 }
 
 template <class Inspector>
@@ -291,7 +309,7 @@ typename Inspector::result_type inspect(Inspector& f, UpdateWeightFromDiskReqOut
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, BeginWeightUpdateReqInput& x) {
-  return f(caf::meta::type_name("BeginWeightUpdateReqInput"), x.selector);
+  return f(caf::meta::type_name("BeginWeightUpdateReqInput"), x.selector, x.requester);
 }
 
 template <class Inspector>
@@ -301,13 +319,14 @@ typename Inspector::result_type inspect(Inspector& f, BeginWeightUpdateReqOutput
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EndWeightUpdateReqInput& x) {
-  return f(caf::meta::type_name("EndWeightUpdateReqInput"), x.weight_version, x.abort);
+  return f(caf::meta::type_name("EndWeightUpdateReqInput"), x.weight_version, x.abort,
+           x.requester);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EndWeightUpdateReqOutput& x) {
   return f(caf::meta::type_name("EndWeightUpdateReqOutput"), x.success, x.message,
-           x.weight_version);
+           x.weight_version, x.session_open);
 }
 
 template <class Inspector>

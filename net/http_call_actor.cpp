@@ -182,7 +182,7 @@ void start_route(http_actor* self, http_call call) {
       return reply(self, http_reply{503, "application/json", failure_body(j.error()), false});
     }
     bool ok = success_of(*j);
-    after_reply(*s.st, s.info, "http", true, ok, 0);
+    after_reply(*s.st, s.info, "http", true, ok, 0, session_open_of(*j));
     reply(self, shape_reply(c->route, ok, *j));
   });
 }

@@ -13,9 +13,12 @@ void ownership::begin_succeeded(uint64_t owner) {
   ++session_epoch_;
 }
 
-void ownership::end_sent() {
+bool ownership::end_sent(uint64_t requester) {
   std::lock_guard<std::mutex> guard{mtx_};
+  if (session_owner_ && *session_owner_ != 0 && *session_owner_ != requester)
+    return false;
   ++ends_in_flight_;
+  return true;
 }
 
 std::optional<double> ownership::end_finished() {
@@ -29,6 +32,12 @@ std::optional<double> ownership::end_finished() {
   session_bytes_ = 0;
   ++session_epoch_;
   return length;
+}
+
+void ownership::end_refused() {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (ends_in_flight_ > 0)
+    --ends_in_flight_;
 }
 
 bool ownership::take_session_for_abort(uint64_t owner) {
@@ -63,35 +72,6 @@ void ownership::refund_tensor_bytes(uint64_t bytes, uint64_t epoch) {
   if (!session_owner_ || epoch != session_epoch_)
     return;
   session_bytes_ -= std::min(bytes, session_bytes_);
-}
-
-std::optional<uint64_t> ownership::session_held_by_other(uint64_t owner) const {
-  std::lock_guard<std::mutex> guard{mtx_};
-  if (!session_owner_) {
-    for (const auto& [begin_owner, n] : begins_in_flight_)
-      if (n > 0 && begin_owner != owner)
-        return begin_owner;
-    return std::nullopt;
-  }
-  if (*session_owner_ == 0 || *session_owner_ == owner)
-    return std::nullopt;
-  return *session_owner_;
-}
-
-void ownership::begin_sent(uint64_t owner) {
-  if (owner == 0)
-    return;
-  std::lock_guard<std::mutex> guard{mtx_};
-  ++begins_in_flight_[owner];
-}
-
-void ownership::begin_answered(uint64_t owner) {
-  if (owner == 0)
-    return;
-  std::lock_guard<std::mutex> guard{mtx_};
-  auto it = begins_in_flight_.find(owner);
-  if (it != begins_in_flight_.end() && --it->second <= 0)
-    begins_in_flight_.erase(it);
 }
 
 void ownership::session_request_sent() {

@@ -1,8 +1,9 @@
 // Which connection opened the weight-update session and which one paused generation, so that a
-// client that disconnects does not leave the engine locked or paused (issue 6 §3):
+// client that disconnects does not leave the engine locked or paused:
 //
-//   - a websocket connection whose begin_weight_update succeeded owns the session until any
-//     end_weight_update (from anyone, over any transport) is sent; if it disconnects while it
+//   - a websocket connection whose begin_weight_update succeeded owns the session until an
+//     end_weight_update closes it (the engine's weight updater refuses updates and ends from
+//     anyone else, when they execute; this class only follows); if it disconnects while it
 //     owns the session, the server sends EndWeightUpdateReqInput{abort = true} on its behalf:
 //     what was staged is dropped and the old weights keep serving;
 //   - a connection whose pause_generation succeeded owns the pause until anyone sends
@@ -14,8 +15,6 @@
 // deadline instead (take_idle_http_session). The per-session
 // tensor byte budget lives here too, since it is reset by the same begin and end events.
 #pragma once
-
-#include <map>
 
 #include <chrono>
 #include <cstdint>
@@ -31,10 +30,15 @@ public:
   // ---- weight-update session ----
   // A begin_weight_update by `owner` succeeded: a session is open (its byte budget restarts).
   void begin_succeeded(uint64_t owner);
-  // An end_weight_update is on its way to the engine (from anyone).
-  void end_sent();
+  // An end_weight_update from `requester` is on its way to the engine. Returns whether it counts
+  // as an end in flight: one from a connection that does not own the open session is refused
+  // by the engine and changes nothing here.
+  bool end_sent(uint64_t requester);
   // Its reply arrived. Returns the session's length (begin reply to end reply) when one was open.
   std::optional<double> end_finished();
+  // Its reply said the engine kept the session open (the end came from someone who does not
+  // own it): the session stays with its owner.
+  void end_refused();
   // Whether `owner` (now disconnected) holds the session with no end in flight. When true, the
   // caller sends the aborting end at once; it counts as an end in flight.
   bool take_session_for_abort(uint64_t owner);
@@ -47,17 +51,6 @@ public:
   // The engine refused that message (nothing of it was staged): its bytes leave the budget, if
   // the session they were counted in (`epoch`) is still the open one.
   void refund_tensor_bytes(uint64_t bytes, uint64_t epoch);
-
-  // Whether a request of the session (update or end) from `owner` may go to the engine: an
-  // open session begun over a websocket belongs to that connection alone. Returns the owner
-  // that holds it when `owner` is someone else.
-  std::optional<uint64_t> session_held_by_other(uint64_t owner) const;
-  // A begin_weight_update from websocket connection `owner` (not 0) is on its way / was
-  // answered. While one is in flight and no session is known open, session requests from
-  // anyone else are refused too: the engine may already have opened that connection's session
-  // before its reply (and begin_succeeded) arrives here.
-  void begin_sent(uint64_t owner);
-  void begin_answered(uint64_t owner);
 
   // ---- idle deadline of sessions begun over HTTP ----
   // A request of the session is on its way / was answered: the idle clock stops / restarts.
@@ -83,7 +76,6 @@ private:
   int session_requests_in_flight_ = 0;
   clock::time_point last_session_activity_{};
   std::optional<uint64_t> pause_owner_;
-  std::map<uint64_t, int> begins_in_flight_; // websocket owner -> begins sent, not answered
 };
 
 } // namespace rlserve::net

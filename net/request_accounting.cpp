@@ -27,6 +27,13 @@ bool success_of(const json& body) {
   return it == body.end() || !it->is_boolean() || it->get<bool>();
 }
 
+bool session_open_of(const json& body) {
+  if (!body.is_object())
+    return false;
+  auto it = body.find("session_open");
+  return it != body.end() && it->is_boolean() && it->get<bool>();
+}
+
 // The update phase a route times in /metrics, or empty.
 std::string_view phase_of(std::string_view route) {
   if (route == "begin_weight_update")
@@ -42,6 +49,11 @@ std::string_view phase_of(std::string_view route) {
   return {};
 }
 
+template <class... Session>
+void set_requester(caf::message& req, uint64_t owner) {
+  ((req.match_elements<Session>() ? void(req.get_mutable_as<Session>(0).requester = owner) : void()), ...);
+}
+
 // Limits and bookkeeping before a request goes to the front door. `copied`: tensors of a
 // binary frame that had to be copied (metrics only).
 std::optional<refusal> before_send(shared_state& st, call_info& info, caf::message& req,
@@ -49,14 +61,10 @@ std::optional<refusal> before_send(shared_state& st, call_info& info, caf::messa
   const bool in_session = req.match_elements<UpdateWeightsFromTensorReqInput>() ||
                           req.match_elements<UpdateWeightsFromDistributedReqInput>() ||
                           req.match_elements<EndWeightUpdateReqInput>();
-  if (in_session) {
-    if (auto holder = st.owners.session_held_by_other(owner))
-      return refusal{error_code::bad_request,
-                     fmt::format("the open weight-update session was begun on another websocket "
-                                 "connection, which alone may send its updates and its end "
-                                 "(this is {}); wait for it to end, then begin your own",
-                                 owner == 0 ? "an HTTP request" : "a different connection")};
-  }
+  // Who sends it: the weight updater checks, when the request executes, that a session begun on
+  // a websocket connection takes its updates and its end from that connection only.
+  set_requester<BeginWeightUpdateReqInput, UpdateWeightsFromTensorReqInput,
+                UpdateWeightsFromDistributedReqInput, EndWeightUpdateReqInput>(req, owner);
   if (req.match_elements<UpdateWeightsFromTensorReqInput>()) {
     uint64_t bytes = 0;
     for (const auto& t : req.get_as<UpdateWeightsFromTensorReqInput>(0).named_tensors)
@@ -71,13 +79,9 @@ std::optional<refusal> before_send(shared_state& st, call_info& info, caf::messa
     st.stats.tensor_bytes(bytes, copied);
   } else if (req.match_elements<EndWeightUpdateReqInput>()) {
     info.end_abort = req.get_as<EndWeightUpdateReqInput>(0).abort;
-    st.owners.end_sent();
+    info.end_counted = st.owners.end_sent(owner);
   } else if (req.match_elements<ContinueGenerationReqInput>()) {
     st.owners.continue_sent();
-  }
-  if (req.match_elements<BeginWeightUpdateReqInput>()) {
-    info.begin_owner = owner;
-    st.owners.begin_sent(owner);
   }
   if (in_session || req.match_elements<BeginWeightUpdateReqInput>()) {
     info.session_request = true;
@@ -88,7 +92,7 @@ std::optional<refusal> before_send(shared_state& st, call_info& info, caf::messa
 
 // Bookkeeping after a reply: ownership of sessions and pauses, metrics.
 void after_reply(shared_state& st, const call_info& info, std::string_view transport, bool answered,
-                 bool ok, uint64_t owner) {
+                 bool ok, uint64_t owner, bool session_open) {
   auto secs = seconds_since(info.t0);
   const auto& r = info.route;
   // A refused bucket staged nothing: its bytes do not count against the session.
@@ -98,9 +102,11 @@ void after_reply(shared_state& st, const call_info& info, std::string_view trans
     st.owners.session_request_answered();
   if (r == "begin_weight_update" && ok)
     st.owners.begin_succeeded(owner);
-  if (r == "begin_weight_update")
-    st.owners.begin_answered(info.begin_owner); // after begin_succeeded: no gap between them
-  else if (r == "end_weight_update") {
+  else if (r == "end_weight_update" && !info.end_counted) {
+    // From a connection that does not own the session: the engine refused it.
+  } else if (r == "end_weight_update" && answered && session_open) {
+    st.owners.end_refused(); // the engine kept the session open (a commit was under way)
+  } else if (r == "end_weight_update") {
     if (auto length = st.owners.end_finished()) {
       st.stats.update_phase("session", *length);
       st.stats.update_session_ended(info.end_abort ? "aborted" : ok ? "committed" : "failed");

@@ -26,6 +26,8 @@ std::string random_rid();
 
 // A reply body's `success`, true when it has none.
 bool success_of(const json& body);
+// An end_weight_update reply's `session_open`: the engine kept the session.
+bool session_open_of(const json& body);
 
 // The update phase a route times in /metrics ("begin", "update", ...), or empty.
 std::string_view phase_of(std::string_view route);
@@ -41,24 +43,26 @@ struct call_info {
   std::string route;
   clock::time_point t0 = clock::now();
   bool end_abort = false;
+  bool end_counted = false; // end_weight_update: counted by ownership::end_sent
   std::string rid; // generate
   bool session_request = false; // counted by ownership::session_request_sent
   uint64_t tensor_bytes = 0;    // counted against the session's budget (refunded on failure)
   uint64_t session_epoch = 0;
-  uint64_t begin_owner = 0;     // begin_weight_update: counted by ownership::begin_sent
 };
 
 // Limits and bookkeeping before a request goes to the front door, from `owner` (a websocket
-// connection id; 0 for HTTP): a session begun over a websocket takes updates and end from that
-// connection only, and tensor bytes per session are limited. `copied`: tensors of a binary
+// connection id; 0 for HTTP): session requests carry `owner` as their requester (the engine
+// keeps a session begun over a websocket to that connection), and tensor bytes per session are
+// limited. `copied`: tensors of a binary
 // frame that had to be copied (metrics only).
 std::optional<refusal> before_send(shared_state& st, call_info& info, caf::message& req,
                                    uint64_t owner, std::size_t copied = 0);
 
 // Bookkeeping after a reply (`answered` false: the engine did not answer): ownership of
 // sessions and pauses by `owner` (a websocket connection id; 0 for HTTP), metrics.
+// `session_open`: an end_weight_update's reply said the session is still open.
 void after_reply(shared_state& st, const call_info& info, std::string_view transport, bool answered,
-                 bool ok, uint64_t owner);
+                 bool ok, uint64_t owner, bool session_open = false);
 
 // Tokens in and out and the finish reason of a finished generate request.
 void note_generate(shared_state& st, const GenerateReqOutput& out);

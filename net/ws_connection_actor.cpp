@@ -113,6 +113,7 @@ void release_holdings(ws_actor* self) {
                          s.conn));
     EndWeightUpdateReqInput end;
     end.abort = true;
+    end.requester = s.conn; // the session is this connection's: the engine takes its end only
     auto t0 = clock::now();
     self->request(st->front, caf::infinite, end)
       .then(
@@ -168,7 +169,7 @@ void on_reply(ws_actor* self, const std::string& key, expected<json> body) {
     send_error(self, p.id, p.info.route, error_code::engine_error, body.error());
   } else {
     bool ok = success_of(*body);
-    after_reply(*s.st, p.info, "ws", true, ok, s.conn);
+    after_reply(*s.st, p.info, "ws", true, ok, s.conn, session_open_of(*body));
     send_out(self, reply_text(p.id, p.info.route, ok, *body));
   }
   if (s.closed)

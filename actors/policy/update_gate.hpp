@@ -108,8 +108,10 @@ public:
   }
 
   // Reports the end of a started operation. `success` matters for session_begin only: a
-  // session is open after a successful begin and closed after any end.
-  void finished(gate_op op, bool success = true) {
+  // session is open after a successful begin. After an end, `still_open` says whether the
+  // weight updater kept the session open (it refuses an end from a requester that does not own
+  // the session); any other end closes it.
+  void finished(gate_op op, bool success = true, bool still_open = false) {
     switch (op) {
       case gate_op::generate:
         if (running_generates_ > 0)
@@ -122,7 +124,7 @@ public:
         return;
       case gate_op::session_end:
         update_running_ = false;
-        session_open_ = false;
+        session_open_ = still_open;
         return;
       case gate_op::session_update:
       case gate_op::standalone:

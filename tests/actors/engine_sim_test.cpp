@@ -742,11 +742,4 @@ BOOST_AUTO_TEST_CASE(get_weights_by_name_and_other_routes) {
   BOOST_TEST(!e->update_weight_version(v).success);
 }
 
-BOOST_AUTO_TEST_CASE(next_version_increments_the_trailing_number) {
-  BOOST_TEST(next_weight_version("0") == "1");
-  BOOST_TEST(next_weight_version("step-9") == "step-10");
-  BOOST_TEST(next_weight_version("v1.2") == "v1.3");
-  BOOST_TEST(next_weight_version("main") == "main-1");
-}
-
 BOOST_AUTO_TEST_SUITE_END()

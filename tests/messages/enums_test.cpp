@@ -57,7 +57,7 @@ BOOST_AUTO_TEST_CASE(deep_to_string_prints_names) {
   BOOST_TEST(caf::deep_to_string(PauseGenerationReqInput{pause_mode::in_place}) ==
              "PauseGenerationReqInput(in_place)");
   BOOST_TEST(caf::deep_to_string(BeginWeightUpdateReqInput{runner_selector::draft}) ==
-             "BeginWeightUpdateReqInput(draft)");
+             "BeginWeightUpdateReqInput(draft, 0)");
   CheckWeightsReqInput check;
   check.action = check_weights_action::reset_tensors;
   BOOST_TEST(caf::deep_to_string(check).find("reset_tensors") != std::string::npos,

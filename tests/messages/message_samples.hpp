@@ -53,17 +53,17 @@ RLSERVE_FIELD_COUNT(InitWeightsUpdateGroupReqInput, 8)
 RLSERVE_FIELD_COUNT(InitWeightsUpdateGroupReqOutput, 2)
 RLSERVE_FIELD_COUNT(DestroyWeightsUpdateGroupReqInput, 1)
 RLSERVE_FIELD_COUNT(DestroyWeightsUpdateGroupReqOutput, 2)
-RLSERVE_FIELD_COUNT(UpdateWeightsFromDistributedReqInput, 10)
+RLSERVE_FIELD_COUNT(UpdateWeightsFromDistributedReqInput, 11)
 RLSERVE_FIELD_COUNT(UpdateWeightsFromDistributedReqOutput, 2)
 RLSERVE_FIELD_COUNT(NamedDeviceTensor, 2)
-RLSERVE_FIELD_COUNT(UpdateWeightsFromTensorReqInput, 8)
+RLSERVE_FIELD_COUNT(UpdateWeightsFromTensorReqInput, 9)
 RLSERVE_FIELD_COUNT(UpdateWeightsFromTensorReqOutput, 2)
 RLSERVE_FIELD_COUNT(UpdateWeightFromDiskReqInput, 11)
 RLSERVE_FIELD_COUNT(UpdateWeightFromDiskReqOutput, 3)
-RLSERVE_FIELD_COUNT(BeginWeightUpdateReqInput, 1)
+RLSERVE_FIELD_COUNT(BeginWeightUpdateReqInput, 2)
 RLSERVE_FIELD_COUNT(BeginWeightUpdateReqOutput, 2)
-RLSERVE_FIELD_COUNT(EndWeightUpdateReqInput, 2)
-RLSERVE_FIELD_COUNT(EndWeightUpdateReqOutput, 3)
+RLSERVE_FIELD_COUNT(EndWeightUpdateReqInput, 3)
+RLSERVE_FIELD_COUNT(EndWeightUpdateReqOutput, 4)
 RLSERVE_FIELD_COUNT(PostProcessWeightsReqInput, 3)
 RLSERVE_FIELD_COUNT(PostProcessWeightsReqOutput, 2)
 RLSERVE_FIELD_COUNT(UpdateWeightVersionReqInput, 2)
@@ -606,15 +606,23 @@ struct samples<UpdateWeightsFromDistributedReqInput>
     x.load_format = "flattened_bucket";
     x.selector = runner_selector::draft;
     x.torch_empty_cache = true;
+    x.requester = 7;
+    return x;
+  }
+  // JSON never carries `requester` (the server sets it).
+  static UpdateWeightsFromDistributedReqInput from_client() {
+    auto x = full();
+    x.requester = 0;
     return x;
   }
   static UpdateWeightsFromDistributedReqInput sparse() {
-    auto x = full();
+    auto x = from_client();
     x.weight_version.reset();
     x.load_format.reset();
     return x;
   }
-  static std::vector<UpdateWeightsFromDistributedReqInput> json() { return {full(), sparse()}; }
+  static std::vector<UpdateWeightsFromDistributedReqInput> json() { return {from_client(), sparse()}; }
+  static std::vector<std::size_t> json_default_only() { return {10}; }
 };
 
 template <>
@@ -634,15 +642,23 @@ struct samples<UpdateWeightsFromTensorReqInput> : simple_samples<UpdateWeightsFr
     x.weight_version = "v4";
     x.selector = runner_selector::target;
     x.torch_empty_cache = true;
+    x.requester = 7;
+    return x;
+  }
+  // JSON never carries `requester` (the server sets it).
+  static UpdateWeightsFromTensorReqInput from_client() {
+    auto x = full();
+    x.requester = 0;
     return x;
   }
   static UpdateWeightsFromTensorReqInput sparse() {
-    auto x = full();
+    auto x = from_client();
     x.load_format.reset();
     x.weight_version.reset();
     return x;
   }
-  static std::vector<UpdateWeightsFromTensorReqInput> json() { return {full(), sparse()}; }
+  static std::vector<UpdateWeightsFromTensorReqInput> json() { return {from_client(), sparse()}; }
+  static std::vector<std::size_t> json_default_only() { return {8}; }
 };
 
 template <>
@@ -682,7 +698,9 @@ struct samples<UpdateWeightFromDiskReqOutput> : simple_samples<UpdateWeightFromD
 
 template <>
 struct samples<BeginWeightUpdateReqInput> : simple_samples<BeginWeightUpdateReqInput> {
-  static BeginWeightUpdateReqInput full() { return {runner_selector::target}; }
+  static BeginWeightUpdateReqInput full() { return {runner_selector::target, 7}; }
+  static std::vector<BeginWeightUpdateReqInput> json() { return {{runner_selector::target}}; }
+  static std::vector<std::size_t> json_default_only() { return {1}; }
 };
 
 template <>
@@ -690,15 +708,17 @@ struct samples<BeginWeightUpdateReqOutput> : status_samples<BeginWeightUpdateReq
 
 template <>
 struct samples<EndWeightUpdateReqInput> : simple_samples<EndWeightUpdateReqInput> {
-  static EndWeightUpdateReqInput full() { return {"v6", true}; }
+  static EndWeightUpdateReqInput full() { return {"v6", true, 7}; }
+  // JSON never carries `requester` (the server sets it).
   static std::vector<EndWeightUpdateReqInput> json() {
-    return {full(), EndWeightUpdateReqInput{std::nullopt, true}};
+    return {EndWeightUpdateReqInput{"v6", true}, EndWeightUpdateReqInput{std::nullopt, true}};
   }
+  static std::vector<std::size_t> json_default_only() { return {2}; }
 };
 
 template <>
 struct samples<EndWeightUpdateReqOutput> : simple_samples<EndWeightUpdateReqOutput> {
-  static EndWeightUpdateReqOutput full() { return {false, "nothing staged", "v6"}; }
+  static EndWeightUpdateReqOutput full() { return {false, "nothing staged", "v6", true}; }
 };
 
 template <>

@@ -153,7 +153,9 @@ BOOST_AUTO_TEST_CASE(a_client_cannot_abort_another_clients_request) {
   BOOST_TEST(out.completion_tokens == 200);
 }
 
-// Connection B could stage into and commit connection A's session.
+// Connection B could stage into and commit connection A's session. The weight updater checks
+// the requester when the request executes, so no ordering of the two connections' requests
+// gets past it (the orderings themselves: tests/actors/update_session_test.cpp).
 BOOST_AUTO_TEST_CASE(a_websocket_session_takes_updates_and_end_from_its_connection_only) {
   served_engine s;
   auto a = s.connect();
@@ -162,25 +164,55 @@ BOOST_AUTO_TEST_CASE(a_websocket_session_takes_updates_and_end_from_its_connecti
   BOOST_REQUIRE(begin.has_value() && begin->success);
   UpdateWeightsFromTensorReqInput bucket;
   bucket.named_tensors = {norm_tensor(0x4000)};
-  auto id = b->send_tensors(bucket);
-  BOOST_REQUIRE(id.has_value());
-  auto m = b->receive();
-  BOOST_REQUIRE(m.has_value());
-  BOOST_TEST(m->code == "bad_request");
-  BOOST_TEST(m->message.find("another websocket connection") != std::string::npos, m->message);
-  auto refused_end = b->call("end_weight_update", json::object());
-  BOOST_REQUIRE(!refused_end.has_value());
-  BOOST_TEST(refused_end.error().find("bad_request: the open weight-update session") == 0, refused_end.error());
+  auto refused = b->update_weights_from_tensor(bucket);
+  BOOST_REQUIRE_MESSAGE(refused.has_value(), refused.error());
+  BOOST_TEST(!refused->success);
+  BOOST_TEST(refused->message.find("another websocket connection") != std::string::npos, refused->message);
+  for (bool abort : {false, true}) {
+    EndWeightUpdateReqInput end;
+    end.abort = abort;
+    auto refused_end = b->call<EndWeightUpdateReqOutput>("end_weight_update", end);
+    BOOST_REQUIRE_MESSAGE(refused_end.has_value(), refused_end.error());
+    BOOST_TEST(!refused_end->success);
+    BOOST_TEST(refused_end->session_open);
+    BOOST_TEST(refused_end->message.find("another websocket connection") != std::string::npos,
+               refused_end->message);
+    BOOST_TEST(s.engine->get_server_info().weight_update_session_open);
+  }
   auto h = http_request(s.port(), http::verb::post, "/end_weight_update", "{}");
   BOOST_TEST(h.status == 400u);
+  BOOST_TEST(h.body.find("another websocket connection") != std::string::npos, h.body);
   BOOST_TEST(s.engine->get_server_info().weight_update_session_open);
+  auto b_begin = b->call<BeginWeightUpdateReqOutput>("begin_weight_update", BeginWeightUpdateReqInput{});
+  BOOST_REQUIRE(b_begin.has_value());
+  BOOST_TEST(!b_begin->success);
   // The owner's cycle is untouched.
   auto u = a->update_weights_from_tensor(bucket);
   BOOST_REQUIRE_MESSAGE((u.has_value() && u->success), (u.has_value() ? u->message : u.error()));
   auto end = a->call<EndWeightUpdateReqOutput>("end_weight_update", EndWeightUpdateReqInput{});
   BOOST_REQUIRE(end.has_value());
   BOOST_TEST(end->success, end->message);
+  BOOST_TEST(!end->session_open);
   BOOST_TEST(s.engine->get_server_info().weight_version != "0");
+}
+
+// B's refused end does not count as the session's end: when A disconnects afterwards, its
+// session is still aborted on its behalf and generation goes on.
+BOOST_AUTO_TEST_CASE(a_refused_end_does_not_hide_the_owners_disconnect) {
+  served_engine s;
+  auto b = s.connect();
+  {
+    auto a = s.connect();
+    auto begin = a->call<BeginWeightUpdateReqOutput>("begin_weight_update", BeginWeightUpdateReqInput{});
+    BOOST_REQUIRE(begin.has_value() && begin->success);
+    auto refused_end = b->call<EndWeightUpdateReqOutput>("end_weight_update", EndWeightUpdateReqInput{});
+    BOOST_REQUIRE(refused_end.has_value());
+    BOOST_TEST(!refused_end->success);
+  } // A disconnects inside its session
+  BOOST_REQUIRE(eventually([&] { return !s.engine->get_server_info().weight_update_session_open; }));
+  auto out = b->generate(greedy_ids({1, 2, 3}, 4));
+  BOOST_REQUIRE_MESSAGE(out.has_value(), out.error());
+  BOOST_TEST(out->success, out->message);
 }
 
 // Refused buckets counted against --max-session-tensor-bytes.

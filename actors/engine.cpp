@@ -302,7 +302,8 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
 
   auto spawn = [&](const char* role, const fs::path& dir, std::shared_ptr<model::qwen3_model> m,
                    std::shared_ptr<model::qwen3_gpu_model> gpu) {
-    runner_options o{role, 0, 1, dir, config.kv_block_size, kv_blocks, config.allow_non_finite_weights};
+    runner_options o{role, 0, 1, dir, config.kv_block_size, kv_blocks, config.allow_non_finite_weights,
+                     true};
     return gpu ? spawn_gpu_runner(sys, std::move(o), std::move(m), std::move(gpu))
                : spawn_cpu_runner(sys, std::move(o), std::move(m));
   };
@@ -409,59 +410,11 @@ std::future<GenerateReqOutput> Engine::generate_async(GenerateReqInput req, chun
   return fut;
 }
 
-AbortReqOutput Engine::abort(AbortReq req) { return call<AbortReqOutput>(std::move(req)); }
-
-PauseGenerationReqOutput Engine::pause_generation(PauseGenerationReqInput req) {
-  return call<PauseGenerationReqOutput>(req);
-}
-ContinueGenerationReqOutput Engine::continue_generation(ContinueGenerationReqInput req) {
-  return call<ContinueGenerationReqOutput>(req);
-}
-FlushCacheReqOutput Engine::flush_cache(FlushCacheReqInput req) {
-  return call<FlushCacheReqOutput>(req);
-}
-GetServerInfoReqOutput Engine::get_server_info() {
-  return call<GetServerInfoReqOutput>(GetServerInfoReqInput{});
-}
-HealthCheckReqOutput Engine::health() { return call<HealthCheckReqOutput>(HealthCheckReqInput{}); }
-
-BeginWeightUpdateReqOutput Engine::begin_weight_update(BeginWeightUpdateReqInput req) {
-  return call<BeginWeightUpdateReqOutput>(req);
-}
-UpdateWeightsFromTensorReqOutput
-Engine::update_weights_from_tensor(UpdateWeightsFromTensorReqInput req) {
-  return call<UpdateWeightsFromTensorReqOutput>(std::move(req));
-}
-UpdateWeightsFromDistributedReqOutput
-Engine::update_weights_from_distributed(UpdateWeightsFromDistributedReqInput req) {
-  return call<UpdateWeightsFromDistributedReqOutput>(std::move(req));
-}
-UpdateWeightFromDiskReqOutput Engine::update_weights_from_disk(UpdateWeightFromDiskReqInput req) {
-  return call<UpdateWeightFromDiskReqOutput>(std::move(req));
-}
-EndWeightUpdateReqOutput Engine::end_weight_update(EndWeightUpdateReqInput req) {
-  return call<EndWeightUpdateReqOutput>(std::move(req));
-}
-PostProcessWeightsReqOutput Engine::post_process_weights(PostProcessWeightsReqInput req) {
-  return call<PostProcessWeightsReqOutput>(req);
-}
-InitWeightsUpdateGroupReqOutput
-Engine::init_weights_update_group(InitWeightsUpdateGroupReqInput req) {
-  return call<InitWeightsUpdateGroupReqOutput>(std::move(req));
-}
-DestroyWeightsUpdateGroupReqOutput
-Engine::destroy_weights_update_group(DestroyWeightsUpdateGroupReqInput req) {
-  return call<DestroyWeightsUpdateGroupReqOutput>(std::move(req));
-}
-UpdateWeightVersionReqOutput Engine::update_weight_version(UpdateWeightVersionReqInput req) {
-  return call<UpdateWeightVersionReqOutput>(std::move(req));
-}
-CheckWeightsReqOutput Engine::check_weights(CheckWeightsReqInput req) {
-  return call<CheckWeightsReqOutput>(std::move(req));
-}
-GetWeightsByNameReqOutput Engine::get_weights_by_name(GetWeightsByNameReqInput req) {
-  return call<GetWeightsByNameReqOutput>(std::move(req));
-}
+#define RLSERVE_ENGINE_METHOD(route, method, In, Out, auth, role)                                \
+  Out Engine::method(In req) { return call<Out>(std::move(req)); }
+RLSERVE_CONTROL_OPERATIONS(RLSERVE_ENGINE_METHOD, RLSERVE_OP_NOTHING)
+RLSERVE_WEIGHT_OPERATIONS(RLSERVE_ENGINE_METHOD, RLSERVE_OP_NOTHING)
+#undef RLSERVE_ENGINE_METHOD
 
 status Engine::kill_actor_for_test(std::string_view kind) {
   auto kill = [](const auto& handle) {

@@ -95,29 +95,14 @@ public:
   GenerateReqOutput generate(GenerateReqInput req, chunk_callback on_chunk);
   // Submits and returns at once; the future holds the whole result.
   std::future<GenerateReqOutput> generate_async(GenerateReqInput req, chunk_callback on_chunk = {});
-  AbortReqOutput abort(AbortReq req);
 
-  // ---- control ----
-  PauseGenerationReqOutput pause_generation(PauseGenerationReqInput req = {});
-  ContinueGenerationReqOutput continue_generation(ContinueGenerationReqInput req = {});
-  FlushCacheReqOutput flush_cache(FlushCacheReqInput req = {});
-  GetServerInfoReqOutput get_server_info();
-  HealthCheckReqOutput health();
-
-  // ---- weight updates ----
-  BeginWeightUpdateReqOutput begin_weight_update(BeginWeightUpdateReqInput req = {});
-  UpdateWeightsFromTensorReqOutput update_weights_from_tensor(UpdateWeightsFromTensorReqInput req);
-  UpdateWeightsFromDistributedReqOutput
-  update_weights_from_distributed(UpdateWeightsFromDistributedReqInput req);
-  UpdateWeightFromDiskReqOutput update_weights_from_disk(UpdateWeightFromDiskReqInput req);
-  EndWeightUpdateReqOutput end_weight_update(EndWeightUpdateReqInput req = {});
-  PostProcessWeightsReqOutput post_process_weights(PostProcessWeightsReqInput req);
-  InitWeightsUpdateGroupReqOutput init_weights_update_group(InitWeightsUpdateGroupReqInput req);
-  DestroyWeightsUpdateGroupReqOutput
-  destroy_weights_update_group(DestroyWeightsUpdateGroupReqInput req = {});
-  UpdateWeightVersionReqOutput update_weight_version(UpdateWeightVersionReqInput req);
-  CheckWeightsReqOutput check_weights(CheckWeightsReqInput req = {});
-  GetWeightsByNameReqOutput get_weights_by_name(GetWeightsByNameReqInput req);
+  // ---- every other operation: one blocking method per line of messages/operations.hpp ----
+  // e.g. pause_generation, flush_cache, get_server_info, health, abort, begin_weight_update,
+  // update_weights_from_tensor, update_weights_from_disk, end_weight_update, check_weights.
+#define RLSERVE_ENGINE_METHOD(route, method, In, Out, auth, role) Out method(In req = {});
+  RLSERVE_CONTROL_OPERATIONS(RLSERVE_ENGINE_METHOD, RLSERVE_OP_NOTHING)
+  RLSERVE_WEIGHT_OPERATIONS(RLSERVE_ENGINE_METHOD, RLSERVE_OP_NOTHING)
+#undef RLSERVE_ENGINE_METHOD
 
   // ---- for front ends built on the engine (websocket server) ----
   caf::actor_system& system();

@@ -797,6 +797,9 @@ runner_actor::behavior_type runner(runner_pointer self, runner_options options,
 
 runner_actor spawn_cpu_runner(caf::actor_system& sys, runner_options options,
                               std::shared_ptr<model::qwen3_model> model) {
+  if (!options.detached)
+    return sys.spawn(runner, std::move(options), std::move(model),
+                     std::shared_ptr<model::qwen3_gpu_model>{});
   return sys.spawn<caf::detached>(runner, std::move(options), std::move(model),
                                   std::shared_ptr<model::qwen3_gpu_model>{});
 }

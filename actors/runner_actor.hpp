@@ -54,6 +54,10 @@ struct runner_options {
   int64_t kv_num_blocks = 2048;  // blocks in the runner's KV pool
   // Accept NaN/Inf in updated weights (they are refused by default).
   bool allow_non_finite_weights = false;
+  // CPU runners: on a thread of their own (always, when serving). False only under CAF's
+  // deterministic test coordinator (tests/support/actor_sim.hpp), which must schedule every
+  // actor itself for a run to be replayable from its seed.
+  bool detached = true;
 };
 
 namespace model {

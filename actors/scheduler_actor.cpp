@@ -650,27 +650,53 @@ void refresh_version(scheduler_pointer self, std::function<void()> then) {
       [then](caf::error&) { then(); });
 }
 
-// A handler that forwards `In` to the weight_updater as a control operation.
-template <class In, class Out>
+// The handler of weight operation `Op`: forwarded to the weight_updater as a control operation
+// (between batches, one at a time); the reply goes back once the version stamped on results is
+// fresh.
+template <class Op>
 auto forward_to_updater(scheduler_pointer self) {
+  using In = typename Op::input;
+  using Out = typename Op::output;
   return [self](In& req) -> caf::result<Out> {
     auto rp = self->make_response_promise<Out>();
     enqueue_control(self, [self, req = std::move(req), rp]() mutable {
+      auto finish = [self, rp](Out out) mutable {
+        refresh_version(self, [self, rp, out = std::move(out)]() mutable {
+          rp.deliver(std::move(out));
+          control_done(self);
+        });
+      };
+      auto failed = [self](const caf::error& err) {
+        Out out;
+        out.success = false;
+        out.message = "the weight updater failed: " + self->system().render(err);
+        return out;
+      };
       self->request(self->state.updater, caf::infinite, std::move(req))
         .then(
-          [self, rp](Out& out) mutable {
-            refresh_version(self, [self, rp, out = std::move(out)]() mutable {
-              rp.deliver(std::move(out));
-              control_done(self);
-            });
+          [self, finish, failed](Out& out) mutable {
+            if constexpr (std::is_same_v<In, UpdateWeightsFromTensorReqInput>) {
+              // Outside begin/end and while generation runs, a tensor update commits at once
+              // (SGLang applies each call as it comes); while paused it waits for
+              // continue_generation.
+              if (out.success && !self->state.paused) {
+                self->request(self->state.updater, caf::infinite, settle_atom_v)
+                  .then(
+                    [finish, out](EndWeightUpdateReqOutput& e) mutable {
+                      if (!e.message.empty()) {
+                        out.success = e.success;
+                        out.message =
+                          e.success ? e.message : "staged, but the commit failed: " + e.message;
+                      }
+                      finish(std::move(out));
+                    },
+                    [finish, failed](caf::error& err) mutable { finish(failed(err)); });
+                return;
+              }
+            }
+            finish(std::move(out));
           },
-          [self, rp](caf::error& err) mutable {
-            Out out;
-            out.success = false;
-            out.message = "the weight updater failed: " + self->system().render(err);
-            rp.deliver(std::move(out));
-            control_done(self);
-          });
+          [finish, failed](caf::error& err) mutable { finish(failed(err)); });
     });
     return rp;
   };
@@ -711,7 +737,8 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
   st.version = std::move(version);
   st.tokenizer = std::move(tokenizer);
   st.blocks.emplace(st.manifest.kv_num_blocks, st.manifest.kv_block_size);
-  return {
+  return with_weight_operations<scheduler_actor::behavior_type>(
+    [self]<class Op>() { return forward_to_updater<Op>(self); },
     [self](TokenizedGenerateReqInput& req, caf::actor& sink) {
       auto& st = self->state;
       request_state r;
@@ -809,43 +836,6 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
       });
       return rp;
     },
-    [self](UpdateWeightsFromTensorReqInput& req) -> caf::result<UpdateWeightsFromTensorReqOutput> {
-      // Outside begin/end and while generation runs, an update commits at once (SGLang applies
-      // each call as it comes); while paused it waits for continue_generation.
-      auto rp = self->make_response_promise<UpdateWeightsFromTensorReqOutput>();
-      enqueue_control(self, [self, req = std::move(req), rp]() mutable {
-        auto finish = [self, rp](UpdateWeightsFromTensorReqOutput out) mutable {
-          refresh_version(self, [self, rp, out = std::move(out)]() mutable {
-            rp.deliver(std::move(out));
-            control_done(self);
-          });
-        };
-        self->request(self->state.updater, caf::infinite, std::move(req))
-          .then(
-            [self, finish](UpdateWeightsFromTensorReqOutput& out) mutable {
-              if (!out.success || self->state.paused) {
-                finish(std::move(out));
-                return;
-              }
-              self->request(self->state.updater, caf::infinite, settle_atom_v)
-                .then(
-                  [finish, out](EndWeightUpdateReqOutput& e) mutable {
-                    if (!e.message.empty()) {
-                      out.success = e.success;
-                      out.message = e.success ? e.message : "staged, but the commit failed: " + e.message;
-                    }
-                    finish(std::move(out));
-                  },
-                  [self, finish](caf::error& err) mutable {
-                    finish({false, "the weight updater failed: " + self->system().render(err)});
-                  });
-            },
-            [self, finish](caf::error& err) mutable {
-              finish({false, "the weight updater failed: " + self->system().render(err)});
-            });
-      });
-      return rp;
-    },
     [self](FlushCacheReqInput& req) -> caf::result<FlushCacheReqOutput> {
       auto rp = self->make_response_promise<FlushCacheReqOutput>();
       auto wait = caf::timespan{client_wait(req.timeout_s.value_or(0.0))};
@@ -879,18 +869,7 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
       }
       return out;
     },
-    forward_to_updater<BeginWeightUpdateReqInput, BeginWeightUpdateReqOutput>(self),
-    forward_to_updater<UpdateWeightsFromDistributedReqInput, UpdateWeightsFromDistributedReqOutput>(self),
-    forward_to_updater<UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput>(self),
-    forward_to_updater<EndWeightUpdateReqInput, EndWeightUpdateReqOutput>(self),
-    forward_to_updater<PostProcessWeightsReqInput, PostProcessWeightsReqOutput>(self),
-    forward_to_updater<InitWeightsUpdateGroupReqInput, InitWeightsUpdateGroupReqOutput>(self),
-    forward_to_updater<DestroyWeightsUpdateGroupReqInput, DestroyWeightsUpdateGroupReqOutput>(self),
-    forward_to_updater<CheckWeightsReqInput, CheckWeightsReqOutput>(self),
-    forward_to_updater<GetWeightsByNameReqInput, GetWeightsByNameReqOutput>(self),
-    forward_to_updater<UpdateWeightVersionReqInput, UpdateWeightVersionReqOutput>(self),
-    [self](step_atom) { step(self); },
-  };
+    [self](step_atom) { step(self); });
 }
 
 } // namespace

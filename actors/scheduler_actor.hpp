@@ -39,20 +39,10 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<FlushCacheReqInput>::with<FlushCacheReqOutput>,
   // Queue depths, pause state and the serving weight version.
   caf::replies_to<GetServerInfoReqInput>::with<GetServerInfoReqOutput>,
-  // Weight operations, forwarded to the weight_updater between batches, one at a time.
-  caf::replies_to<BeginWeightUpdateReqInput>::with<BeginWeightUpdateReqOutput>,
-  caf::replies_to<UpdateWeightsFromTensorReqInput>::with<UpdateWeightsFromTensorReqOutput>,
-  caf::replies_to<UpdateWeightsFromDistributedReqInput>::with<UpdateWeightsFromDistributedReqOutput>,
-  caf::replies_to<UpdateWeightFromDiskReqInput>::with<UpdateWeightFromDiskReqOutput>,
-  caf::replies_to<EndWeightUpdateReqInput>::with<EndWeightUpdateReqOutput>,
-  caf::replies_to<PostProcessWeightsReqInput>::with<PostProcessWeightsReqOutput>,
-  caf::replies_to<InitWeightsUpdateGroupReqInput>::with<InitWeightsUpdateGroupReqOutput>,
-  caf::replies_to<DestroyWeightsUpdateGroupReqInput>::with<DestroyWeightsUpdateGroupReqOutput>,
-  caf::replies_to<CheckWeightsReqInput>::with<CheckWeightsReqOutput>,
-  caf::replies_to<GetWeightsByNameReqInput>::with<GetWeightsByNameReqOutput>,
-  caf::replies_to<UpdateWeightVersionReqInput>::with<UpdateWeightVersionReqOutput>,
   // Internal: run the next batch if there is work and nothing else in flight.
-  caf::reacts_to<step_atom>>;
+  caf::reacts_to<step_atom>>
+  // And every weight operation, forwarded to the weight_updater between batches, one at a time.
+  ::extend_with<weight_operations_actor>;
 
 struct scheduler_options {
   int32_t max_running_requests = 64;

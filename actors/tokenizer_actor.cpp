@@ -286,7 +286,7 @@ int32_t abort_queued(tokenizer_pointer self, const AbortReq& req) {
 }
 
 // Queues a weight operation at the gate; when it may run it goes to the scheduler, and the
-// gate hears its end (a session opens on a successful begin and closes on any end).
+// gate hears its end (a session opens on a successful begin and closes on an end that says so).
 template <class In, class Out>
 auto locked_update(tokenizer_pointer self, gate_op op) {
   return [self, op](In& req) -> caf::result<Out> {
@@ -338,6 +338,22 @@ auto unlocked(tokenizer_pointer self) {
   };
 }
 
+// The handler of weight operation `Op`, by its role (messages/operations.hpp).
+template <class Op>
+auto weight_operation_handler(tokenizer_pointer self) {
+  using In = typename Op::input;
+  using Out = typename Op::output;
+  if constexpr (Op::role == session_role::unordered) {
+    return unlocked<In, Out>(self);
+  } else {
+    constexpr gate_op op = Op::role == session_role::session_begin    ? gate_op::session_begin
+                           : Op::role == session_role::session_update ? gate_op::session_update
+                           : Op::role == session_role::session_end    ? gate_op::session_end
+                                                                      : gate_op::standalone;
+    return locked_update<In, Out>(self, op);
+  }
+}
+
 tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_actor scheduler,
                                           std::shared_ptr<const model::bpe_tokenizer> tokenizer,
                                           front_door_info info) {
@@ -380,7 +396,8 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     for (auto& [ticket, start] : starters)
       start();
   });
-  return {
+  return with_weight_operations<tokenizer_actor::behavior_type>(
+    [self]<class Op>() { return weight_operation_handler<Op>(self); },
     [self](GenerateReqInput& req, caf::actor& sink) -> caf::result<GenerateReqOutput> {
       auto& st = self->state;
       auto rid_hint = req.rid.value_or("");
@@ -442,6 +459,11 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     },
     [self](PauseGenerationReqInput& req) -> caf::result<PauseGenerationReqOutput> {
       auto& st = self->state;
+      // The JSON codec only makes the three modes; an in-process caller can cast any byte.
+      if (req.mode != pause_mode::abort && req.mode != pause_mode::retract &&
+          req.mode != pause_mode::in_place)
+        return PauseGenerationReqOutput{false, "mode: expected abort, retract or in_place, got " +
+                                                 to_string(req.mode)};
       for (auto ticket : st.gate.pause()) {
         // A continue that had not taken effect yet: this later pause wins.
         auto it = st.pending_resumes.find(ticket);
@@ -540,21 +562,7 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
                   false, "the scheduler does not answer: " + self->system().render(err)});
               });
       return rp;
-    },
-    locked_update<BeginWeightUpdateReqInput, BeginWeightUpdateReqOutput>(self, gate_op::session_begin),
-    locked_update<UpdateWeightsFromTensorReqInput, UpdateWeightsFromTensorReqOutput>(
-      self, gate_op::session_update),
-    locked_update<UpdateWeightsFromDistributedReqInput, UpdateWeightsFromDistributedReqOutput>(
-      self, gate_op::session_update),
-    locked_update<UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput>(self, gate_op::standalone),
-    locked_update<EndWeightUpdateReqInput, EndWeightUpdateReqOutput>(self, gate_op::session_end),
-    locked_update<PostProcessWeightsReqInput, PostProcessWeightsReqOutput>(self, gate_op::standalone),
-    unlocked<InitWeightsUpdateGroupReqInput, InitWeightsUpdateGroupReqOutput>(self),
-    unlocked<DestroyWeightsUpdateGroupReqInput, DestroyWeightsUpdateGroupReqOutput>(self),
-    unlocked<CheckWeightsReqInput, CheckWeightsReqOutput>(self),
-    unlocked<GetWeightsByNameReqInput, GetWeightsByNameReqOutput>(self),
-    unlocked<UpdateWeightVersionReqInput, UpdateWeightVersionReqOutput>(self),
-  };
+    });
 }
 
 } // namespace

@@ -42,20 +42,10 @@ using tokenizer_actor = caf::typed_actor<
   caf::replies_to<ContinueGenerationReqInput>::with<ContinueGenerationReqOutput>,
   caf::replies_to<FlushCacheReqInput>::with<FlushCacheReqOutput>,
   caf::replies_to<GetServerInfoReqInput>::with<GetServerInfoReqOutput>,
-  caf::replies_to<HealthCheckReqInput>::with<HealthCheckReqOutput>,
-  // Weight operations that take the update lock (pause-aware).
-  caf::replies_to<BeginWeightUpdateReqInput>::with<BeginWeightUpdateReqOutput>,
-  caf::replies_to<UpdateWeightsFromTensorReqInput>::with<UpdateWeightsFromTensorReqOutput>,
-  caf::replies_to<UpdateWeightsFromDistributedReqInput>::with<UpdateWeightsFromDistributedReqOutput>,
-  caf::replies_to<UpdateWeightFromDiskReqInput>::with<UpdateWeightFromDiskReqOutput>,
-  caf::replies_to<EndWeightUpdateReqInput>::with<EndWeightUpdateReqOutput>,
-  caf::replies_to<PostProcessWeightsReqInput>::with<PostProcessWeightsReqOutput>,
-  // Weight operations that take no lock.
-  caf::replies_to<InitWeightsUpdateGroupReqInput>::with<InitWeightsUpdateGroupReqOutput>,
-  caf::replies_to<DestroyWeightsUpdateGroupReqInput>::with<DestroyWeightsUpdateGroupReqOutput>,
-  caf::replies_to<CheckWeightsReqInput>::with<CheckWeightsReqOutput>,
-  caf::replies_to<GetWeightsByNameReqInput>::with<GetWeightsByNameReqOutput>,
-  caf::replies_to<UpdateWeightVersionReqInput>::with<UpdateWeightVersionReqOutput>>;
+  caf::replies_to<HealthCheckReqInput>::with<HealthCheckReqOutput>>
+  // And every weight operation: those of a session wait at the pause-aware update lock (their
+  // role in messages/operations.hpp), the others go straight to the scheduler.
+  ::extend_with<weight_operations_actor>;
 
 struct front_door_info {
   std::string model_path;

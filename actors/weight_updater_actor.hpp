@@ -13,6 +13,7 @@
 
 #include "actors/policy/update_session.hpp"
 #include "actors/runner_actor.hpp"
+#include "actors/weight_operations.hpp"
 #include "caf/fwd.hpp"
 #include "caf/replies_to.hpp"
 #include "caf/typed_actor.hpp"
@@ -20,36 +21,15 @@
 
 namespace rlserve {
 
+// Every weight operation of messages/operations.hpp (the comments there say what each does),
+// plus the scheduler's two questions:
 using weight_updater_actor = caf::typed_actor<
-  // Opens a session on the selected runners; fails if one is open or the selector names a
-  // runner that does not exist.
-  caf::replies_to<BeginWeightUpdateReqInput>::with<BeginWeightUpdateReqOutput>,
-  // Stages inline tensors (or CUDA IPC handles) on the selected runners; needs an open session.
-  caf::replies_to<UpdateWeightsFromTensorReqInput>::with<UpdateWeightsFromTensorReqOutput>,
-  // Receives a broadcast bucket over a weight-update group; needs an open session and a group.
-  caf::replies_to<UpdateWeightsFromDistributedReqInput>::with<UpdateWeightsFromDistributedReqOutput>,
-  // Loads a whole checkpoint directory as a session of its own; fails while a session is open.
-  caf::replies_to<UpdateWeightFromDiskReqInput>::with<UpdateWeightFromDiskReqOutput>,
-  // Commits (or aborts) the open session and sets the weight version.
-  caf::replies_to<EndWeightUpdateReqInput>::with<EndWeightUpdateReqOutput>,
   // Commits an implicit session (an update that came outside begin/end) if one is open; a no-op
   // otherwise. The scheduler sends it at continue_generation and after such an update while
   // generation runs.
   caf::replies_to<settle_atom>::with<EndWeightUpdateReqOutput>,
-  // Generation-1 restore / post-process flags: restore opens an implicit session, post-process
-  // commits it; refused inside a begin/end session.
-  caf::replies_to<PostProcessWeightsReqInput>::with<PostProcessWeightsReqOutput>,
-  // Joins / leaves a trainer's NCCL group (GPU runners only).
-  caf::replies_to<InitWeightsUpdateGroupReqInput>::with<InitWeightsUpdateGroupReqOutput>,
-  caf::replies_to<DestroyWeightsUpdateGroupReqInput>::with<DestroyWeightsUpdateGroupReqOutput>,
-  // checksum / snapshot / compare / reset_tensors on the selected runners, merged by role.
-  caf::replies_to<CheckWeightsReqInput>::with<CheckWeightsReqOutput>,
-  // Reads the first values of one parameter from one runner.
-  caf::replies_to<GetWeightsByNameReqInput>::with<GetWeightsByNameReqOutput>,
-  // Relabels the serving weights.
-  caf::replies_to<UpdateWeightVersionReqInput>::with<UpdateWeightVersionReqOutput>,
   // The serving version and whether a session is open.
-  caf::replies_to<version_atom>::with<WeightUpdaterStatus>>;
+  caf::replies_to<version_atom>::with<WeightUpdaterStatus>>::extend_with<weight_operations_actor>;
 
 struct runner_handle {
   runner_actor actor;

@@ -12,6 +12,7 @@
 #include "caf/message.hpp"
 #include "messages/enums.hpp"
 #include "messages/json_codec.hpp"
+#include "messages/operations.hpp"
 #include "messages/type_ids.hpp"
 
 namespace rlserve {
@@ -74,38 +75,16 @@ constexpr codec_entry entry(std::string_view route, auth_level auth) {
 constexpr auto normal = auth_level::normal;
 constexpr auto admin = auth_level::admin;
 
-// One line per family. The auth column is the security boundary: every route that changes,
-// reads or checks weights, pauses or resumes, flushes or aborts is admin.
-// constexpr: the table is built at compile time, so find_codec works even from another
-// translation unit's static initialisation.
+// generate, then one entry per line of messages/operations.hpp, whose auth column is the
+// security boundary. constexpr: the table is built at compile time, so find_codec works even
+// from another translation unit's static initialisation.
+#define RLSERVE_CODEC_ENTRY(route, method, In, Out, auth, role) entry<In, Out>(#route, auth),
 constexpr std::array k_codecs{
   entry<GenerateReqInput, GenerateReqOutput>("generate", normal),
-  entry<HealthCheckReqInput, HealthCheckReqOutput>("health", normal),
-  entry<GetServerInfoReqInput, GetServerInfoReqOutput>("get_server_info", normal),
-  // abort_all ends everyone's requests; SGLang's /abort_request is admin-optional too.
-  entry<AbortReq, AbortReqOutput>("abort_request", admin),
-  entry<InitWeightsUpdateGroupReqInput, InitWeightsUpdateGroupReqOutput>(
-    "init_weights_update_group", admin),
-  entry<DestroyWeightsUpdateGroupReqInput, DestroyWeightsUpdateGroupReqOutput>(
-    "destroy_weights_update_group", admin),
-  entry<UpdateWeightsFromDistributedReqInput, UpdateWeightsFromDistributedReqOutput>(
-    "update_weights_from_distributed", admin),
-  entry<UpdateWeightsFromTensorReqInput, UpdateWeightsFromTensorReqOutput>(
-    "update_weights_from_tensor", admin),
-  entry<UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput>("update_weights_from_disk",
-                                                                     admin),
-  entry<BeginWeightUpdateReqInput, BeginWeightUpdateReqOutput>("begin_weight_update", admin),
-  entry<EndWeightUpdateReqInput, EndWeightUpdateReqOutput>("end_weight_update", admin),
-  entry<PostProcessWeightsReqInput, PostProcessWeightsReqOutput>("post_process_weights", admin),
-  entry<UpdateWeightVersionReqInput, UpdateWeightVersionReqOutput>("update_weight_version",
-                                                                   admin),
-  // weights_checker can reset_tensors, and both read weights: never normal.
-  entry<CheckWeightsReqInput, CheckWeightsReqOutput>("weights_checker", admin),
-  entry<GetWeightsByNameReqInput, GetWeightsByNameReqOutput>("get_weights_by_name", admin),
-  entry<PauseGenerationReqInput, PauseGenerationReqOutput>("pause_generation", admin),
-  entry<ContinueGenerationReqInput, ContinueGenerationReqOutput>("continue_generation", admin),
-  entry<FlushCacheReqInput, FlushCacheReqOutput>("flush_cache", admin),
+  RLSERVE_CONTROL_OPERATIONS(RLSERVE_CODEC_ENTRY, RLSERVE_OP_NOTHING)
+  RLSERVE_WEIGHT_OPERATIONS(RLSERVE_CODEC_ENTRY, RLSERVE_OP_NOTHING)
 };
+#undef RLSERVE_CODEC_ENTRY
 
 } // namespace
 

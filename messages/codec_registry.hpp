@@ -9,9 +9,9 @@
 //     auto j = c->encode_reply(reply);                   // expected<nlohmann::json>
 //   });
 //
-// Route names are SGLang's HTTP routes without the slash (reference §2.2), so an SGLang user
-// finds every operation under the name they know. Adding a family is one line in
-// codec_registry.cpp.
+// Route names are SGLang's HTTP routes without the slash, so an SGLang user finds every
+// operation under the name they know. The routes and their auth levels come from the table of
+// operations, messages/operations.hpp: adding one there adds its route here.
 #pragma once
 
 #include <cstdint>

@@ -7,51 +7,24 @@
 #include <cstdint>
 
 #include "caf/type_id.hpp"
+#include "messages/operations.hpp"
 
 namespace rlserve {
+#define RLSERVE_DECLARE_OPERATION(route, method, In, Out, auth, role) \
+  struct In;                                                          \
+  struct Out;
+RLSERVE_CONTROL_OPERATIONS(RLSERVE_DECLARE_OPERATION, RLSERVE_OP_NOTHING)
+RLSERVE_WEIGHT_OPERATIONS(RLSERVE_DECLARE_OPERATION, RLSERVE_OP_NOTHING)
+#undef RLSERVE_DECLARE_OPERATION
 struct SamplingParams;
 struct GenerateReqInput;
 struct TokenizedGenerateReqInput;
 struct GenerateReqOutput;
 struct TokenChunk;
 struct TokenChunks;
-struct AbortReq;
-struct AbortReqOutput;
 struct HostTensor;
 struct NamedTensor;
 struct DeviceTensorRef;
-struct InitWeightsUpdateGroupReqInput;
-struct InitWeightsUpdateGroupReqOutput;
-struct DestroyWeightsUpdateGroupReqInput;
-struct DestroyWeightsUpdateGroupReqOutput;
-struct UpdateWeightsFromDistributedReqInput;
-struct UpdateWeightsFromDistributedReqOutput;
-struct UpdateWeightsFromTensorReqInput;
-struct UpdateWeightsFromTensorReqOutput;
-struct UpdateWeightFromDiskReqInput;
-struct UpdateWeightFromDiskReqOutput;
-struct BeginWeightUpdateReqInput;
-struct BeginWeightUpdateReqOutput;
-struct EndWeightUpdateReqInput;
-struct EndWeightUpdateReqOutput;
-struct PostProcessWeightsReqInput;
-struct PostProcessWeightsReqOutput;
-struct UpdateWeightVersionReqInput;
-struct UpdateWeightVersionReqOutput;
-struct CheckWeightsReqInput;
-struct CheckWeightsReqOutput;
-struct GetWeightsByNameReqInput;
-struct GetWeightsByNameReqOutput;
-struct PauseGenerationReqInput;
-struct PauseGenerationReqOutput;
-struct ContinueGenerationReqInput;
-struct ContinueGenerationReqOutput;
-struct FlushCacheReqInput;
-struct FlushCacheReqOutput;
-struct GetServerInfoReqInput;
-struct GetServerInfoReqOutput;
-struct HealthCheckReqInput;
-struct HealthCheckReqOutput;
 struct ForwardBatch;
 struct ForwardBatchOutput;
 struct ReleaseSequences;
@@ -72,49 +45,19 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlserve, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlserve, (rlserve::GenerateReqOutput))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::TokenChunk))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::TokenChunks))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::AbortReq))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::AbortReqOutput))
 
   // tensors (messages/tensor.hpp)
   CAF_ADD_TYPE_ID(rlserve, (rlserve::HostTensor))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::NamedTensor))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::DeviceTensorRef))
 
-  // weight update (messages/weight_update.hpp)
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::InitWeightsUpdateGroupReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::InitWeightsUpdateGroupReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::DestroyWeightsUpdateGroupReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::DestroyWeightsUpdateGroupReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::UpdateWeightsFromDistributedReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::UpdateWeightsFromDistributedReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::UpdateWeightsFromTensorReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::UpdateWeightsFromTensorReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::UpdateWeightFromDiskReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::UpdateWeightFromDiskReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::BeginWeightUpdateReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::BeginWeightUpdateReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::EndWeightUpdateReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::EndWeightUpdateReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::PostProcessWeightsReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::PostProcessWeightsReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::UpdateWeightVersionReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::UpdateWeightVersionReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::CheckWeightsReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::CheckWeightsReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::GetWeightsByNameReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::GetWeightsByNameReqOutput))
-
-  // control (messages/control.hpp)
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::PauseGenerationReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::PauseGenerationReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::ContinueGenerationReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::ContinueGenerationReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::FlushCacheReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::FlushCacheReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::GetServerInfoReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::GetServerInfoReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::HealthCheckReqInput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::HealthCheckReqOutput))
+  // the operations of messages/operations.hpp: request and reply of each
+#define RLSERVE_OPERATION_TYPE_IDS(route, method, In, Out, auth, role) \
+  CAF_ADD_TYPE_ID(rlserve, (rlserve::In))                               \
+  CAF_ADD_TYPE_ID(rlserve, (rlserve::Out))
+  RLSERVE_CONTROL_OPERATIONS(RLSERVE_OPERATION_TYPE_IDS, RLSERVE_OP_NOTHING)
+  RLSERVE_WEIGHT_OPERATIONS(RLSERVE_OPERATION_TYPE_IDS, RLSERVE_OP_NOTHING)
+#undef RLSERVE_OPERATION_TYPE_IDS
 
   // runner (messages/runner.hpp, internal)
   CAF_ADD_TYPE_ID(rlserve, (rlserve::ForwardBatch))

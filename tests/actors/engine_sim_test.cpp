@@ -561,6 +561,16 @@ BOOST_AUTO_TEST_CASE(pause_abort_ends_running_requests_and_holds_new_ones) {
   BOOST_TEST(waiting.get().success);
 }
 
+BOOST_AUTO_TEST_CASE(a_pause_mode_outside_the_enum_is_refused_and_pauses_nothing) {
+  // The JSON codec makes only the three modes; the in-process API takes any byte.
+  auto e = start(tiny_model("target", 11));
+  auto out = e->pause_generation({static_cast<pause_mode>(0)});
+  BOOST_TEST(!out.success);
+  BOOST_TEST(contains(out.message, "mode: expected abort, retract or in_place"));
+  BOOST_TEST(!e->get_server_info().paused);
+  BOOST_TEST(e->generate(greedy({1, 2}, 2)).success);
+}
+
 BOOST_AUTO_TEST_CASE(retract_resumes_greedy_requests_exactly) {
   auto e = start(tiny_model("target", 11));
   std::vector<GenerateReqInput> reqs;

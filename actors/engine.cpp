@@ -1,5 +1,6 @@
 #include "actors/engine.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -208,6 +209,20 @@ static expected<int> resolve_device(const std::string& device) {
   return fail("device '" + device + "': expected auto, cpu, cuda or cuda:N");
 }
 
+// The weight transports every runner takes (what a selector of "all" can use).
+static std::vector<std::string> weight_transports(const std::vector<runner_handle>& runners) {
+  std::vector<std::string> out{"inline", "disk"};
+  auto all = [&](bool RunnerCapabilities::*can) {
+    return std::all_of(runners.begin(), runners.end(),
+                       [&](const runner_handle& r) { return r.manifest.capabilities.*can; });
+  };
+  if (all(&RunnerCapabilities::device_tensors))
+    out.push_back("cuda_ipc");
+  if (all(&RunnerCapabilities::weight_update_groups))
+    out.push_back("nccl");
+  return out;
+}
+
 expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   auto path = config.model_path;
   if (path.empty()) {
@@ -339,7 +354,12 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   front_door_info info;
   info.model_path = path.string();
   info.draft_model_path = draft ? draft->path.string() : "";
-  info.device = "cpu";
+  info.device = p->target_manifest.device; // the target's device, as its runner states it
+  info.weight_transports = weight_transports(handles);
+  const auto& caps = p->target_manifest.capabilities;
+  info.int4_modules = caps.int4_modules;
+  info.int4_update_recipe = caps.int4_update_recipe;
+  info.int4_quantized_on = caps.int4_quantized_on;
   info.architecture = p->target_manifest.architecture;
   info.vocab_size = p->target_manifest.vocab_size;
   info.max_context_length = p->target_manifest.max_context_length;

@@ -111,6 +111,19 @@ RunnerManifest make_manifest(const runner_options& options, const model::qwen3_m
     out.parameters.push_back({p.name, p.type, p.shape});
   if (m.config().tie_word_embeddings)
     out.aliases.push_back({"lm_head.weight", "model.embed_tokens.weight"});
+  auto& caps = out.capabilities;
+  caps.device_tensors = gpu != nullptr;
+  caps.weight_update_groups = false; // no NCCL transport in this runner yet
+  caps.device_checksums = gpu != nullptr;
+  for (auto& p : m.parameters())
+    if (p.name.ends_with(".weight_packed"))
+      ++caps.int4_modules;
+  if (const auto& q = m.quantization(); q && caps.int4_modules > 0) {
+    caps.int4_update_recipe =
+      std::string(kernels::to_string(q->recipe)) +
+      (q->group_size == kernels::k_int4_channel ? " per channel" : " g" + std::to_string(q->group_size));
+    caps.int4_quantized_on = gpu ? "device" : "host";
+  }
   return out;
 }
 

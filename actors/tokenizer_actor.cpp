@@ -539,6 +539,10 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
             out.architecture = st.info.architecture;
             out.vocab_size = st.info.vocab_size;
             out.max_context_length = st.info.max_context_length;
+            out.weight_transports = st.info.weight_transports;
+            out.int4_modules = st.info.int4_modules;
+            out.int4_update_recipe = st.info.int4_update_recipe;
+            out.int4_quantized_on = st.info.int4_quantized_on;
             out.paused = st.gate.paused();
             out.pause_mode = st.pause_mode_name;
             out.weight_update_session_open = st.gate.session_open();

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/scheduler_actor.hpp"
 #include "caf/fwd.hpp"
@@ -54,6 +55,12 @@ struct front_door_info {
   std::string architecture;
   int64_t vocab_size = 0;
   int64_t max_context_length = 0;
+  // What get_server_info says of weight updates (GetServerInfoReqOutput's fields of the same
+  // names), from the runners' manifests.
+  std::vector<std::string> weight_transports;
+  int32_t int4_modules = 0;
+  std::string int4_update_recipe;
+  std::string int4_quantized_on;
 };
 
 tokenizer_actor spawn_tokenizer(caf::actor_system& sys, scheduler_actor scheduler,

@@ -64,6 +64,20 @@ std::string spec_string(dtype t, const std::vector<int64_t>& shape) {
   return std::string(torch_name(t)) + " " + shape_string(shape);
 }
 
+// The first of `targets` whose manifest lacks capability `can`, or null.
+const runner_entry* lacking(const std::vector<runner_entry*>& targets,
+                            bool RunnerCapabilities::*can) {
+  for (const auto* r : targets)
+    if (!(r->handle.manifest.capabilities.*can))
+      return r;
+  return nullptr;
+}
+
+std::string runs_on(const runner_entry& r) {
+  const auto& m = r.handle.manifest;
+  return "the " + m.role + " runner runs on " + (m.device == "cpu" ? "the CPU" : m.device);
+}
+
 // The runners a selector reaches, target first; an error when it names a role with no runner.
 expected<std::vector<runner_entry*>> select(updater_state& st, runner_selector sel) {
   std::vector<runner_entry*> out;
@@ -520,6 +534,14 @@ void tensor_update(updater_pointer self, UpdateWeightsFromTensorReqInput& req,
     answer(false, routed_device.error() + unchanged);
     return;
   }
+  // Refused here, from the manifests, so no runner is asked to stage part of the message.
+  if (!req.device_tensors.empty())
+    if (const auto* r = lacking(*targets, &RunnerCapabilities::device_tensors)) {
+      answer(false, runs_on(*r) + " and cannot read tensors from a trainer's GPU (CUDA IPC "
+                                  "handles); send them inline (named_tensors) or from disk" +
+                      unchanged);
+      return;
+    }
   auto io = std::make_shared<plan_io>();
   io->op = policy::session_op::tensor_update;
   io->stage_runners = *targets;
@@ -702,11 +724,17 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
                  status_answer(rp));
       return rp;
     },
-    [](InitWeightsUpdateGroupReqInput& req) {
+    [self](InitWeightsUpdateGroupReqInput& req) {
+      std::vector<runner_entry*> all;
+      for (auto& r : self->state.runners)
+        all.push_back(r.get());
+      const auto* r = lacking(all, &RunnerCapabilities::weight_update_groups);
       return InitWeightsUpdateGroupReqOutput{
-        false, "cannot join weight-update group \"" + req.group_name +
-                 "\": rlserve cannot join NCCL weight-update groups yet (send the tensors by CUDA "
-                 "IPC, inline or from disk)"};
+        false, "cannot join weight-update group \"" + req.group_name + "\": " +
+                 (r ? runs_on(*r) + " and cannot join NCCL weight-update groups"
+                    : std::string("joining NCCL weight-update groups is not implemented")) +
+                 " (send the tensors by CUDA IPC, inline or from disk; get_server_info's "
+                 "weight_transports lists what this engine takes)"};
     },
     [](DestroyWeightsUpdateGroupReqInput& req) {
       return DestroyWeightsUpdateGroupReqOutput{

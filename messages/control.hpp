@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "caf/meta/type_name.hpp"
 #include "messages/enums.hpp"
@@ -75,6 +76,14 @@ struct GetServerInfoReqOutput {
   uint64_t spec_accepted_tokens = 0;
   double spec_accept_length = 0.0;        // tokens per verification step, since start
   double spec_recent_accept_length = 0.0; // the same over the last 256 verification steps
+  // How this engine takes weights: "inline" and "disk" always, "cuda_ipc" when every runner
+  // reads tensors from a trainer's GPU, "nccl" when every runner joins weight-update groups.
+  std::vector<std::string> weight_transports;
+  // The target's INT4 (W4A16) modules, and what BF16 updates of them are quantized with and
+  // where ("device" or "host"); 0 and empty for a BF16 model.
+  int32_t int4_modules = 0;
+  std::string int4_update_recipe;
+  std::string int4_quantized_on;
 };
 
 struct HealthCheckReqInput {};
@@ -129,7 +138,8 @@ typename Inspector::result_type inspect(Inspector& f, GetServerInfoReqOutput& x)
            x.running_requests, x.waiting_requests, x.committed_updates,
            x.scheduler_steps, x.scheduler_cpu_us, x.speculative_num_draft_tokens,
            x.spec_verify_steps, x.spec_accepted_tokens,
-           x.spec_accept_length, x.spec_recent_accept_length);
+           x.spec_accept_length, x.spec_recent_accept_length, x.weight_transports, x.int4_modules,
+           x.int4_update_recipe, x.int4_quantized_on);
 }
 
 template <class Inspector>

@@ -127,6 +127,10 @@ expected<GetServerInfoReqOutput> from_json<GetServerInfoReqOutput>(const json& j
       r.field("spec_accepted_tokens", x.spec_accepted_tokens);
       r.field("spec_accept_length", x.spec_accept_length);
       r.field("spec_recent_accept_length", x.spec_recent_accept_length);
+      r.field("weight_transports", x.weight_transports);
+      r.field("int4_modules", x.int4_modules, count);
+      r.field("int4_update_recipe", x.int4_update_recipe);
+      r.field("int4_quantized_on", x.int4_quantized_on);
     });
 }
 
@@ -152,7 +156,11 @@ json to_json(const GetServerInfoReqOutput& x) {
           {"spec_verify_steps", x.spec_verify_steps},
           {"spec_accepted_tokens", x.spec_accepted_tokens},
           {"spec_accept_length", x.spec_accept_length},
-          {"spec_recent_accept_length", x.spec_recent_accept_length}};
+          {"spec_recent_accept_length", x.spec_recent_accept_length},
+          {"weight_transports", x.weight_transports},
+          {"int4_modules", x.int4_modules},
+          {"int4_update_recipe", x.int4_update_recipe},
+          {"int4_quantized_on", x.int4_quantized_on}};
 }
 
 template <>

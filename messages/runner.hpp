@@ -100,6 +100,25 @@ struct TensorAlias {
 // What a runner serves: its role, its parameters in load format (what a checkpoint or a trainer
 // sends), and its model's limits. The weight_updater validates whole buckets against this
 // before anything is staged.
+// What a runner can do, stated by the runner itself so that the weight_updater's refusals and
+// the engine's replies (get_server_info) are true for the engine they come from.
+struct RunnerCapabilities {
+  // Stages tensors read from a trainer's GPU memory (CUDA IPC handles, device pointers): GPU
+  // runners. Others take inline tensors and checkpoints only.
+  bool device_tensors = false;
+  // Joins a trainer's NCCL weight-update group (init_weights_update_group) and receives
+  // broadcast buckets.
+  bool weight_update_groups = false;
+  // check_weights hashes the copy the device serves (GPU runners), not a host copy.
+  bool device_checksums = false;
+  // Quantized (INT4, W4A16) Linear modules it serves; 0 for a BF16 model.
+  int32_t int4_modules = 0;
+  // What BF16 updates of those modules are quantized with ("int4-asym g128"), and where:
+  // "device" (GPU runners) or "host". Empty without INT4 modules.
+  std::string int4_update_recipe;
+  std::string int4_quantized_on;
+};
+
 struct RunnerManifest {
   std::string role; // "target" | "draft"
   int32_t tp_rank = 0;
@@ -114,6 +133,7 @@ struct RunnerManifest {
   int64_t kv_num_blocks = 0;  // blocks in the pool (the scheduler's block manager hands them out)
   std::vector<TensorSpec> parameters; // sorted by name
   std::vector<TensorAlias> aliases;
+  RunnerCapabilities capabilities;
 };
 
 // Tensors a runner keeps aside until the session commits; they must be in the manifest.
@@ -200,10 +220,16 @@ typename Inspector::result_type inspect(Inspector& f, TensorAlias& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, RunnerCapabilities& x) {
+  return f(caf::meta::type_name("RunnerCapabilities"), x.device_tensors, x.weight_update_groups,
+           x.device_checksums, x.int4_modules, x.int4_update_recipe, x.int4_quantized_on);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, RunnerManifest& x) {
   return f(caf::meta::type_name("RunnerManifest"), x.role, x.tp_rank, x.tp_size, x.model_path,
            x.architecture, x.device, x.vocab_size, x.max_context_length, x.eos_token_ids,
-           x.kv_block_size, x.kv_num_blocks, x.parameters, x.aliases);
+           x.kv_block_size, x.kv_num_blocks, x.parameters, x.aliases, x.capabilities);
 }
 
 template <class Inspector>

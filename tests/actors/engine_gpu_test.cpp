@@ -138,6 +138,22 @@ BOOST_AUTO_TEST_CASE(auto_device_picks_the_gpu_when_one_is_present) {
   auto out = (*e)->generate(greedy({5, 6, 7, 8}, 8));
   BOOST_REQUIRE_MESSAGE(out.success, out.message);
   BOOST_TEST(out.output_ids.size() == 8u);
+  // get_server_info says what the runner states of itself: this device, CUDA IPC updates.
+  auto info = (*e)->get_server_info();
+  BOOST_TEST(info.device == (*e)->target_manifest().device);
+  BOOST_TEST((info.weight_transports == std::vector<std::string>{"inline", "disk", "cuda_ipc"}));
+  BOOST_TEST((*e)->target_manifest().capabilities.device_checksums);
+}
+
+BOOST_AUTO_TEST_CASE(an_int4_engine_states_that_it_quantizes_updates_on_the_device) {
+  auto dir = medium_model("gpu-moe", "qwen3-moe", 21);
+  engine_config c = on_gpu();
+  c.quantize = "int4-asym";
+  auto e = start(dir, {}, c);
+  auto info = e->get_server_info();
+  BOOST_TEST(info.int4_modules > 0);
+  BOOST_TEST(info.int4_update_recipe == "int4-asym g128");
+  BOOST_TEST(info.int4_quantized_on == "device");
 }
 
 BOOST_AUTO_TEST_CASE(a_missing_device_or_a_bad_device_name_fails_start_clearly) {

@@ -282,9 +282,20 @@ BOOST_AUTO_TEST_CASE(device_tensors_on_a_cpu_engine_are_refused_and_the_session_
     req.device_tensors = std::move(ts);
     return e->update_weights_from_tensor(req);
   };
+  auto info = e->get_server_info();
+  BOOST_TEST(info.device == "cpu");
+  BOOST_TEST((info.weight_transports == std::vector<std::string>{"inline", "disk"}));
+  BOOST_TEST(info.int4_modules == 0);
+  BOOST_TEST(info.int4_update_recipe.empty());
   auto out = send({device(update[0])});
   BOOST_TEST(!out.success);
   BOOST_TEST(contains(out.message, "runs on the CPU"), out.message);
+  BOOST_TEST(contains(out.message, "send them inline"), out.message);
+  InitWeightsUpdateGroupReqInput group;
+  group.group_name = "g";
+  auto joined = e->init_weights_update_group(group);
+  BOOST_TEST(!joined.success);
+  BOOST_TEST(contains(joined.message, "runs on the CPU and cannot join NCCL"), joined.message);
   BOOST_TEST(contains(out.message, "session stays open"), out.message);
   auto unknown = device(update[0]);
   unknown.name = "model.layers.0.mlp.gate_projj.weight";
@@ -517,6 +528,12 @@ BOOST_AUTO_TEST_CASE(a_bf16_checkpoint_loads_into_an_int4_engine) {
   auto e = start(dir, {}, int4);
   auto before = engine_checksums(*e);
   BOOST_TEST(before.count("model.layers.0.mlp.experts.0.gate_proj.weight_packed") == 1u);
+  // What the engine says of itself is what its runner states: INT4 experts, quantized here.
+  auto info = e->get_server_info();
+  BOOST_TEST(info.int4_modules == e->target_manifest().capabilities.int4_modules);
+  BOOST_TEST(info.int4_modules > 0);
+  BOOST_TEST(info.int4_update_recipe == "int4-asym g32");
+  BOOST_TEST(info.int4_quantized_on == "host");
   auto update = perturbed(dir, 21);
   auto bf16 = scratch_dir("moe-bf16-new");
   fs::remove_all(bf16);

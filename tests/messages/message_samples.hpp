@@ -82,7 +82,7 @@ RLSERVE_FIELD_COUNT(ContinueGenerationReqOutput, 2)
 RLSERVE_FIELD_COUNT(FlushCacheReqInput, 1)
 RLSERVE_FIELD_COUNT(FlushCacheReqOutput, 2)
 RLSERVE_FIELD_COUNT(GetServerInfoReqInput, 0)
-RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 22)
+RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 26)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
 RLSERVE_FIELD_COUNT(HealthCheckReqOutput, 2)
 // runner.hpp
@@ -93,7 +93,8 @@ RLSERVE_FIELD_COUNT(ForwardBatchOutput, 7)
 RLSERVE_FIELD_COUNT(ReleaseSequences, 1)
 RLSERVE_FIELD_COUNT(TensorSpec, 3)
 RLSERVE_FIELD_COUNT(TensorAlias, 2)
-RLSERVE_FIELD_COUNT(RunnerManifest, 13)
+RLSERVE_FIELD_COUNT(RunnerCapabilities, 6)
+RLSERVE_FIELD_COUNT(RunnerManifest, 14)
 RLSERVE_FIELD_COUNT(StageTensors, 1)
 RLSERVE_FIELD_COUNT(StageDeviceTensors, 1)
 RLSERVE_FIELD_COUNT(RunnerReply, 3)
@@ -190,8 +191,20 @@ auto tie_fields(const T& x) {
   } else if constexpr (N == 24) {
     const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23] = x;
     return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23);
+  } else if constexpr (N == 25) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24);
+  } else if constexpr (N == 26) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25);
+  } else if constexpr (N == 27) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26);
+  } else if constexpr (N == 28) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27);
   } else {
-    static_assert(N <= 24, "extend tie_fields");
+    static_assert(N <= 28, "extend tie_fields");
   }
 }
 
@@ -843,6 +856,10 @@ struct samples<GetServerInfoReqOutput> : simple_samples<GetServerInfoReqOutput> 
     x.running_requests = 3;
     x.waiting_requests = 4;
     x.committed_updates = UINT64_MAX;
+    x.weight_transports = {"inline", "disk", "cuda_ipc"};
+    x.int4_modules = 96;
+    x.int4_update_recipe = "int4-asym g128";
+    x.int4_quantized_on = "device";
     return x;
   }
 };
@@ -913,6 +930,7 @@ struct samples<RunnerManifest> : simple_samples<RunnerManifest> {
     x.kv_num_blocks = 4096;
     x.parameters = {samples<TensorSpec>::full(), TensorSpec{"v", dtype::i32, {7}}};
     x.aliases = {TensorAlias{"lm_head.weight", "model.embed_tokens.weight"}};
+    x.capabilities = {true, false, true, 96, "int4-asym g128", "device"};
     return x;
   }
 };

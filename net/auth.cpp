@@ -69,24 +69,23 @@ auth_result authorize(const api_keys& keys, route_auth level, const std::vector<
       return user || admin ? auth_result::ok : auth_result::unauthorized;
     }
     case route_auth::admin:
+      // With an admin key configured, only it (the normal key never stands in for it); with
+      // only the normal key, that key, as SGLang does, so a trainer that knows one key (miles'
+      // start-up loop on /flush_cache) works unchanged.
       if (!keys.admin_api_key.empty())
         return presents(tokens, keys.admin_api_key) ? auth_result::ok : auth_result::unauthorized;
       if (!keys.api_key.empty())
-        return auth_result::forbidden; // never the normal key in place of the admin key
+        return presents(tokens, keys.api_key) ? auth_result::ok : auth_result::unauthorized;
       return auth_result::ok;
   }
   return auth_result::unauthorized;
 }
 
-std::string refusal_message(const api_keys& keys, route_auth level, auth_result result) {
-  if (result == auth_result::forbidden)
-    return "this route is admin-level and the server has no admin key (start it with "
-           "--admin-api-key or RLSERVE_ADMIN_API_KEY); the normal API key is never accepted for it";
-  if (level == route_auth::admin)
+std::string refusal_message(const api_keys& keys, route_auth level) {
+  if (level == route_auth::admin && !keys.admin_api_key.empty())
     return "this route needs the admin API key, presented as \"Authorization: Bearer <key>\" or "
            "\"x-api-key: <key>\" (on a websocket: when connecting); the normal API key is not "
            "accepted";
-  (void)keys;
   return "this route needs the API key, presented as \"Authorization: Bearer <key>\" or "
          "\"x-api-key: <key>\" (on a websocket: when connecting)";
 }

@@ -1,18 +1,20 @@
-// Who may call what (issue 6 §2; reference §2.1, SGLang's utils/auth.py, with §8.1's fix: every
-// route that changes weights, pauses, flushes, aborts or reads weights is admin).
+// Who may call what: SGLang's rules (its utils/auth.py), with every route that changes weights,
+// pauses, flushes, aborts or reads weights at its admin level (docs/protocol.md has the table).
 //
 //   api_keys keys{.api_key = "k", .admin_api_key = "a"};
 //   auto tokens = tokens_from_headers(authorization_header, x_api_key_header);
 //   if (authorize(keys, route_auth::admin, tokens) != auth_result::ok) ...401...
 //
-// Levels (SGLang's middleware, minus its fallback):
-//   normal  (generate, health, get_server_info, /metrics, /model_info): open when no api_key is
-//           configured; else the api_key, or the admin key (an admin may do what a user may).
+// Levels:
+//   exempt  (/health, /health_generate, /metrics): always open, as SGLang's, for liveness probes,
+//           load balancers, Prometheus and the trainers' health monitors, which send no key.
+//   normal  (generate, get_server_info, /model_info): open when no api_key is configured; else
+//           the api_key, or the admin key (an admin may do what a user may; SGLang refuses it).
 //   admin   (every route that changes, reads or checks weights, pauses, resumes, flushes or
-//           aborts): the admin_api_key when configured. With only an api_key configured, admin
-//           routes are refused (forbidden) -- they never fall back to the normal key, which
-//           is the gap reference §2.1/§8.1 records for SGLang's ADMIN_OPTIONAL. With no key at
-//           all everything is open (the default bind is loopback).
+//           aborts): the admin_api_key when one is configured, and then never the api_key;
+//           with only an api_key configured, the api_key (SGLang's ADMIN_OPTIONAL: trainers
+//           that know one key call admin routes with it). With no key at all everything is
+//           open (the default bind is loopback).
 // A token is presented as `Authorization: Bearer <t>` and/or `x-api-key: <t>`; it matches when
 // either header carries the expected key, so one client can present both keys at once.
 #pragma once
@@ -40,9 +42,8 @@ route_auth to_route_auth(auth_level level);
 std::vector<std::string> tokens_from_headers(std::string_view authorization,
                                              std::string_view x_api_key);
 
-// unauthorized: a key is needed and none presented matches (HTTP 401). forbidden: the route
-// cannot be called with any key the server holds (admin route, no admin key configured; 403).
-enum class auth_result { ok, unauthorized, forbidden };
+// unauthorized: a key is needed and none presented matches (HTTP 401).
+enum class auth_result { ok, unauthorized };
 
 auth_result authorize(const api_keys& keys, route_auth level, const std::vector<std::string>& tokens);
 
@@ -55,6 +56,6 @@ bool may_connect(const api_keys& keys, const std::vector<std::string>& tokens);
 bool constant_time_equal(std::string_view a, std::string_view b);
 
 // The sentence that goes with a refusal (never containing a key).
-std::string refusal_message(const api_keys& keys, route_auth level, auth_result result);
+std::string refusal_message(const api_keys& keys, route_auth level);
 
 } // namespace rlserve::net

@@ -93,6 +93,10 @@ std::variant<http_routed, http_refusal> route_http_request(http::verb method,
                     : path == "/health_generate" ? http_call::health_generate
                     : path == "/metrics"         ? http_call::metrics
                                                  : http_call::model_info;
+    // Probes, load balancers, Prometheus and the trainers' health monitors send no key (SGLang
+    // exempts the same paths); /model_info describes the model and stays at the normal level.
+    if (out.call.kind != http_call::model_info)
+      out.level = route_auth::exempt;
   } else {
     std::string name = path.size() > 1 ? path.substr(1) : "";
     if (name == "server_info")

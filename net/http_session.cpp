@@ -144,8 +144,7 @@ void http_session::on_read(beast::error_code ec, std::size_t) {
       log_info("websocket upgrade refused: no valid API key presented");
       return answer(401, "application/json",
                     json_error_body("Unauthorized",
-                                    refusal_message(st_->opts.keys, route_auth::normal,
-                                                    auth_result::unauthorized)));
+                                    refusal_message(st_->opts.keys, route_auth::normal)));
     }
     // The websocket session takes the connection (and any bytes already read are the
     // handshake's, which Beast's accept(request) does not need again).
@@ -167,12 +166,11 @@ void http_session::route(http::request<http::string_body>& req) {
   auto& call = r.call;
   const auto level = r.level;
   const std::string& path = r.path;
-  if (auto r = authorize(st_->opts.keys, level, request_tokens(req)); r != auth_result::ok) {
-    st_->stats.protocol_error(r == auth_result::forbidden ? "forbidden" : "unauthorized");
-    log_info("HTTP " + path + " refused: " + (r == auth_result::forbidden ? "forbidden" : "unauthorized"));
-    return answer(r == auth_result::forbidden ? 403 : 401, "application/json",
-                  json_error_body(r == auth_result::forbidden ? "Forbidden" : "Unauthorized",
-                                  refusal_message(st_->opts.keys, level, r)));
+  if (authorize(st_->opts.keys, level, request_tokens(req)) != auth_result::ok) {
+    st_->stats.protocol_error("unauthorized");
+    log_info("HTTP " + path + " refused: unauthorized");
+    return answer(401, "application/json",
+                  json_error_body("Unauthorized", refusal_message(st_->opts.keys, level)));
   }
   if (st_->stopping) {
     close_after_write_ = true;

@@ -36,7 +36,7 @@ enum class error_code {
   bad_frame,         // a binary frame's layout is wrong (header length, offsets, sizes)
   unknown_type,      // no route of that name
   unauthorized,      // the connection's token does not allow this route
-  forbidden,         // no key the server holds allows this route (admin route, no admin key)
+  forbidden,         // reserved: not sent today (a foreign origin is refused at the upgrade)
   duplicate_id,      // a request with this id is still in flight on this connection
   too_many_requests, // more requests in flight on this connection than allowed
   too_large,         // tensor bytes over the per-session limit

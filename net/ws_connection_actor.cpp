@@ -180,9 +180,9 @@ void on_reply(ws_actor* self, const std::string& key, expected<json> body) {
 void local_cancel(ws_actor* self, const request_envelope& env) {
   auto& s = self->state;
   auto t0 = clock::now();
-  if (auto r = authorize(s.st->opts.keys, route_auth::normal, s.tokens); r != auth_result::ok)
+  if (authorize(s.st->opts.keys, route_auth::normal, s.tokens) != auth_result::ok)
     return send_error(self, env.id, env.type, error_code::unauthorized,
-                      refusal_message(s.st->opts.keys, route_auth::normal, r));
+                      refusal_message(s.st->opts.keys, route_auth::normal));
   auto target = env.body.find("id");
   if (target == env.body.end() || !(target->is_string() || target->is_number_integer()))
     return send_error(self, env.id, env.type, error_code::bad_request,
@@ -242,10 +242,9 @@ void dispatch(ws_actor* self, request_envelope env, clock::time_point t0, binary
     return send_error(self, env.id, env.type, error_code::unknown_type,
                       "no route \"" + env.type + "\" (routes: " + routes_list() + ")");
   auto level = to_route_auth(c->auth);
-  if (auto r = authorize(s.st->opts.keys, level, s.tokens); r != auth_result::ok)
-    return send_error(self, env.id, env.type,
-                      r == auth_result::forbidden ? error_code::forbidden : error_code::unauthorized,
-                      refusal_message(s.st->opts.keys, level, r));
+  if (authorize(s.st->opts.keys, level, s.tokens) != auth_result::ok)
+    return send_error(self, env.id, env.type, error_code::unauthorized,
+                      refusal_message(s.st->opts.keys, level));
   auto key = dump(env.id);
   if (s.inflight.count(key))
     return send_error(self, env.id, env.type, error_code::duplicate_id,

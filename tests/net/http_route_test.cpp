@@ -44,7 +44,10 @@ BOOST_AUTO_TEST_CASE(target_splits_into_path_and_url_decoded_query) {
 BOOST_AUTO_TEST_CASE(methods_and_paths_select_a_call_and_its_level) {
   auto health = routed(route_http_request(http::verb::head, "/health/", ""));
   BOOST_TEST(health.call.kind == http_call::health);
-  BOOST_TEST((health.level == route_auth::normal));
+  BOOST_TEST((health.level == route_auth::exempt));
+  for (const char* open : {"/health_generate", "/metrics"})
+    BOOST_TEST((routed(route_http_request(http::verb::get, open, "")).level == route_auth::exempt), open);
+  BOOST_TEST((routed(route_http_request(http::verb::get, "/model_info", "")).level == route_auth::normal));
 
   auto gen = routed(route_http_request(http::verb::post, "/generate", R"({"text": "hi"})"));
   BOOST_TEST(gen.call.kind == http_call::route);

@@ -126,10 +126,12 @@ BOOST_AUTO_TEST_CASE(auth_levels) {
   BOOST_TEST((authorize(keyed, route_auth::admin, admin) == ok));
   BOOST_TEST((authorize(keyed, route_auth::admin, both) == ok));
   BOOST_TEST((authorize(keyed, route_auth::admin, wrong) == unauthorized));
-  // Only the normal key: admin routes never fall back to it.
-  BOOST_TEST((authorize(only_user, route_auth::admin, user) == forbidden));
-  BOOST_TEST((authorize(only_user, route_auth::admin, none) == forbidden));
+  // Only the normal key: it opens admin routes too (SGLang's rule; trainers rely on it).
+  BOOST_TEST((authorize(only_user, route_auth::admin, user) == ok));
+  BOOST_TEST((authorize(only_user, route_auth::admin, none) == unauthorized));
+  BOOST_TEST((authorize(only_user, route_auth::admin, wrong) == unauthorized));
   BOOST_TEST((authorize(only_user, route_auth::normal, user) == ok));
+  BOOST_TEST((authorize(only_user, route_auth::exempt, none) == ok));
   // Only the admin key: generation is open, admin routes need the key.
   BOOST_TEST((authorize(only_admin, route_auth::normal, none) == ok));
   BOOST_TEST((authorize(only_admin, route_auth::admin, none) == unauthorized));
@@ -149,11 +151,14 @@ BOOST_AUTO_TEST_CASE(auth_levels) {
   BOOST_TEST(!constant_time_equal("", "a"));
   // No refusal sentence carries a key.
   for (auto level : {route_auth::normal, route_auth::admin})
-    for (auto r : {unauthorized, forbidden}) {
-      auto m = refusal_message(keyed, level, r);
+    for (const auto& keys : {keyed, only_user, only_admin}) {
+      auto m = refusal_message(keys, level);
       BOOST_TEST(m.find("\"u\"") == std::string::npos);
+      BOOST_TEST(m.find("\"a\"") == std::string::npos);
       BOOST_TEST(!m.empty());
     }
+  BOOST_TEST(refusal_message(keyed, route_auth::admin).find("admin API key") != std::string::npos);
+  BOOST_TEST(refusal_message(only_user, route_auth::admin).find("admin") == std::string::npos);
   // Every route that changes, reads or checks weights, pauses, resumes, flushes or aborts is admin.
   for (const auto& c : all_codecs()) {
     bool normal = c.route == "generate" || c.route == "health" || c.route == "get_server_info";

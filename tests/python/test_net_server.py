@@ -158,10 +158,15 @@ async def websocket_checks(port, model_dir):
 
 
 def http_checks(port):
-    status, _, _ = http(port, "GET", "/health")
-    t.check(status == 401, f"/health without a key: {status}")
-    status, _, body = http(port, "GET", "/health", key=USER)
-    t.check(status == 200, f"/health: {status} {body}")
+    # Probes and health monitors send no key: /health, /health_generate and /metrics are open (as
+    # SGLang's); a wrong key does not matter there either.
+    for path in ("/health", "/health_generate", "/metrics"):
+        status, _, body = http(port, "GET", path)
+        t.check(status == 200, f"{path} without a key: {status} {body}")
+    status, _, body = http(port, "GET", "/health", key="wrong")
+    t.check(status == 200, f"/health with a wrong key: {status} {body}")
+    status, _, body = http(port, "GET", "/get_server_info")
+    t.check(status == 401, f"/get_server_info without a key: {status}")
     status, ctype, body = http(port, "GET", "/metrics", key=USER)
     t.check(status == 200 and ctype.startswith("text/plain"), ctype)
     for name in ("rlserve_requests_total", "rlserve_completion_tokens_total", "rlserve_queue_depth",

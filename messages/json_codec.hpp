@@ -12,10 +12,16 @@
 //   tensor's element type is "dtype" (the member is `type` because `dtype` names the enum).
 // - A missing key and JSON null both mean "the default" (SGLang's rule); a key marked required
 //   in the headers must be present and non-null. A body of `null` reads as `{}`.
-// - Requests (…ReqInput, AbortReq, SamplingParams, tensors) are strict: an unknown key is an
-//   error naming it, so a typo ("max_tokens") fails instead of being ignored. SGLang fields that
-//   rlserve does not implement are accepted while inert (absent, null, false, "", [], {} or
-//   SGLang's default) and rejected with "<path>: not supported by rlserve" otherwise.
+// - A request's top level (…ReqInput, AbortReq) ignores keys it does not know, as SGLang's
+//   request dataclasses do (trainers send fields of newer or patched SGLang versions); each one
+//   is counted (ignored_request_fields()) and handed to the front end's log. The parts of a
+//   request (sampling_params, tensors) are strict: an unknown key is an error naming it, so a
+//   typo ("sampling_params.max_tokens") fails instead of being ignored (SGLang's
+//   SamplingParams refuses unknown arguments too). SGLang fields that rlserve does not
+//   implement and that would change results are accepted while inert (absent, null, false, "",
+//   [], {} or SGLang's default) and rejected with "<path>: not supported by rlserve" otherwise;
+//   those that change nothing rlserve returns (priority, log_metrics, custom_params, ...) are
+//   accepted and ignored.
 // - Replies (…ReqOutput, GenerateReqOutput and their parts) are read leniently: unknown keys
 //   are ignored, so a newer server can add fields without breaking older clients. Types and
 //   ranges are still checked.
@@ -36,6 +42,8 @@
 //   when every field validated; on error the caller gets the message and nothing else.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string_view>
 
 #include <nlohmann/json_fwd.hpp>
@@ -55,6 +63,12 @@ namespace rlserve {
 // code that walks the value recursively.
 inline constexpr int k_max_json_depth = 64;
 expected<nlohmann::json> parse_json(std::string_view text);
+
+// Request fields ignored since the process started (top-level keys no decoder knows), and the
+// hook that hears each one (its key, "flush_cache"): a front end installs
+// its debug log. The hook runs on the decoding thread; it must be cheap and thread-safe.
+uint64_t ignored_request_fields();
+void on_ignored_request_field(std::function<void(std::string_view field)> hook);
 
 // Decodes and validates a T. Specialized for every type listed below; there is no generic
 // definition, so an unsupported T fails at link time.

@@ -2,7 +2,9 @@
 // reader, paths and error texts. The per-family files (json_codec_generate.cpp, ...) hold only
 // the field lists.
 #include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <mutex>
 #include <cfloat>
 #include <charconv>
 #include <cmath>
@@ -325,10 +327,14 @@ void object_reader::finish() {
     return;
   for (const auto& item : obj_->items()) {
     const auto& k = item.key();
-    if (std::find(known_.begin(), known_.end(), std::string_view(k)) == known_.end()) {
-      cx_.fail(p_.key(k), "unknown field");
-      return;
+    if (std::find(known_.begin(), known_.end(), std::string_view(k)) != known_.end())
+      continue;
+    if (mode_ == strictness::request) {
+      note_ignored_request_field(k);
+      continue;
     }
+    cx_.fail(p_.key(k), "unknown field");
+    return;
   }
 }
 
@@ -374,7 +380,33 @@ std::optional<int64_t> byte_count(const std::vector<int64_t>& shape, dtype t) {
   return static_cast<int64_t>(n);
 }
 
+namespace {
+std::atomic<uint64_t> g_ignored_fields{0};
+std::mutex g_hook_mutex;
+std::function<void(std::string_view)> g_hook;
+} // namespace
+
+void note_ignored_request_field(std::string_view field) {
+  g_ignored_fields.fetch_add(1, std::memory_order_relaxed);
+  std::function<void(std::string_view)> hook;
+  {
+    std::lock_guard<std::mutex> guard{g_hook_mutex};
+    hook = g_hook;
+  }
+  if (hook)
+    hook(field);
+}
+
 } // namespace json_codec_detail
+
+uint64_t ignored_request_fields() {
+  return json_codec_detail::g_ignored_fields.load(std::memory_order_relaxed);
+}
+
+void on_ignored_request_field(std::function<void(std::string_view field)> hook) {
+  std::lock_guard<std::mutex> guard{json_codec_detail::g_hook_mutex};
+  json_codec_detail::g_hook = std::move(hook);
+}
 
 // ---- parse_json ---------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ json encode_status_reply(const T& x) {
 // Requests without fields: `{}` or null; any key is an error (a typo or a misrouted body).
 template <class T>
 expected<T> decode_empty_request(const json& j) {
-  return decode<T>(j, strictness::strict, [](object_reader&, T&) {});
+  return decode<T>(j, strictness::request, [](object_reader&, T&) {});
 }
 
 } // namespace
@@ -32,7 +32,7 @@ expected<T> decode_empty_request(const json& j) {
 template <>
 expected<PauseGenerationReqInput> from_json<PauseGenerationReqInput>(const json& j) {
   return decode<PauseGenerationReqInput>(
-    j, strictness::strict,
+    j, strictness::request,
     [](object_reader& r, PauseGenerationReqInput& x) { r.field("mode", x.mode); });
 }
 
@@ -52,7 +52,7 @@ json to_json(const PauseGenerationReqOutput& x) {
 template <>
 expected<ContinueGenerationReqInput> from_json<ContinueGenerationReqInput>(const json& j) {
   return decode<ContinueGenerationReqInput>(
-    j, strictness::strict, [](object_reader& r, ContinueGenerationReqInput& x) {
+    j, strictness::request, [](object_reader& r, ContinueGenerationReqInput& x) {
       r.field("torch_empty_cache", x.torch_empty_cache);
     });
 }
@@ -72,7 +72,7 @@ json to_json(const ContinueGenerationReqOutput& x) {
 
 template <>
 expected<FlushCacheReqInput> from_json<FlushCacheReqInput>(const json& j) {
-  return decode<FlushCacheReqInput>(j, strictness::strict,
+  return decode<FlushCacheReqInput>(j, strictness::request,
                                     [](object_reader& r, FlushCacheReqInput& x) {
                                       r.field("timeout_s", x.timeout_s, num_rule{.lo = 0});
                                     });

@@ -239,9 +239,14 @@ bool parse(context& cx, const json& v, const path& p, std::optional<T>& out, R r
 
 // ---- objects ------------------------------------------------------------------------------------
 
+// Counts one ignored top-level request field and tells the hook (json_codec.hpp).
+void note_ignored_request_field(std::string_view field);
+
 enum class strictness : uint8_t {
-  strict = 1, // requests: an unknown key is an error
+  strict = 1, // parts of requests (sampling_params, tensors): an unknown key is an error
   lenient,    // replies: unknown keys are ignored (forward compatibility)
+  request,    // a request's top level: unknown keys are ignored and counted (SGLang's request
+              // dataclasses take fields they do not know; trainers send such fields)
 };
 
 // Reads one JSON object (null reads as {}). Every key the decoder asks about is remembered, so
@@ -288,7 +293,7 @@ public:
   template <class F>
   void object(std::string_view key, F&& read) {
     if (auto v = get(key)) {
-      object_reader sub(cx_, *v, p_.key(key), mode_);
+      object_reader sub(cx_, *v, p_.key(key), nested_mode());
       read(sub);
       sub.finish();
     }
@@ -306,7 +311,7 @@ public:
     std::vector<T> tmp;
     tmp.reserve(v->size());
     for (std::size_t i = 0; i < v->size() && cx_.ok(); ++i) {
-      object_reader sub(cx_, (*v)[i], lp.index(i), mode_);
+      object_reader sub(cx_, (*v)[i], lp.index(i), nested_mode());
       T elem{};
       read(sub, elem);
       sub.finish();
@@ -322,6 +327,10 @@ public:
   void unsupported(std::string_view key, const json& sglang_default = nullptr,
                    std::string_view hint = {});
 
+  // An SGLang field that changes nothing rlserve returns (a scheduling priority, a logging
+  // switch, a routing hint for a single engine): accepted whatever its value, and ignored.
+  void ignore(std::string_view key) { remember(key); }
+
   // An SGLang batch form (a list where rlserve takes one value) gets its own message rather
   // than a type error. `nested_list`: only a list of lists is a batch (input_ids).
   void reject_batch(std::string_view key, bool nested_list = false);
@@ -334,6 +343,10 @@ public:
 
 private:
   void remember(std::string_view key);
+  // The parts of a request are strict even when its top level ignores unknown keys.
+  strictness nested_mode() const {
+    return mode_ == strictness::request ? strictness::strict : mode_;
+  }
 
   context& cx_;
   const json* obj_ = nullptr; // null when the value was JSON null or not an object

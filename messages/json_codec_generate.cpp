@@ -71,10 +71,14 @@ void read_fields(object_reader& r, SamplingParams& x) {
   r.field("spaces_between_special_tokens", x.spaces_between_special_tokens);
   r.field("no_stop_trim", x.no_stop_trim);
   r.field("sampling_seed", x.sampling_seed);
-  // SGLang features rlserve does not implement (constrained decoding, custom processors).
-  for (auto key : {"json_schema", "regex", "ebnf", "structural_tag", "stop_regex",
-                   "custom_params", "stream_interval", "logit_bias"})
+  // SGLang features rlserve does not implement and that would change the tokens (constrained
+  // decoding, logit biases) are refused when set. custom_params only reach a custom logit
+  // processor (refused at the top level), and stream_interval only paces streamed chunks:
+  // both are accepted and ignored (slime sends custom_params whenever top_p < 1).
+  for (auto key : {"json_schema", "regex", "ebnf", "structural_tag", "stop_regex", "logit_bias"})
     r.unsupported(key);
+  for (auto key : {"custom_params", "stream_interval"})
+    r.ignore(key);
 }
 
 void read_fields(object_reader& r, GenerateReqInput& x) {
@@ -91,15 +95,18 @@ void read_fields(object_reader& r, GenerateReqInput& x) {
   r.field("top_logprobs_num", x.top_logprobs_num, k_count);
   r.field("stream", x.stream);
   r.unsupported("input_embeds", nullptr, "send text or input_ids");
+  // Would change what comes back (other inputs, adapters, sessions, extra outputs, a
+  // disaggregated prefill elsewhere): refused when set.
   for (auto key : {"image_data", "video_data", "audio_data", "return_hidden_states",
                    "return_routed_experts", "lora_path", "lora_id", "session_params",
-                   "custom_logit_processor", "extra_key", "cache_salt", "routed_dp_rank",
-                   "data_parallel_rank", "token_ids_logprob", "return_text_in_logprobs",
-                   "http_worker_ipc", "no_logs", "custom_labels", "bootstrap_host",
-                   "bootstrap_port", "bootstrap_room"})
+                   "custom_logit_processor", "token_ids_logprob", "return_text_in_logprobs",
+                   "bootstrap_host", "bootstrap_port", "bootstrap_room"})
     r.unsupported(key);
-  r.unsupported("priority", 0);
-  r.unsupported("log_metrics", true); // SGLang's default is true
+  // Change nothing rlserve returns (scheduling, logging, routing between engines, cache
+  // namespaces of a shared prefix cache): accepted and ignored.
+  for (auto key : {"priority", "log_metrics", "no_logs", "custom_labels", "routed_dp_rank",
+                   "data_parallel_rank", "http_worker_ipc", "extra_key", "cache_salt"})
+    r.ignore(key);
   if (!r.ok())
     return;
   if (x.text && x.input_ids)
@@ -256,7 +263,7 @@ json to_json(const SamplingParams& x) {
 template <>
 expected<GenerateReqInput> from_json<GenerateReqInput>(const json& j) {
   auto x = decode<GenerateReqInput>(
-    j, strictness::strict, [](object_reader& r, GenerateReqInput& x) { read_fields(r, x); });
+    j, strictness::request, [](object_reader& r, GenerateReqInput& x) { read_fields(r, x); });
   if (x)
     if (auto st = validate(*x); !st)
       return std::move(st).take_failure();
@@ -359,7 +366,7 @@ json to_json(const GenerateReqOutput& x) {
 
 template <>
 expected<AbortReq> from_json<AbortReq>(const json& j) {
-  return decode<AbortReq>(j, strictness::strict, [](object_reader& r, AbortReq& x) {
+  return decode<AbortReq>(j, strictness::request, [](object_reader& r, AbortReq& x) {
     r.reject_batch("rid");
     r.field("rid", x.rid);
     r.field("abort_all", x.abort_all);

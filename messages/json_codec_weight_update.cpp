@@ -137,7 +137,7 @@ template <>
 expected<InitWeightsUpdateGroupReqInput>
 from_json<InitWeightsUpdateGroupReqInput>(const json& j) {
   return decode<InitWeightsUpdateGroupReqInput>(
-    j, strictness::strict, [](object_reader& r, InitWeightsUpdateGroupReqInput& x) {
+    j, strictness::request, [](object_reader& r, InitWeightsUpdateGroupReqInput& x) {
       r.field("master_address", x.master_address);
       r.field("master_port", x.master_port, int_rule<int32_t>{.lo = 0, .hi = 65535});
       const bool has_port = r.present("master_port");
@@ -208,7 +208,7 @@ template <>
 expected<DestroyWeightsUpdateGroupReqInput>
 from_json<DestroyWeightsUpdateGroupReqInput>(const json& j) {
   return decode<DestroyWeightsUpdateGroupReqInput>(
-    j, strictness::strict, [](object_reader& r, DestroyWeightsUpdateGroupReqInput& x) {
+    j, strictness::request, [](object_reader& r, DestroyWeightsUpdateGroupReqInput& x) {
       r.field("group_name", x.group_name, k_name);
     });
 }
@@ -233,7 +233,7 @@ template <>
 expected<UpdateWeightsFromDistributedReqInput>
 from_json<UpdateWeightsFromDistributedReqInput>(const json& j) {
   return decode<UpdateWeightsFromDistributedReqInput>(
-    j, strictness::strict, [](object_reader& r, UpdateWeightsFromDistributedReqInput& x) {
+    j, strictness::request, [](object_reader& r, UpdateWeightsFromDistributedReqInput& x) {
       r.required("names", x.names, list_rule<text_rule>{.elem = k_name});
       r.required("dtypes", x.dtypes, list_rule<no_rule>{});
       r.required("shapes", x.shapes, list_rule<shape_rule>{});
@@ -350,7 +350,7 @@ template <>
 expected<UpdateWeightsFromTensorReqInput>
 from_json<UpdateWeightsFromTensorReqInput>(const json& j) {
   return decode<UpdateWeightsFromTensorReqInput>(
-    j, strictness::strict, [](object_reader& r, UpdateWeightsFromTensorReqInput& x) {
+    j, strictness::request, [](object_reader& r, UpdateWeightsFromTensorReqInput& x) {
       r.object_list("named_tensors", x.named_tensors,
                     [](object_reader& s, NamedTensor& t) { read_fields(s, t); });
       r.object_list("device_tensors", x.device_tensors,
@@ -422,7 +422,7 @@ json to_json(const UpdateWeightsFromTensorReqOutput& x) {
 template <>
 expected<UpdateWeightFromDiskReqInput> from_json<UpdateWeightFromDiskReqInput>(const json& j) {
   return decode<UpdateWeightFromDiskReqInput>(
-    j, strictness::strict, [](object_reader& r, UpdateWeightFromDiskReqInput& x) {
+    j, strictness::request, [](object_reader& r, UpdateWeightFromDiskReqInput& x) {
       r.required("model_path", x.model_path, k_name);
       r.field("load_format", x.load_format);
       // rlserve reads safetensors checkpoints only; "auto" is SGLang's default spelling.
@@ -475,7 +475,7 @@ json to_json(const UpdateWeightFromDiskReqOutput& x) {
 template <>
 expected<BeginWeightUpdateReqInput> from_json<BeginWeightUpdateReqInput>(const json& j) {
   return decode<BeginWeightUpdateReqInput>(
-    j, strictness::strict, [](object_reader& r, BeginWeightUpdateReqInput& x) {
+    j, strictness::request, [](object_reader& r, BeginWeightUpdateReqInput& x) {
       r.field("selector", x.selector);
       // Later miles: adapter-only sessions that skip the base weights.
       r.unsupported("sync_base");
@@ -498,7 +498,7 @@ json to_json(const BeginWeightUpdateReqOutput& x) {
 template <>
 expected<EndWeightUpdateReqInput> from_json<EndWeightUpdateReqInput>(const json& j) {
   return decode<EndWeightUpdateReqInput>(
-    j, strictness::strict, [](object_reader& r, EndWeightUpdateReqInput& x) {
+    j, strictness::request, [](object_reader& r, EndWeightUpdateReqInput& x) {
       r.field("weight_version", x.weight_version, k_version);
       r.field("abort", x.abort);
       r.unsupported("expected_lora_checksums");
@@ -530,7 +530,7 @@ json to_json(const EndWeightUpdateReqOutput& x) {
 template <>
 expected<PostProcessWeightsReqInput> from_json<PostProcessWeightsReqInput>(const json& j) {
   return decode<PostProcessWeightsReqInput>(
-    j, strictness::strict, [](object_reader& r, PostProcessWeightsReqInput& x) {
+    j, strictness::request, [](object_reader& r, PostProcessWeightsReqInput& x) {
       std::optional<bool> current;
       std::optional<bool> gen1; // the v0.5.8 patch's spelling
       r.field("restore_weights_before_loading", current);
@@ -566,7 +566,7 @@ json to_json(const PostProcessWeightsReqOutput& x) {
 template <>
 expected<UpdateWeightVersionReqInput> from_json<UpdateWeightVersionReqInput>(const json& j) {
   return decode<UpdateWeightVersionReqInput>(
-    j, strictness::strict, [](object_reader& r, UpdateWeightVersionReqInput& x) {
+    j, strictness::request, [](object_reader& r, UpdateWeightVersionReqInput& x) {
       r.required("new_version", x.new_version, k_version);
       r.field("abort_all_requests", x.abort_all_requests);
     });
@@ -595,7 +595,7 @@ json to_json(const UpdateWeightVersionReqOutput& x) {
 template <>
 expected<CheckWeightsReqInput> from_json<CheckWeightsReqInput>(const json& j) {
   return decode<CheckWeightsReqInput>(
-    j, strictness::strict, [](object_reader& r, CheckWeightsReqInput& x) {
+    j, strictness::request, [](object_reader& r, CheckWeightsReqInput& x) {
       r.field("action", x.action);
       r.field("allow_quant_error", x.allow_quant_error);
       // An empty substring would match, and so skip, every tensor.
@@ -659,7 +659,7 @@ json to_json(const CheckWeightsReqOutput& x) {
 template <>
 expected<GetWeightsByNameReqInput> from_json<GetWeightsByNameReqInput>(const json& j) {
   return decode<GetWeightsByNameReqInput>(
-    j, strictness::strict, [](object_reader& r, GetWeightsByNameReqInput& x) {
+    j, strictness::request, [](object_reader& r, GetWeightsByNameReqInput& x) {
       r.required("name", x.name, k_name);
       r.field("truncate_size", x.truncate_size, int_rule<int32_t>{.lo = 0});
       r.field("selector", x.selector);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "messages/json_codec.hpp"
+
 namespace rlserve::net {
 
 namespace {
@@ -113,6 +115,9 @@ std::string metrics::render(const GetServerInfoReqOutput* info) const {
     header(out, "rlserve_committed_updates_total", "counter", "Weight updates committed by the engine");
     fmt::format_to(it, "rlserve_committed_updates_total {}\n", info->committed_updates);
   }
+  header(out, "rlserve_ignored_request_fields_total", "counter",
+         "Top-level request keys rlserve does not know, ignored as SGLang ignores them");
+  fmt::format_to(it, "rlserve_ignored_request_fields_total {}\n", ignored_request_fields());
   std::lock_guard<std::mutex> guard{mtx_};
   header(out, "rlserve_requests_total", "counter", "Requests answered, by transport, route and result");
   for (const auto& [k, n] : requests_) {

@@ -13,6 +13,7 @@
 #include "actors/engine.hpp"
 #include "caf/actor_system.hpp"
 #include "caf/send.hpp"
+#include "messages/json_codec.hpp"
 #include "net/fail.hpp"
 #include "net/http_session.hpp"
 #include "net/session_watchdog.hpp"
@@ -121,6 +122,10 @@ expected<std::unique_ptr<server>> server::start(Engine& engine, server_options o
   p->watchdog = detail::spawn_session_watchdog(p->st);
   for (std::size_t i = 0; i < options.io_threads; ++i)
     p->threads.emplace_back([ioc = &p->ioc] { ioc->run(); });
+  // Keys a request's top level does not know are ignored, as SGLang does; say which at debug.
+  on_ignored_request_field([](std::string_view field) {
+    log_debug("request field \"" + std::string(field) + "\" is not one rlserve knows; ignored");
+  });
   if (!options.keys.any())
     log_warn("no --api-key and no --admin-api-key: every route, admin ones included, is open to "
              "anyone who can reach " + options.host);

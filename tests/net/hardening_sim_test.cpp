@@ -334,7 +334,7 @@ BOOST_AUTO_TEST_CASE(generate_requests_are_bounded_by_the_context_length) {
   BOOST_REQUIRE(m.has_value());
   BOOST_TEST(m->code == "too_large");
   // A large frame of another route is still read (and refused for what it is).
-  std::string other = R"({"id": 2, "type": "get_server_info", "body": {"x": )" + ids + "}}";
+  std::string other = R"({"id": 2, "type": "pause_generation", "body": {"mode": )" + ids + "}}";
   BOOST_REQUIRE(c->send_raw(as_bytes(other), false));
   m = c->receive();
   BOOST_REQUIRE(m.has_value());

@@ -174,6 +174,15 @@ def http_checks(port):
                  'rlserve_weight_version_info{version="py-1"}', 'rlserve_update_sessions_total{result="committed"}'):
         t.check(name in body, f"/metrics lacks {name}")
     t.check(USER not in body and ADMIN not in body, "a key in /metrics")
+    # A key SGLang's request dataclasses would ignore is ignored and counted, not an error.
+    def ignored_total():
+        _, _, text = http(port, "GET", "/metrics")
+        line = [l for l in text.split("\n") if l.startswith("rlserve_ignored_request_fields_total ")]
+        return int(line[0].split()[1])
+    before = ignored_total()
+    status, _, body = http(port, "POST", "/get_server_info", {"some_future_field": 1}, key=USER)
+    t.check(status == 200, (status, body))
+    t.check(ignored_total() == before + 1, "the ignored field was not counted")
     gen = {"text": "The policy", "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}}
     status, _, body = http(port, "POST", "/generate", gen, key=USER)
     out = json.loads(body)

@@ -1,6 +1,6 @@
 // rlserve::Engine — the in-process API. A plain C++ class (not an actor): it builds the actor
-// system and the graph of DESIGN §2 from a config, and offers a blocking call per message
-// family. The command line, the websocket server and embedding applications all sit on it.
+// system and the graph of docs/architecture.md from a config, and offers a blocking call per
+// message family. The command line, the websocket server and embedding applications all sit on it.
 //
 //   auto engine = rlserve::Engine::start({.model_path = "/models/qwen3-tiny"});
 //   if (!engine) { std::cerr << engine.error(); return 1; }

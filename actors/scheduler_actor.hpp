@@ -1,6 +1,6 @@
 // scheduler: runs generation over the target runner, one batch at a time, and is the one door
 // through which weight operations reach the weight_updater — only between batches, so a weight
-// operation never overlaps a forward (DESIGN §2).
+// operation never overlaps a forward.
 //
 // Continuous batching over the target runner's paged KV pool: the scheduler owns the block
 // manager, plans each batch with actors/policy/batch_planner.hpp (decodes first, then FCFS

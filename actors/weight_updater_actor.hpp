@@ -1,6 +1,7 @@
 // weight_updater: owns the weight-update session (begin → updates → end), the runner selector,
-// the weight-update groups, the weight version and the weight checker (DESIGN §2, reference
-// §3.3). Selection is routing: each operation goes to the runner actors the selector names.
+// the weight-update groups, the weight version and the weight checker (docs/sglang-contract.md,
+// 'Sessions and selectors'). Selection is routing: each operation goes to the runner actors the
+// selector names.
 //
 // Atomicity: every update message is validated as a whole against the selected runners'
 // manifests (names, aliases, dtypes, shapes, byte counts, duplicates) before any runner stages

@@ -1,8 +1,8 @@
-// scheduler_bench: what the scheduler costs per decode step, apart from the model (issue:
-// scheduler §6). The scheduler runs as in the engine, over a runner that answers every forward
-// batch at once with a fixed token (no model), so the time between batches is the scheduler's
-// planning, block bookkeeping, result handling and chunk building, plus the message hops
-// between the actors. Batches of 64 and 256 requests decode together; streaming on and off.
+// scheduler_bench: what the scheduler costs per decode step, apart from the model (results:
+// docs/performance.md). The scheduler runs as in the engine, over a runner that answers every
+// forward batch at once with a fixed token (no model), so the time between batches is the
+// scheduler's planning, block bookkeeping, result handling and chunk building, plus the message
+// hops between the actors. Batches of 64 and 256 requests decode together; streaming on and off.
 //
 //   build/benchmarks/scheduler_bench [--steps N]
 //

@@ -106,8 +106,8 @@ static_assert(sizeof(int4_serving_tile) == 512, "a serving tile is 16 x 64 nibbl
 
 // Nibble slot s of a Marlin word holds element interleave[s] of the word's 8 logical values, so
 // that masking bits 0-3 and 16-19 yields the pair (v0, v1) the bf16 lop3 conversion turns into
-// one bf16x2 register (w4a16-kernels.md §1.5). The miles/AWQ zero-point packing uses the same
-// order along n.
+// one bf16x2 register (docs/formats.md, '4. Serving layout'). The miles/AWQ zero-point packing uses
+// the same order along n.
 // interleave = [0,2,4,6,1,3,5,7], written as arithmetic so device code needs no table.
 RLSERVE_HD constexpr int int4_interleave(int slot) { return 2 * (slot & 3) + (slot >> 2); }
 // Inverse, [0,4,1,5,2,6,3,7]: the slot that holds logical element e.

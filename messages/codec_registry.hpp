@@ -33,8 +33,8 @@ using json_reply_callback = std::function<void(expected<nlohmann::json>)>;
 
 // Who may call a route. normal: generation and read-only server state (api_key). admin:
 // everything that changes or reads weights, pauses or resumes generation, flushes the cache or
-// aborts requests (admin_api_key). A mutating route never falls back to normal (reference §8.1:
-// SGLang's gen-1 post_process_weights was left open by a missing decorator).
+// aborts requests (admin_api_key). A mutating route never falls back to normal: SGLang's first
+// post_process_weights was left open by a missing level (docs/sglang-contract.md).
 enum class auth_level : uint8_t { normal = 1, admin };
 
 std::string to_string(auth_level x);

@@ -1,4 +1,5 @@
-// Control messages: pause / continue (reference §1.9), cache flush, server info and health.
+// Control messages: pause / continue (docs/sglang-contract.md, 'Pause modes'), cache flush, server
+// info and health.
 #pragma once
 
 #include <cstdint>

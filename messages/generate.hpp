@@ -1,5 +1,6 @@
 // Generation messages: SGLang's GenerateReqInput / TokenizedGenerateReqInput / AbortReq and the
-// output chunks, by SGLang's field names and defaults (reference §1.2) so a user can map this
+// output chunks, by SGLang's field names and defaults (docs/sglang-contract.md, 'Generation') so
+// a user can map this
 // contract onto SGLang's documentation one to one.
 #pragma once
 

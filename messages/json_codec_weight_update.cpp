@@ -1,5 +1,5 @@
 // JSON codecs of weight_update.hpp: the NCCL group, the three transports, the session,
-// post-processing, versions and the weight checker (reference §1.3–§1.8).
+// post-processing, versions and the weight checker (docs/sglang-contract.md, 'Weight updates').
 #include <map>
 #include <unordered_map>
 

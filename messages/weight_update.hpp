@@ -1,6 +1,6 @@
-// Weight-update messages: SGLang's RL weight-update io_structs (reference §1.3–§1.8, the miles
-// branch's session generation) by field name and default, plus rlserve's additions, each
-// marked "(rlserve)". Every *ReqOutput carries success + message.
+// Weight-update messages: SGLang's RL weight-update io_structs (docs/sglang-contract.md, 'Weight
+// updates'; the miles branch's begin/end sessions) by field name and default, plus rlserve's
+// additions, each marked "(rlserve)". Every *ReqOutput carries success + message.
 #pragma once
 
 #include <cstdint>

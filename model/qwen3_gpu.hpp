@@ -13,10 +13,11 @@
 //
 // Weights: BF16 on the device, Linear layers in the checkpoint's [out, in] orientation (q/k/v and
 // gate/up rows back to back so each pair is one GEMM). INT4 modules (compressed-tensors checkpoints
-// or --quantize) live in device buffers with the SERVING / LOAD_FORMAT state machine of DESIGN §4:
-// restore() turns every INT4 module back into the load format on the device (the exact inverse of
-// the repack), upload() writes updated tensors in, post_process() repacks. Buffers are allocated
-// once and rewritten in place, so the CUDA graphs captured over them stay valid across updates.
+// or --quantize) live in device buffers with the SERVING / LOAD_FORMAT state machine of
+// docs/formats.md ('5a. Quantization methods with state'): restore() turns every INT4 module back
+// into the load format on the device (the exact inverse of the repack), upload() writes updated
+// tensors in, post_process() repacks. Buffers are allocated once and rewritten in place, so the
+// CUDA graphs captured over them stay valid across updates.
 //
 // The host side stays the source of truth for parameter bytes (a qwen3_model loaded without fp32
 // compute copies keeps the canonical tensors for checksums and validation); this class owns only

@@ -1,4 +1,4 @@
-// The one fail() of net/ (CONVENTIONS §4 item 15): every Beast completion handler starts with
+// The one fail() of net/: every Beast completion handler starts with
 // `if (ec) return fail(ec, "read");`. Ends of a connection that are not errors — our own cancel
 // (operation_aborted), a websocket closed by the peer, an end of stream, a reset peer — are
 // logged at debug level only; anything else as a warning with what failed.

@@ -87,7 +87,7 @@ void accumulate(GenerateReqOutput& acc, const GenerateReqOutput& c) {
   join(acc.output_top_logprobs, before.output_top_logprobs, c.output_top_logprobs);
 }
 
-// The reply of a route in SGLang's HTTP shape (reference §2.2).
+// The reply of a route in SGLang's HTTP shape (docs/sglang-contract.md, 'Routes and auth levels').
 http_reply shape_reply(std::string_view route, bool ok, const json& body) {
   http_reply r;
   r.status = ok ? 200 : 400;

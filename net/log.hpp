@@ -1,6 +1,6 @@
 // One line per event on stderr, from any thread: "rlserve serve: <level>: <text>". The network
 // front logs connections, refusals and failures here; it never logs a header, a token or a
-// request body, so no secret can reach a log line (issue 6 §2).
+// request body, so no secret can reach a log line.
 #pragma once
 
 #include <string_view>

@@ -1,4 +1,4 @@
-// rlserve::net::server — the network front of an Engine (DESIGN §7, issue 6): one TCP port
+// rlserve::net::server — the network front of an Engine (docs/protocol.md): one TCP port
 // speaking HTTP/1.1 and websocket, served by a small fixed pool of Asio threads.
 //
 //   auto engine = rlserve::Engine::start({});

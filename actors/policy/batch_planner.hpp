@@ -1,6 +1,5 @@
 // plan_batch: what the next forward batch runs — a pure function of the scheduler's queues and
-// the free KV blocks, so every scheduling decision can be table-tested without actors
-// (CONVENTIONS §4.11).
+// the free KV blocks, so every scheduling decision can be table-tested without actors.
 //
 // Rules, in order:
 //  1. Running requests first, oldest first. A decoding request runs 1 token, or 1 + k with

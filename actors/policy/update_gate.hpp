@@ -1,7 +1,7 @@
-// The front door's pause-aware update lock (reference §3.2, DESIGN §2) as a pure state machine,
-// so every ordering of generate / pause / begin / update / end / continue can be table-tested
-// without actors. The tokenizer actor owns one and asks it, after every event, which waiting
-// operations may start.
+// The front door's pause-aware update lock (docs/sglang-contract.md, 'The pause-aware update lock')
+// as a pure state machine, so every ordering of generate / pause / begin / update / end / continue
+// can be table-tested without actors. The tokenizer actor owns one and asks it, after every event,
+// which waiting operations may start.
 //
 // The rules:
 //  - A generate request holds the lock shared for its whole life. It is admitted only while

@@ -2,7 +2,7 @@
 // and the XXH3-64 checksum kernel on one GPU, in one run, against the ceilings measured in the same run (device-to-device copy
 // bandwidth, cuBLAS BF16 on the same GEMM shapes). Prints a table per section and writes them as Markdown (--md).
 //
-// Method (w4a16-kernels.md §7): weights rotate over >= 4 x L2 of distinct copies (activations
+// Method (docs/performance.md): weights rotate over >= 4 x L2 of distinct copies (activations
 // stay hot, as in decode), CUDA events around every launch after 10 warm-ups, 200 timed runs,
 // median with p10 / p90; back-to-back launches (and for the MoE a CUDA graph of 16 calls) for
 // throughput. Bytes: INT4 weights + bf16 scales + zero points + activations + outputs; for the

@@ -1,4 +1,5 @@
-// Network front benchmarks on loopback (issue 6 §6), all in one run so the numbers compare:
+// Network front benchmarks on loopback (results: docs/performance.md), all in one run so the
+// numbers compare:
 //
 //   1. large binary frames: update_weights_from_tensor frames of --frame-mib through the real
 //      server (read, parsed, handed to the engine, answered) against raw TCP moving the same

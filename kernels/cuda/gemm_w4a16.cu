@@ -34,13 +34,13 @@
 // another; the order is fixed, so the result is deterministic; the counter is reset by the last
 // CTA, so the workspace is reusable.
 //
-// Pipeline: cp.async.cg 16-byte copies (L2 only; no L2 cache-policy hint: ptxas 13.0-13.3 can
-// drop the createpolicy and trap, w4a16-kernels.md §5.1), `stages` buffers, stages-1 units in
-// flight, one __syncthreads per 16 KB stage. Each thread copies the same chunk positions in every
-// stage, so its source pointers are set once per tile (set_tile): the swap-AB variants advance
-// them by one stage per load (load_stage), the Marlin variants add the stage's k offset per copy
-// (load_stage_marlin). The prefetch runs across tile boundaries, so a CTA's stream of weights
-// does not stall at its split points.
+// Pipeline: cp.async.cg 16-byte copies (L2 only; no L2 cache-policy hint: ptxas 13.0-13.3 can drop
+// the createpolicy and trap, docs/performance.md, 'W4A16 GEMM design notes'), `stages` buffers,
+// stages-1 units in flight, one __syncthreads per 16 KB stage. Each thread copies the same chunk
+// positions in every stage, so its source pointers are set once per tile (set_tile): the swap-AB
+// variants advance them by one stage per load (load_stage), the Marlin variants add the stage's k
+// offset per copy (load_stage_marlin). The prefetch runs across tile boundaries, so a CTA's stream
+// of weights does not stall at its split points.
 //
 // Programmatic dependent launch (the fused MoE): the kernel waits (griddepcontrol.wait) before it
 // reads anything the previous kernel writes, optionally after prefetching its first weights into
@@ -92,11 +92,12 @@ struct cfg {
   // Accumulators per thread: swap [4 m16 weight blocks][nt][4], Marlin [mb][8 n8 tiles][4].
   static constexpr int acc0 = swap ? 4 : mb;
   static constexpr int acc1 = swap ? nt : 8;
-  // 16 KB of weights per stage. 8 rows run 2 CTAs/SM (128 registers) with 4 stages: 2 x 3 x 16 KB
-  // = 96 KB of weights in flight per SM (Little's law at ~4 TB/s and ~1 us of loaded latency asks
-  // for >= 32 KB, w4a16-kernels.md §1). 16 rows spill under the 128-register cap of 2 CTAs/SM, so
-  // they run 1 CTA/SM with 6 stages (80 KB in flight). The Marlin variants need 150-250
-  // registers: 1 CTA/SM with the deepest pipeline that fits, 3 / 2 / 2 stages in flight.
+  // 16 KB of weights per stage. 8 rows run 2 CTAs/SM (128 registers) with 4 stages: 2 x 3 x 16 KB =
+  // 96 KB of weights in flight per SM (Little's law at ~4 TB/s and ~1 us of loaded latency asks for
+  // >= 32 KB; docs/performance.md, 'W4A16 GEMM design notes'). 16 rows spill under the 128-register
+  // cap of 2 CTAs/SM, so they run 1 CTA/SM with 6 stages (80 KB in flight). The Marlin variants
+  // need 150-250 registers: 1 CTA/SM with the deepest pipeline that fits, 3 / 2 / 2 stages in
+  // flight.
 #ifndef RLSERVE_W4A16_R8_CTAS
 #define RLSERVE_W4A16_R8_CTAS 2
 #endif

@@ -1,5 +1,6 @@
 // int4_method: the quantization method of INT4 (W4A16) modules with the SERVING / LOAD_FORMAT
-// state machine of DESIGN §4 — what a runner does to its quantized weights around an update.
+// state machine (docs/formats.md, '5a') — what a runner does to its quantized weights around an
+// update.
 //
 //   LOAD_FORMAT  the module's buffers hold compressed-tensors `pack-quantized` tensors
 //                (weight_packed [E, n, k/8], weight_scale [E, n, k/G], weight_zero_point in the

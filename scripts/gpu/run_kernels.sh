@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device-side run of the W4A16 GEMM / fused-MoE work (issue 3 §6–7) on a lent GPU machine, from the
+# Device-side run of the W4A16 GEMM / fused-MoE tests and benchmarks on a lent GPU machine, from the
 # repository root, with binaries built elsewhere and carried in $DEV (build-gemm/device by
 # default: rlserve_kernels_gpu_tests, kernels_bench and the non-system shared libraries they
 # link). Logs go to $OUT. Usage: scripts/gpu/run_kernels.sh [tests|sanitize|bench|all]...

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Device-side run of the GPU runner work (issue 5) on a lent GPU machine, from the repository root,
-# with binaries built elsewhere and carried in $DEV (build-gemm/runner by default: rlserve,
-# rlserve_model_gpu_tests, rlserve_actors_gpu_tests, rlserve_kernels_gpu_tests, decode_bench,
-# kernels_bench and the non-system shared libraries they link). Logs go to $OUT.
+# Device-side run of the GPU runner's tests and benchmarks on a lent GPU machine, from the
+# repository root, with binaries built elsewhere and carried in $DEV (build-gemm/runner by default:
+# rlserve, rlserve_model_gpu_tests, rlserve_actors_gpu_tests, rlserve_kernels_gpu_tests,
+# decode_bench, kernels_bench and the non-system shared libraries they link). Logs go to $OUT.
 #   scripts/gpu/run_runner.sh [tests|parity|bench|moe|gemv|hf|all]...
 #     tests   the gpu-labelled C++ tests of the model, the actors and the kernels
 #     parity  tests/gpu/test_transformers_parity.py (engine cuda and cpu vs transformers)

@@ -1,4 +1,4 @@
-// The batch planner and block manager as iteration timelines (CONVENTIONS §4.11): each case
+// The batch planner and block manager as iteration timelines: each case
 // sets up queues and free blocks, plans one step, and checks every decision.
 #include <boost/test/unit_test.hpp>
 

@@ -1,4 +1,4 @@
-// Pause modes under load (issue: scheduler §5). For each mode, 200 greedy requests with random
+// Pause modes under load. For each mode, 200 greedy requests with random
 // prompt and output lengths: 120 submitted at once, then a pause, a weight-update session during
 // which 80 more arrive, and continue. Every request ends exactly once (streamed chunks add up to
 // the result; one final chunk), nothing is lost or duplicated, and every token is checked against

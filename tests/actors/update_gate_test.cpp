@@ -1,6 +1,6 @@
-// The pause-aware update lock as a table of orderings (reference §3.2 and user-asks theme 3):
-// every ordering of generate / pause / begin / update / end / continue that SGLang got wrong at
-// some point, checked without actors.
+// The pause-aware update lock as a table of orderings (docs/sglang-contract.md, 'The pause-aware
+// update lock'): every ordering of generate / pause / begin / update / end / continue that SGLang
+// got wrong at some point, checked without actors.
 #include <boost/test/unit_test.hpp>
 
 #include "actors/policy/update_gate.hpp"

@@ -1,8 +1,9 @@
-// Deadlock and lost-request tests for every ordering of pause / begin / end / continue (reference
-// §3.2; user-asks theme 3), in each pause mode, with requests running and one abort(rid) in the
-// middle. Each control call is issued on its own thread in the given order; all of them, and
-// every request, must return within a deadline (a deadlock fails the test instead of hanging
-// CI), and afterwards the engine must be unpaused, without a session, and serving.
+// Deadlock and lost-request tests for every ordering of pause / begin / end / continue
+// (docs/sglang-contract.md, 'The pause-aware update lock'), in each pause mode, with requests
+// running and one abort(rid) in the middle. Each control call is issued on its own thread in the
+// given order; all of them, and every request, must return within a deadline (a deadlock fails the
+// test instead of hanging CI), and afterwards the engine must be unpaused, without a session, and
+// serving.
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>

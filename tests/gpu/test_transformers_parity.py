@@ -10,7 +10,8 @@ transformers' own loader must read the exported files back to the very same fuse
 per-expert SwiGLU computed here from the exported tensors (and must NOT equal it with gate and up
 swapped).
 
-References (gpu-runtime.md §6.10), each prompt run alone (batch 1, no padding), eager attention:
+References (docs/testing.md, 'Parity with transformers'), each prompt run alone (batch 1, no
+padding), eager attention:
   hf-fp32  transformers in float32 on the same BF16-valued weights: the kernel-bug detector.
   hf-bf16  transformers in bfloat16: the rounding gap of a BF16 engine.
 The engine runs all prompts in one call (`--input-ids "a;b;c;d"`; on cuda one batch). Limits:
@@ -162,7 +163,7 @@ def write_config(directory, cfg):
 
 
 def hf_load_options(torch, dtype, moe):
-    # eager attention and eager experts: the rounding points of gpu-runtime.md §6 (transformers
+    # eager attention and eager experts: the rounding points of docs/testing.md (transformers
     # 5 defaults to sdpa and to torch._grouped_mm for the experts)
     opts = {"dtype": dtype, "attn_implementation": "eager"}
     if moe:

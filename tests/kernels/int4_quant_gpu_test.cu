@@ -194,8 +194,8 @@ BOOST_AUTO_TEST_CASE(bad_shapes_fail_before_launch_with_the_cpu_message) {
 }
 
 BOOST_AUTO_TEST_CASE(throughput_is_reported) {
-  // Informational: bf16 input bandwidth on a dense 14336 x 4096 matrix (w4a16-kernels.md §4.3:
-  // the copy ceiling is ~3.3 TB/s of bf16 input at g128; the project goal is >= 2 TB/s).
+  // Informational: bf16 input bandwidth on a dense 14336 x 4096 matrix (the copy ceiling is
+  // ~3.3 TB/s of bf16 input at g128, docs/formats.md '4. Serving layout'; the goal is >= 2 TB/s).
   rlserve::test::require_device();
   cudaEvent_t start, stop;
   cudaEventCreate(&start);

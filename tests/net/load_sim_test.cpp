@@ -1,4 +1,4 @@
-// Bounded load on loopback (issue 6 §6): 64 websocket connections × 50 generate requests each,
+// Bounded load on loopback: 64 websocket connections × 50 generate requests each,
 // four in flight per connection, half of them streamed, with a whole weight-update session
 // (pause → begin → binary tensor update → end → continue) in the middle — once per pause mode.
 // Every request must end exactly once (no reply lost, none duplicated, no chunk after its

@@ -1,5 +1,5 @@
 // The network front on real loopback sockets in front of a real engine (tiny model): the
-// protocol, bad input and every limit of issue 6 §3, auth levels, HTTP routes, and what a
+// protocol, bad input and every limit of docs/protocol.md, auth levels, HTTP routes, and what a
 // disconnecting client leaves behind (nothing: its requests are aborted, its session is
 // aborted and the old weights serve).
 #include "tests/net/net_test_support.hpp"
@@ -432,7 +432,7 @@ BOOST_AUTO_TEST_CASE(disconnect_mid_session_aborts_it_and_old_weights_serve) {
   BOOST_TEST(m.find("result=\"aborted\"} 1") != std::string::npos, m);
 }
 
-// CONVENTIONS §4.12: the trainer's connection drops after step n = 0, 1, 2, ... of its cycle;
+// The trainer's connection drops after step n = 0, 1, 2, ... of its cycle;
 // every time the engine ends unlocked and unpaused, on the old weights unless end was answered.
 BOOST_AUTO_TEST_CASE(connection_dropped_at_every_step_of_an_update) {
   net::server_options o;

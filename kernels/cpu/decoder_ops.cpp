@@ -1,6 +1,6 @@
 // CPU references of kernels/decoder_ops.hpp: plain loops, sums in double, one bf16 rounding per
 // stored value. The CUDA twins live in kernels/cuda/{decoder_ops,paged_attention,gemv_bf16,moe_bf16,sampler}.cu;
-// without CUDA their launches answer not_supported (bottom of this file).
+// without CUDA their launches answer not_supported (kernels/no_cuda.cpp).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -424,29 +424,5 @@ kernel_status sample_ref(const sample_args& a) {
   }
   return kernel_status::ok;
 }
-
-#ifndef RLSERVE_HAVE_CUDA
-kernel_status embed_launch(const embed_args&, cudaStream_t) { return kernel_status::not_supported; }
-kernel_status add_rms_norm_launch(const add_rms_norm_args&, cudaStream_t) { return kernel_status::not_supported; }
-kernel_status qk_norm_rope_kv_launch(const qk_norm_rope_kv_args&, cudaStream_t) {
-  return kernel_status::not_supported;
-}
-std::size_t paged_attention_workspace_bytes(const paged_attention_args&) { return 0; }
-kernel_status paged_attention_workspace_init(const paged_attention_args&, void*, cudaStream_t) {
-  return kernel_status::not_supported;
-}
-kernel_status paged_attention_launch(const paged_attention_args&, void*, cudaStream_t) {
-  return kernel_status::not_supported;
-}
-kernel_status gemv_bf16_launch(const gemv_bf16_args&, cudaStream_t) { return kernel_status::not_supported; }
-kernel_status silu_mul_bf16_launch(const silu_mul_bf16_args&, cudaStream_t) { return kernel_status::not_supported; }
-std::size_t moe_bf16_workspace_bytes(const moe_bf16_args&) { return 0; }
-kernel_status moe_bf16_workspace_init(const moe_bf16_args&, void*, cudaStream_t) {
-  return kernel_status::not_supported;
-}
-kernel_status moe_bf16_launch(const moe_bf16_args&, void*, cudaStream_t) { return kernel_status::not_supported; }
-std::size_t sample_workspace_bytes(const sample_args&) { return 0; }
-kernel_status sample_launch(const sample_args&, void*, cudaStream_t) { return kernel_status::not_supported; }
-#endif
 
 } // namespace rlserve::kernels

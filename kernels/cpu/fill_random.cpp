@@ -26,10 +26,4 @@ kernel_status fill_random_ref(const fill_random_args& a) {
   return kernel_status::ok;
 }
 
-#if !RLSERVE_HAVE_CUDA
-kernel_status fill_random_launch(const fill_random_args&, cudaStream_t) {
-  return kernel_status::not_supported;
-}
-#endif
-
 } // namespace rlserve::kernels

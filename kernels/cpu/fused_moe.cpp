@@ -202,15 +202,4 @@ kernel_status fused_moe_ref(const fused_moe_args& a) {
   return kernel_status::ok;
 }
 
-#ifndef RLSERVE_HAVE_CUDA
-kernel_status moe_topk_launch(const moe_topk_args&, cudaStream_t) { return kernel_status::not_supported; }
-kernel_status moe_align_launch(const moe_align_args&, cudaStream_t) { return kernel_status::not_supported; }
-std::size_t fused_moe_workspace_bytes(const fused_moe_args&) { return 0; }
-kernel_status fused_moe_workspace_init(const fused_moe_args&, void*, cudaStream_t) {
-  return kernel_status::not_supported;
-}
-kernel_status fused_moe_launch(const fused_moe_args&, void*, cudaStream_t) { return kernel_status::not_supported; }
-fused_moe_workspace_view fused_moe_workspace_parts(const fused_moe_args&, void*) { return {}; }
-#endif
-
 } // namespace rlserve::kernels

@@ -100,14 +100,4 @@ kernel_status gemm_w4a16_ref_f32(const gemm_w4a16_args& a, float* out) {
   return reference(b, nullptr, out);
 }
 
-#ifndef RLSERVE_HAVE_CUDA
-std::size_t gemm_w4a16_workspace_bytes(const gemm_w4a16_args&) { return 0; }
-kernel_status gemm_w4a16_workspace_init(const gemm_w4a16_args&, void*, cudaStream_t) {
-  return kernel_status::not_supported;
-}
-kernel_status gemm_w4a16_launch(const gemm_w4a16_args&, void*, cudaStream_t) {
-  return kernel_status::not_supported;
-}
-#endif
-
 } // namespace rlserve::kernels

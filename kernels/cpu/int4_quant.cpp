@@ -195,20 +195,4 @@ rlserve::status int4_quantize_serving(int4_quant_serving_args a, std::string_vie
   return {};
 }
 
-#ifndef RLSERVE_HAVE_CUDA
-kernel_status int4_quantize_launch(const int4_quant_args&, cudaStream_t) {
-  return kernel_status::not_supported;
-}
-kernel_status int4_quantize_serving_launch(const int4_quant_serving_args&, cudaStream_t) {
-  return kernel_status::not_supported;
-}
-rlserve::status int4_quantize_device(int4_quant_args, std::string_view name, cudaStream_t) {
-  return rlserve::fail(int4_shape_message(name, "INT4 quantization", "this build has no CUDA kernels"));
-}
-rlserve::status int4_quantize_serving_device(int4_quant_serving_args, std::string_view name,
-                                             cudaStream_t) {
-  return rlserve::fail(int4_shape_message(name, "INT4 quantization", "this build has no CUDA kernels"));
-}
-#endif
-
 } // namespace rlserve::kernels

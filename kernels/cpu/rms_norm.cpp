@@ -28,10 +28,4 @@ kernel_status rms_norm_ref(const rms_norm_args& args) {
   return kernel_status::ok;
 }
 
-#ifndef RLSERVE_HAVE_CUDA
-kernel_status rms_norm_launch(const rms_norm_args&, cudaStream_t) {
-  return kernel_status::not_supported;
-}
-#endif
-
 } // namespace rlserve::kernels

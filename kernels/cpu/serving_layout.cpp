@@ -219,19 +219,4 @@ rlserve::status serving_restore(const serving_restore_args& a, std::string_view 
   return {};
 }
 
-#ifndef RLSERVE_HAVE_CUDA
-kernel_status serving_repack_launch(const serving_repack_args&, cudaStream_t) {
-  return kernel_status::not_supported;
-}
-kernel_status serving_restore_launch(const serving_restore_args&, cudaStream_t) {
-  return kernel_status::not_supported;
-}
-rlserve::status serving_repack_device(const serving_repack_args&, std::string_view name, cudaStream_t) {
-  return rlserve::fail(int4_shape_message(name, "serving repack", "this build has no CUDA kernels"));
-}
-rlserve::status serving_restore_device(const serving_restore_args&, std::string_view name, cudaStream_t) {
-  return rlserve::fail(int4_shape_message(name, "serving restore", "this build has no CUDA kernels"));
-}
-#endif
-
 } // namespace rlserve::kernels

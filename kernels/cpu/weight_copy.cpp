@@ -85,15 +85,4 @@ std::size_t weight_batch_table_bytes(std::size_t tensors) {
   return (tensors * 33 + 15) / 16 * 16;
 }
 
-#ifndef RLSERVE_HAVE_CUDA
-kernel_status weight_scan_launch(const weight_batch_args&, cudaStream_t) { return kernel_status::not_supported; }
-kernel_status weight_to_bf16_launch(const weight_batch_args&, cudaStream_t) { return kernel_status::not_supported; }
-rlserve::expected<std::vector<uint64_t>> weight_scan_device(std::span<const weight_batch_item>, void*, cudaStream_t) {
-  return rlserve::fail("weight scan on the device: this build has no CUDA");
-}
-rlserve::status weight_to_bf16_device(std::span<const weight_batch_item>, void*, cudaStream_t) {
-  return rlserve::fail("weight copy on the device: this build has no CUDA");
-}
-#endif
-
 } // namespace rlserve::kernels

@@ -8,8 +8,12 @@
 #include "kernels/fill_random.hpp"
 #include "kernels/fused_moe.hpp"
 #include "kernels/gemm_w4a16.hpp"
+#include "kernels/gemv_bf16.hpp"
 #include "kernels/int4_quant.hpp"
+#include "kernels/moe_bf16.hpp"
+#include "kernels/paged_attention.hpp"
 #include "kernels/rms_norm.hpp"
+#include "kernels/sampler.hpp"
 #include "kernels/serving_layout.hpp"
 #include "kernels/weight_copy.hpp"
 
@@ -21,6 +25,9 @@ kernel_status add_rms_norm_launch(const add_rms_norm_args&, cudaStream_t) { retu
 kernel_status qk_norm_rope_kv_launch(const qk_norm_rope_kv_args&, cudaStream_t) {
   return kernel_status::not_supported;
 }
+kernel_status silu_mul_bf16_launch(const silu_mul_bf16_args&, cudaStream_t) { return kernel_status::not_supported; }
+
+// kernels/paged_attention.hpp
 std::size_t paged_attention_workspace_bytes(const paged_attention_args&) { return 0; }
 kernel_status paged_attention_workspace_init(const paged_attention_args&, void*, cudaStream_t) {
   return kernel_status::not_supported;
@@ -28,13 +35,18 @@ kernel_status paged_attention_workspace_init(const paged_attention_args&, void*,
 kernel_status paged_attention_launch(const paged_attention_args&, void*, cudaStream_t) {
   return kernel_status::not_supported;
 }
+
+// kernels/gemv_bf16.hpp
 kernel_status gemv_bf16_launch(const gemv_bf16_args&, cudaStream_t) { return kernel_status::not_supported; }
-kernel_status silu_mul_bf16_launch(const silu_mul_bf16_args&, cudaStream_t) { return kernel_status::not_supported; }
+
+// kernels/moe_bf16.hpp
 std::size_t moe_bf16_workspace_bytes(const moe_bf16_args&) { return 0; }
 kernel_status moe_bf16_workspace_init(const moe_bf16_args&, void*, cudaStream_t) {
   return kernel_status::not_supported;
 }
 kernel_status moe_bf16_launch(const moe_bf16_args&, void*, cudaStream_t) { return kernel_status::not_supported; }
+
+// kernels/sampler.hpp
 std::size_t sample_workspace_bytes(const sample_args&) { return 0; }
 kernel_status sample_launch(const sample_args&, void*, cudaStream_t) { return kernel_status::not_supported; }
 

@@ -59,7 +59,7 @@ struct gpu_options {
   bool cuda_graphs = true;
   // BF16 linear layers where kernels::gemv_bf16_preferred says so (batch-1 decode: the attention
   // projections, routers and lm_head; the routers up to 8 rows) on the project's GEMV
-  // (kernels/decoder_ops.hpp) rather than cuBLAS; off only to compare the two
+  // (kernels/gemv_bf16.hpp) rather than cuBLAS; off only to compare the two
   // (decode_bench --linears cublas).
   bool bf16_gemv = true;
   // Device bytes a weight update may stage before its commit (0: as many as the weights take,

@@ -28,8 +28,12 @@
 #include "kernels/decoder_ops.hpp"
 #include "kernels/fused_moe.hpp"
 #include "kernels/gemm_w4a16.hpp"
+#include "kernels/gemv_bf16.hpp"
 #include "kernels/int4_format.hpp"
 #include "kernels/int4_quant.hpp"
+#include "kernels/moe_bf16.hpp"
+#include "kernels/paged_attention.hpp"
+#include "kernels/sampler.hpp"
 #include "kernels/xxh3.hpp"
 
 using namespace rlserve::kernels;

@@ -1,4 +1,4 @@
-// BF16 GEMV (kernels/decoder_ops.hpp, gemv_bf16_launch): y = x w^T for 1 to 8 rows of x, the
+// BF16 GEMV (kernels/gemv_bf16.hpp, gemv_bf16_launch): y = x w^T for 1 to 8 rows of x, the
 // linear layers of a decode step that cuBLAS runs at 1.5-2.3 TB/s on the H200.
 //
 // Memory-bound: every weight byte is read once, in 16-byte loads that skip L1 (x stays there).
@@ -20,7 +20,7 @@
 
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/programmatic_launch.cuh"
-#include "kernels/decoder_ops.hpp"
+#include "kernels/gemv_bf16.hpp"
 
 namespace rlserve::kernels {
 

@@ -1,4 +1,4 @@
-// BF16 fused MoE (kernels/decoder_ops.hpp): the engine's BF16 expert baseline beside the INT4 one.
+// BF16 fused MoE (kernels/moe_bf16.hpp): the engine's BF16 expert baseline beside the INT4 one.
 // Five launches, no host synchronization (CUDA-graph capturable):
 //   1. moe_topk_launch    (kernels/fused_moe.cu)  -> ids, weights [T, k]
 //   2. moe_align_launch   (kernels/fused_moe.cu)  -> flat ids grouped by expert, runs padded to R rows
@@ -15,8 +15,8 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.cuh"
-#include "kernels/decoder_ops.hpp"
 #include "kernels/fused_moe.hpp"
+#include "kernels/moe_bf16.hpp"
 
 namespace rlserve::kernels {
 

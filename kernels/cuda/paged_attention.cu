@@ -1,4 +1,4 @@
-// Paged attention (kernels/decoder_ops.hpp): prefill chunks and decode rows in one launch.
+// Paged attention (kernels/paged_attention.hpp): prefill chunks and decode rows in one launch.
 //
 // Work unit = one CTA per (query row t, kv head g, split j): the CTA owns all G = q_heads / kv_heads
 // query heads that read kv head g, so every K/V row of the split is read from memory once.
@@ -23,7 +23,7 @@
 
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/programmatic_launch.cuh"
-#include "kernels/decoder_ops.hpp"
+#include "kernels/paged_attention.hpp"
 
 namespace rlserve::kernels {
 

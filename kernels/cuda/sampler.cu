@@ -1,4 +1,4 @@
-// GPU sampler (kernels/decoder_ops.hpp, sample_launch): model::sampler::sample's rule, one CTA of
+// GPU sampler (kernels/sampler.hpp, sample_launch): model::sampler::sample's rule, one CTA of
 // 1024 threads per row, a fixed sequence of passes over the row, deterministic (integer and
 // fixed-point sums only: no float atomics), no workspace.
 //
@@ -24,7 +24,7 @@
 
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/programmatic_launch.cuh"
-#include "kernels/decoder_ops.hpp"
+#include "kernels/sampler.hpp"
 
 namespace rlserve::kernels {
 

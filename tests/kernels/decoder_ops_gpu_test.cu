@@ -1,9 +1,9 @@
-// The CUDA decoder ops (kernels/decoder_ops.hpp) against their CPU references, op by op:
-// embedding (bit-exact), residual add + RMSNorm, q/k norm + RoPE + paged KV write, paged attention
-// (decode rows and prefill chunks, short and split-KV contexts, GQA, padding rows), the BF16 GEMV
-// (every row count and each (R, KS) choice of its launch, at the Qwen3-30B-A3B shapes), SiLU-mul, the
-// BF16 fused MoE (decode and prefill token counts, 8 to 32 experts) and the sampler (greedy and
-// filtered draws from the same uniforms). Needs a GPU.
+// The CUDA decoder ops (kernels/decoder_ops.hpp and its four sibling op headers) against their CPU
+// references, op by op: embedding (bit-exact), residual add + RMSNorm, q/k norm + RoPE + paged KV
+// write, paged attention (decode rows and prefill chunks, short and split-KV contexts, GQA, padding
+// rows), the BF16 GEMV (every row count and each (R, KS) choice of its launch, at the Qwen3-30B-A3B
+// shapes), SiLU-mul, the BF16 fused MoE (decode and prefill token counts, 8 to 32 experts) and the
+// sampler (greedy and filtered draws from the same uniforms). Needs a GPU.
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
@@ -15,6 +15,10 @@
 
 #include "kernels/bf16.hpp"
 #include "kernels/decoder_ops.hpp"
+#include "kernels/gemv_bf16.hpp"
+#include "kernels/moe_bf16.hpp"
+#include "kernels/paged_attention.hpp"
+#include "kernels/sampler.hpp"
 #include "tests/kernels/int4_test_util.hpp"
 #include "tests/support/device_buffer.cuh"
 
@@ -416,7 +420,7 @@ BOOST_AUTO_TEST_CASE(sampler_draws_the_cpu_tokens) {
       worst_lp = std::max(worst_lp, static_cast<double>(std::fabs(gl[k] - lp[k])));
   }
   BOOST_TEST_MESSAGE("sampler: " << differ << " of " << rows << " rows differ; worst logprob diff " << worst_lp);
-  BOOST_TEST(differ == 0); // a boundary case is ~1e-6 likely per row (decoder_ops.hpp)
+  BOOST_TEST(differ == 0); // a boundary case is ~1e-6 likely per row (sampler.hpp)
   BOOST_TEST(gt[63] == -1);
   BOOST_TEST(worst_lp < 1e-4);
 }

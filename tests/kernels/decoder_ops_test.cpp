@@ -1,9 +1,10 @@
-// The CPU references of the decoder ops (kernels/decoder_ops.hpp), which the CUDA twins are held
-// to on the GPU machine (decoder_ops_gpu_test.cu), against computations written here from the
-// definitions: paged attention against plain causal attention over contiguous K / V (GQA, shuffled
-// blocks, prefill and decode rows, padding), q/k norm + RoPE against rotate_half in double, the
-// residual add + RMSNorm, SiLU-mul, the BF16 GEMV against the CPU model's fp32 matmul, the BF16
-// MoE against a dense per-token evaluation, and bad arguments refused with invalid_problem.
+// The CPU references of the decoder ops (kernels/decoder_ops.hpp and its siblings), which the CUDA
+// twins are held to on the GPU machine (decoder_ops_gpu_test.cu), against computations written here
+// from the definitions: paged attention against plain causal attention over contiguous K / V (GQA,
+// shuffled blocks, prefill and decode rows, padding), q/k norm + RoPE against rotate_half in
+// double, the residual add + RMSNorm, SiLU-mul, the BF16 GEMV against the CPU model's fp32 matmul,
+// the BF16 MoE against a dense per-token evaluation, and bad arguments refused with
+// invalid_problem.
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
@@ -14,6 +15,10 @@
 #include "kernels/bf16.hpp"
 #include "kernels/cpu_ops.hpp"
 #include "kernels/decoder_ops.hpp"
+#include "kernels/gemv_bf16.hpp"
+#include "kernels/moe_bf16.hpp"
+#include "kernels/paged_attention.hpp"
+#include "kernels/sampler.hpp"
 #include "tests/kernels/int4_test_util.hpp"
 
 using namespace rlserve::kernels;

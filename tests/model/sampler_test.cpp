@@ -9,7 +9,7 @@
 #include <set>
 #include <vector>
 
-#include "kernels/decoder_ops.hpp"
+#include "kernels/sampler.hpp"
 #include "model/sampler.hpp"
 
 using rlserve::model::rng;

@@ -1,0 +1,136 @@
+// CPU reference of kernels/sampler.hpp (plain loops, sums in double, one bf16 rounding per stored
+// value); the CUDA twin is kernels/cuda/sampler.cu.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "kernels/bf16.hpp"
+#include "kernels/sampler.hpp"
+
+namespace rlserve::kernels {
+
+namespace {
+
+constexpr float k_neg_inf = -std::numeric_limits<float>::infinity();
+constexpr float k_greedy_temperature = 1e-6f; // model/sampler.cpp: below it sampling is argmax
+
+} // namespace
+
+// ---- sampler -------------------------------------------------------------------------------------
+
+kernel_status sample_can_implement(const sample_args& a) {
+  if (a.rows < 0 || a.vocab <= 0 || a.vocab >= (int64_t{1} << 31))
+    return kernel_status::invalid_problem;
+  if (a.rows > 0 && (a.logits == nullptr || a.temperature == nullptr || a.top_k == nullptr ||
+                     a.top_p == nullptr || a.min_p == nullptr || a.uniform == nullptr || a.token == nullptr ||
+                     a.logprob == nullptr))
+    return kernel_status::invalid_problem;
+  return kernel_status::ok;
+}
+
+// model::sampler::sample with the uniform given, step for step (same double sums, same float
+// probabilities, same orders), so the two agree bit for bit.
+kernel_status sample_ref(const sample_args& a) {
+  if (auto s = sample_can_implement(a); s != kernel_status::ok)
+    return s;
+  const int64_t V = a.vocab;
+  std::vector<float> probs(static_cast<std::size_t>(V));
+  std::vector<int32_t> order(static_cast<std::size_t>(V));
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const float* logits = a.logits + r * V;
+    auto logit = [&](int64_t i) { return std::isnan(logits[i]) ? k_neg_inf : logits[i]; };
+    const float T = a.temperature[r];
+    if (T < 0.0f) { // padding row
+      a.token[r] = -1;
+      a.logprob[r] = k_neg_inf;
+      continue;
+    }
+    if (!(T >= k_greedy_temperature)) {
+      int64_t best = 0;
+      for (int64_t i = 1; i < V; ++i)
+        if (logit(i) > logit(best))
+          best = i;
+      const double m = logit(best);
+      a.token[r] = static_cast<int32_t>(best);
+      if (std::isinf(m)) {
+        a.logprob[r] = m > 0 ? 0.0f : k_neg_inf;
+        continue;
+      }
+      double sum = 0.0;
+      for (int64_t i = 0; i < V; ++i)
+        sum += std::exp(double(logit(i)) - m);
+      a.logprob[r] = static_cast<float>(m - (m + std::log(sum)));
+      continue;
+    }
+    const double inv_t = 1.0 / double(T);
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t i = 0; i < V; ++i)
+      m = std::max(m, double(logit(i)) * inv_t);
+    if (!std::isfinite(m)) {
+      a.token[r] = 0;
+      a.logprob[r] = k_neg_inf;
+      continue;
+    }
+    double sum = 0.0;
+    for (int64_t i = 0; i < V; ++i)
+      sum += std::exp(double(logit(i)) * inv_t - m);
+    const double lse = m + std::log(sum);
+    for (int64_t i = 0; i < V; ++i)
+      probs[i] = static_cast<float>(std::exp(double(logit(i)) * inv_t - lse));
+    const float p_max = static_cast<float>(std::exp(m - lse));
+
+    std::iota(order.begin(), order.end(), 0);
+    int64_t n = V;
+    auto more_probable = [&](int32_t x, int32_t y) { return probs[x] > probs[y] || (probs[x] == probs[y] && x < y); };
+    const int32_t k = a.top_k[r];
+    const float top_p = a.top_p[r], min_p = a.min_p[r];
+    const bool use_k = k > 0 && k < V;
+    const bool use_p = top_p < 1.0f;
+    if (use_k) {
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), more_probable);
+      n = k;
+    } else if (use_p) {
+      std::sort(order.begin(), order.end(), more_probable);
+    }
+    if (use_p) {
+      double before = 0.0;
+      int64_t keep = 0;
+      while (keep < n && (keep == 0 || before < double(top_p)))
+        before += probs[order[keep++]];
+      n = keep;
+    }
+    if (min_p > 0.0f) {
+      const float threshold = min_p * p_max;
+      const auto last = order.begin() + n;
+      const int32_t top = *std::min_element(order.begin(), last, more_probable);
+      auto end = std::stable_partition(order.begin(), last, [&](int32_t id) { return probs[id] >= threshold; });
+      n = end - order.begin();
+      if (n == 0) {
+        order[0] = top;
+        n = 1;
+      }
+    }
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i)
+      total += probs[order[i]];
+    const double target = double(a.uniform[r]) * total;
+    int32_t token = order[0];
+    double acc = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float p = probs[order[i]];
+      if (p <= 0.0f)
+        continue;
+      acc += p;
+      token = order[i];
+      if (target < acc)
+        break;
+    }
+    a.token[r] = token;
+    a.logprob[r] = static_cast<float>(double(logit(token)) * inv_t - lse);
+  }
+  return kernel_status::ok;
+}
+
+} // namespace rlserve::kernels

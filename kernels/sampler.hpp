@@ -1,0 +1,45 @@
+// The GPU sampler (model::sampler::sample's rule on the device): one of the GPU decoder forward's
+// ops, under the conventions at the top of kernels/decoder_ops.hpp (args struct, *_ref / *_launch,
+// graph-capturable launches, padding rows, numerics). CPU reference: kernels/cpu/sampler.cpp; CUDA
+// twin: kernels/cuda/sampler.cu.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/kernel_status.hpp"
+
+using cudaStream_t = struct CUstream_st*;
+
+namespace rlserve::kernels {
+
+// ---- sampler -------------------------------------------------------------------------------------
+// Row r, exactly the rule of model::sampler::sample (model/sampler.hpp):
+//   temperature[r] < 1e-6: greedy, argmax of logits (NaN = -inf, ties -> lowest id), logprob =
+//     log_softmax(logits)[token];
+//   else p = softmax(logits / T); keep top-k (k most probable, ties -> lower id), then top-p (the
+//     smallest most-probable-first prefix whose mass reaches top_p, at least one token), then
+//     min-p (p >= min_p * p_max; if none, the most probable); walk the kept tokens in the CPU
+//     sampler's order (most probable first when top-k or top-p is on, id order otherwise) and
+//     return the first whose running mass exceeds uniform[r] * (kept mass); logprob =
+//     log_softmax(logits / T)[token] (before filtering).
+// The uniform is drawn by the host sampler of the request (one per non-greedy row), so the GPU
+// and the CPU pick the same token from the same logits up to fp32-vs-double summation at the
+// boundary. Rows with temperature < 0 are padding: token -1.
+struct sample_args {
+  const float* logits = nullptr;      // fp32 [rows, vocab]
+  const float* temperature = nullptr; // [rows]
+  const int32_t* top_k = nullptr;     // [rows] (<= 0: off)
+  const float* top_p = nullptr;       // [rows] (>= 1: off)
+  const float* min_p = nullptr;       // [rows] (<= 0: off)
+  const float* uniform = nullptr;     // [rows] in [0, 1)
+  int32_t* token = nullptr;           // [rows] out
+  float* logprob = nullptr;           // [rows] out
+  int64_t rows = 0, vocab = 0;
+};
+kernel_status sample_can_implement(const sample_args& a);
+kernel_status sample_ref(const sample_args& a);
+std::size_t sample_workspace_bytes(const sample_args& a);
+kernel_status sample_launch(const sample_args& a, void* workspace, cudaStream_t stream);
+
+} // namespace rlserve::kernels

@@ -122,7 +122,8 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--port", o->server.port, "Port (0: any free port; the line printed says which)")
     ->capture_default_str();
   cmd->add_option("--api-key", o->server.keys.api_key,
-                  "Key for generation and server state (Authorization: Bearer <key>)")
+                  "Key for generation and server state (Authorization: Bearer <key>); without "
+                  "--admin-api-key it opens every route, as SGLang's")
     ->envname("RLSERVE_API_KEY");
   cmd->add_option("--admin-api-key", o->server.keys.admin_api_key,
                   "Key for every route that changes or reads weights, pauses, resumes, flushes or aborts")

@@ -406,8 +406,10 @@ std::future<GenerateReqOutput> Engine::generate_async(GenerateReqInput req, chun
     pending->sink_finished = false;
     sink = sys.spawn(chunk_sink, std::move(on_chunk), pending);
   }
-  auto front = impl_->front;
-  sys.spawn([front, req = std::move(req), sink, pending](caf::event_based_actor* self) mutable {
+  // The actor's inputs are spawn arguments, not captures: CAF 0.17 dereferences a null argument
+  // tuple when a function-based actor is spawned without arguments (UBSan reports it).
+  auto ask = [](caf::event_based_actor* self, tokenizer_actor front, GenerateReqInput req,
+                caf::actor sink, std::shared_ptr<pending_generate> pending) {
     self->request(front, caf::infinite, std::move(req), sink)
       .then(
         [self, pending](GenerateReqOutput& out) {
@@ -426,7 +428,8 @@ std::future<GenerateReqOutput> Engine::generate_async(GenerateReqInput req, chun
           pending->on_reply(std::move(out));
           self->quit();
         });
-  });
+  };
+  sys.spawn(ask, impl_->front, std::move(req), sink, pending);
   return fut;
 }
 

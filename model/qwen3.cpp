@@ -989,8 +989,10 @@ status qwen3_model::forward(kv_pool& pool, std::span<forward_item> items,
         std::memcpy(&k_seq[pos * nkv * D], pool.key_slot(l, block, pos % bs), nkv * D * sizeof(float));
         std::memcpy(&v_seq[pos * nkv * D], pool.value_slot(l, block, pos % bs), nkv * D * sizeof(float));
       }
-      kernels::attention_args aa{&q[r0 * nq * D], k_seq.data(), v_seq.data(), &attn[r0 * nq * D],
-                                 n, tk, nq, nkv, D, scale};
+      // Pointer arithmetic, not &v[i]: an item of the batch may have no rows here, and
+      // indexing at the end (or into an empty vector) is undefined.
+      kernels::attention_args aa{q.data() + r0 * nq * D, k_seq.data(), v_seq.data(),
+                                 attn.data() + r0 * nq * D, n, tk, nq, nkv, D, scale};
       if (auto s = kernels::attention_cpu(aa); s != kernel_status::ok)
         return kernel_failed("attention", s);
     }

@@ -50,18 +50,20 @@ auto record_error(slot<outcome> result) {
 template <class Out, class In>
 pending_call call(actor_sim& sim, std::string what, In req) {
   pending_call c{std::move(what)};
-  sim.system().spawn([front = sim.front(), req = std::move(req), r = c.result](
-                       caf::event_based_actor* self) mutable {
-    self->request(front, caf::infinite, std::move(req)).then(record<Out>(r), record_error(r));
-  });
+  sim.spawn_client(
+    [](caf::event_based_actor* self, tokenizer_actor front, In req, slot<outcome> r) {
+      self->request(front, caf::infinite, std::move(req)).then(record<Out>(r), record_error(r));
+    },
+    sim.front(), std::move(req), c.result);
   return c;
 }
 
 // begin_weight_update, then (if it opened) one update_weights_from_tensor, from one client.
 pending_call update_session(actor_sim& sim, std::vector<NamedTensor> update) {
   pending_call c{"begin+update"};
-  sim.system().spawn([front = sim.front(), update = std::move(update), r = c.result](
-                       caf::event_based_actor* self) mutable {
+  sim.spawn_client(
+    [](caf::event_based_actor* self, tokenizer_actor front, std::vector<NamedTensor> update,
+       slot<outcome> r) {
     self->request(front, caf::infinite, BeginWeightUpdateReqInput{})
       .then(
         [self, front, update, r](BeginWeightUpdateReqOutput& begun) {
@@ -75,7 +77,8 @@ pending_call update_session(actor_sim& sim, std::vector<NamedTensor> update) {
             .then(record<UpdateWeightsFromTensorReqOutput>(r), record_error(r));
         },
         record_error(r));
-  });
+    },
+    sim.front(), std::move(update), c.result);
   return c;
 }
 
@@ -240,8 +243,9 @@ BOOST_AUTO_TEST_CASE(pause_modes_around_an_update_in_any_interleaving) {
       // One client runs the trainer's sequence; wave 2 arrives once the session is open.
       auto script = std::make_shared<std::optional<outcome>>();
       auto session_open = std::make_shared<bool>(false);
-      sim.system().spawn([front = sim.front(), mode, update, script, session_open](
-                           caf::event_based_actor* self) {
+      sim.spawn_client([](caf::event_based_actor* self, tokenizer_actor front, pause_mode mode,
+                          std::vector<NamedTensor> update, decltype(script) script,
+                          std::shared_ptr<bool> session_open) {
         auto fail = [script](std::string why) { *script = outcome{false, std::move(why)}; };
         self->request(front, caf::infinite, PauseGenerationReqInput{mode}).then(
           [=](PauseGenerationReqOutput& p) {
@@ -273,7 +277,7 @@ BOOST_AUTO_TEST_CASE(pause_modes_around_an_update_in_any_interleaving) {
               record_error(script));
           },
           record_error(script));
-      });
+      }, sim.front(), mode, update, script, session_open);
       BOOST_REQUIRE_MESSAGE(sim.run_until([&] { return *session_open || script->has_value(); }),
                             "deadlock before the session opened");
       for (auto& r : wave2) {

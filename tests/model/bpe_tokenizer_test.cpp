@@ -351,8 +351,8 @@ BOOST_AUTO_TEST_CASE(load_errors_name_the_json_path) {
                  }),
                  "post_processor.type");
   error_contains(edit([](json& j) { j["post_processor"] = {{"type", "RobertaProcessing"}}; }), "post_processor.type");
-  error_contains(edit([](json& j) { j["added_tokens"] = {added_token(300, "<x>", true)}; }), "added_tokens[0].id");
-  error_contains(edit([](json& j) { j["added_tokens"] = {added_token(5, "<x>", true)}; }), "added_tokens[0].id");
+  error_contains(edit([](json& j) { j["added_tokens"] = json::array({added_token(300, "<x>", true)}); }), "added_tokens[0].id");
+  error_contains(edit([](json& j) { j["added_tokens"] = json::array({added_token(5, "<x>", true)}); }), "added_tokens[0].id");
   error_contains(edit([](json& j) {
                    j["added_tokens"] = {added_token(257, "<x>", true), added_token(258, "<x>", true)};
                  }),
@@ -360,7 +360,7 @@ BOOST_AUTO_TEST_CASE(load_errors_name_the_json_path) {
   error_contains(edit([](json& j) {
                    json t = added_token(257, "<x>", true);
                    t["lstrip"] = "yes";
-                   j["added_tokens"] = {t};
+                   j["added_tokens"] = json::array({t});
                  }),
                  "added_tokens[0].lstrip");
 }

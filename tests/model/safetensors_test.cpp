@@ -102,7 +102,8 @@ BOOST_AUTO_TEST_CASE(round_trip_keeps_names_dtypes_shapes_bytes_and_metadata) {
     BOOST_TEST((got->type == t.tensor.type));
     BOOST_TEST(got->shape == t.tensor.shape);
     BOOST_TEST(got->nbytes == t.tensor.nbytes);
-    BOOST_TEST(std::memcmp(got->data.get(), t.tensor.data.get(), t.tensor.nbytes) == 0);
+    if (t.tensor.nbytes > 0) // memcmp on an empty tensor's null data is undefined
+      BOOST_TEST(std::memcmp(got->data.get(), t.tensor.data.get(), t.tensor.nbytes) == 0);
   }
   auto missing = f->tensor("nope");
   BOOST_REQUIRE(!missing);

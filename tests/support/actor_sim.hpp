@@ -118,12 +118,23 @@ public:
 
   std::shared_ptr<std::optional<GenerateReqOutput>> generate(GenerateReqInput req) {
     auto slot = std::make_shared<std::optional<GenerateReqOutput>>();
-    sys_->spawn([front = front_, req = std::move(req), slot](caf::event_based_actor* self) mutable {
-      self->request(front, caf::infinite, std::move(req), caf::actor{})
-        .then([slot](GenerateReqOutput& out) { *slot = std::move(out); },
-              [slot, self](caf::error& err) { *slot = failed<GenerateReqOutput>(*self, err); });
-    });
+    // Inputs as spawn arguments (spawn_client says why).
+    spawn_client(
+      [](caf::event_based_actor* self, tokenizer_actor front, GenerateReqInput req, decltype(slot) s) {
+        self->request(front, caf::infinite, std::move(req), caf::actor{})
+          .then([s](GenerateReqOutput& out) { *s = std::move(out); },
+                [s, self](caf::error& err) { *s = failed<GenerateReqOutput>(*self, err); });
+      },
+      front_, std::move(req), slot);
     return slot;
+  }
+
+  // Spawns a client actor: `f(self, args...)`. Its inputs must be arguments, not only captures:
+  // CAF 0.17 dereferences a null argument tuple when a function-based actor is spawned without
+  // arguments (UBSan reports it in the checking build).
+  template <class F, class... Args>
+  void spawn_client(F f, Args&&... args) {
+    sys_->spawn(std::move(f), std::forward<Args>(args)...);
   }
 
   // Runs one message of an actor the seed picks; false when no actor has mail.
@@ -181,14 +192,18 @@ private:
   template <class Out, class Handle, class In>
   std::shared_ptr<std::optional<Out>> ask_actor(const Handle& dest, In req) {
     auto slot = std::make_shared<std::optional<Out>>();
-    sys_->spawn([dest, req = std::move(req), slot](caf::event_based_actor* self) mutable {
-      self->request(dest, caf::infinite, std::move(req))
-        .then([slot](Out& out) { *slot = std::move(out); },
-              [slot, self](caf::error& err) {
-                if constexpr (requires(Out o) { o.success; })
-                  *slot = failed<Out>(*self, err);
-              });
-    });
+    spawn_client(
+      [](caf::event_based_actor* self, Handle dest, In req, decltype(slot) s) {
+        self->request(dest, caf::infinite, std::move(req))
+          .then([s](Out& out) { *s = std::move(out); },
+                [s, self](caf::error& err) {
+                  if constexpr (requires(Out o) { o.success; })
+                    *s = failed<Out>(*self, err);
+                  else
+                    (void)self, (void)err; // a reply without success (a manifest): stays empty
+                });
+      },
+      dest, std::move(req), slot);
     return slot;
   }
 

@@ -1030,6 +1030,8 @@ status qwen3_model::forward(kv_pool& pool, std::span<forward_item> items,
   for (std::size_t i = 0; i < items.size(); ++i) {
     const int64_t n = static_cast<int64_t>(items[i].tokens.size());
     const int64_t r = items[i].logit_rows;
+    if (r == 0)
+      continue; // with no logit rows at all `wanted` is empty: no memcpy on its null data
     std::memcpy(&wanted[row * H], &x[(first_row[i] + n - r) * H], r * H * sizeof(float));
     row += r;
   }

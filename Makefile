@@ -3,12 +3,11 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-ASAN_BUILD_DIR ?= build-asan
-FUZZ_BUILD_DIR ?= build-fuzz
+CHECK_BUILD_DIR ?= build-check
 # Seconds each fuzz target runs in `make fuzz-smoke` (CI); `make fuzz` runs until stopped.
 FUZZ_SECONDS ?= 30
 
-.PHONY: all setup configure build run test test-gpu test-asan fuzz-build fuzz-smoke fuzz clean
+.PHONY: all setup configure build run test test-gpu check-configure check-build test-asan fuzz-build fuzz-smoke fuzz clean
 
 all: build
 
@@ -34,29 +33,36 @@ test: build
 test-gpu: build
 	ctest --test-dir $(BUILD_DIR) --label-regex gpu --output-on-failure
 
-# The CPU tests again under AddressSanitizer + UndefinedBehaviorSanitizer (gcc, CUDA off, -O1,
-# line tables for the reports). Tests labelled asan_slow are skipped (docs/testing.md says why).
-test-asan: setup
-	cmake -S . -B $(ASAN_BUILD_DIR) -DRLSERVE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
-	  -DRLSERVE_SANITIZE=address,undefined,float-cast-overflow -DRLSERVE_BENCHMARKS=OFF $(CMAKE_FLAGS)
-	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --test-dir $(ASAN_BUILD_DIR) --label-exclude 'gpu|asan_slow' --output-on-failure -j $(JOBS)
+# The checking build (docs/testing.md): clang, CUDA off, -O1 with line tables, ASan + UBSan
+# (float-cast-overflow included) on every C++ file, libFuzzer's coverage instrumentation, and
+# both the test suite and the fuzz targets of fuzz/, so one configuration serves both.
+check-configure: setup
+	cmake -S . -B $(CHECK_BUILD_DIR) -DCMAKE_CXX_COMPILER=clang++ -DRLSERVE_CUDA=OFF \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+	  -DRLSERVE_FUZZ=ON -DRLSERVE_SANITIZE=address,undefined,float-cast-overflow \
+	  -DRLSERVE_BENCHMARKS=OFF $(CMAKE_FLAGS)
 
-# The libFuzzer targets of fuzz/ (clang, ASan + UBSan, CUDA off).
-fuzz-build: setup
-	cmake -S . -B $(FUZZ_BUILD_DIR) -DRLSERVE_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ \
-	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" $(CMAKE_FLAGS)
-	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS)
+check-build: check-configure
+	cmake --build $(CHECK_BUILD_DIR) -j $(JOBS)
+
+ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
+
+# The CPU tests again under the sanitizers. Tests labelled asan_slow are skipped
+# (docs/testing.md says why).
+test-asan: check-build
+	$(ASAN_ENV) ctest --test-dir $(CHECK_BUILD_DIR) --label-exclude 'gpu|asan_slow' --output-on-failure -j $(JOBS)
+
+# The libFuzzer targets of the checking build.
+fuzz-build: check-configure
+	cmake --build $(CHECK_BUILD_DIR) -j $(JOBS) --target rlserve_fuzz_targets
 
 # CI: every target FUZZ_SECONDS from its committed corpus; fails on the first crash.
 fuzz-smoke: fuzz-build
-	./scripts/fuzz.sh --build-dir $(FUZZ_BUILD_DIR) --seconds $(FUZZ_SECONDS)
+	./scripts/fuzz.sh --build-dir $(CHECK_BUILD_DIR) --seconds $(FUZZ_SECONDS)
 
 # Open-ended fuzzing of one target: make fuzz TARGET=json_codec_fuzz (stop with Ctrl-C).
 fuzz: fuzz-build
-	./scripts/fuzz.sh --build-dir $(FUZZ_BUILD_DIR) --seconds 0 $(TARGET)
+	./scripts/fuzz.sh --build-dir $(CHECK_BUILD_DIR) --seconds 0 $(TARGET)
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) $(FUZZ_BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(CHECK_BUILD_DIR)

@@ -5,12 +5,12 @@
 # is kept in <build dir>/fuzz-artifacts/. New inputs the run finds go to a scratch corpus, not
 # into the repository (copy interesting ones into fuzz/corpus/<target>/ by hand).
 #
-#   scripts/fuzz.sh [--build-dir build-fuzz] [--seconds 30] [target ...]   (all targets if none)
+#   scripts/fuzz.sh [--build-dir build-check] [--seconds 30] [target ...]   (all targets if none)
 #   --seconds 0 runs until stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-build_dir=build-fuzz
+build_dir=build-check
 seconds=30
 targets=()
 while (($#)); do

@@ -7,7 +7,9 @@
 
 #include <fmt/format.h>
 
+#include "actors/guard.hpp"
 #include "actors/policy/update_gate.hpp"
+#include "actors/watch.hpp"
 #include "caf/all.hpp"
 #include "messages/registration_check.hpp"
 #include "messages/enums.hpp"
@@ -73,6 +75,7 @@ struct tokenizer_state {
   std::string pause_mode_name;
   std::mt19937_64 rng{std::random_device{}()};
   std::string scheduler_gone; // why, once the scheduler has died: every request fails at once
+  pending_requests waits;     // requests to the scheduler: failed when it dies holding them
   static inline const char* name = "tokenizer";
 };
 
@@ -88,7 +91,22 @@ GenerateReqOutput failed_output(std::string rid, std::string message) {
   return out;
 }
 
-// Starts whatever the gate lets through now.
+// Asks the scheduler on the caller's behalf: its reply, or an error when it fails to answer.
+template <class Out, class In>
+caf::result<Out> ask_scheduler(tokenizer_pointer self, In req) {
+  auto rp = self->make_response_promise<Out>();
+  self->state.waits.request<Out>(
+    self, self->state.scheduler, std::move(req),
+    [rp](Out& out) mutable { rp.deliver(std::move(out)); },
+    [rp](const std::string& why) mutable {
+      Out out;
+      out.success = false;
+      out.message = "the scheduler failed: " + why;
+      rp.deliver(std::move(out));
+    });
+  return rp;
+}
+
 ContinueGenerationReqOutput deferred_continue() {
   return {true, "a weight-update session is open: generation continues when end_weight_update "
                 "closes it"};
@@ -291,6 +309,12 @@ template <class In, class Out>
 auto locked_update(tokenizer_pointer self, gate_op op) {
   return [self, op](In& req) -> caf::result<Out> {
     auto& st = self->state;
+    if (!st.scheduler_gone.empty()) {
+      Out out;
+      out.success = false;
+      out.message = st.scheduler_gone;
+      return out;
+    }
     if constexpr (requires { req.abort_all_requests; }) {
       if (req.abort_all_requests)
         caf::anon_send(st.scheduler, AbortReq{"", true, "aborted: a weight update asked for it"});
@@ -298,26 +322,26 @@ auto locked_update(tokenizer_pointer self, gate_op op) {
     auto rp = self->make_response_promise<Out>();
     auto ticket = st.next_ticket++;
     st.starters.emplace(ticket, [self, op, rp, req = std::move(req)]() mutable {
-      self->request(self->state.scheduler, caf::infinite, std::move(req))
-        .then(
-          [self, op, rp](Out& out) mutable {
-            if constexpr (std::is_same_v<Out, EndWeightUpdateReqOutput>)
-              self->state.gate.finished(op, out.success, out.session_open);
-            else
-              self->state.gate.finished(op, out.success);
-            if (self->state.gate.session_open())
-              defer_pending_resumes(self);
-            rp.deliver(std::move(out));
-            pump(self);
-          },
-          [self, op, rp](caf::error& err) mutable {
-            self->state.gate.finished(op, false);
-            Out out;
-            out.success = false;
-            out.message = "the scheduler failed: " + self->system().render(err);
-            rp.deliver(std::move(out));
-            pump(self);
-          });
+      self->state.waits.request<Out>(
+        self, self->state.scheduler, std::move(req),
+        [self, op, rp](Out& out) mutable {
+          if constexpr (std::is_same_v<Out, EndWeightUpdateReqOutput>)
+            self->state.gate.finished(op, out.success, out.session_open);
+          else
+            self->state.gate.finished(op, out.success);
+          if (self->state.gate.session_open())
+            defer_pending_resumes(self);
+          rp.deliver(std::move(out));
+          pump(self);
+        },
+        [self, op, rp](const std::string& why) mutable {
+          self->state.gate.finished(op, false);
+          Out out;
+          out.success = false;
+          out.message = "the scheduler failed: " + why;
+          rp.deliver(std::move(out));
+          pump(self);
+        });
     });
     st.gate.submit(ticket, op);
     pump(self);
@@ -334,7 +358,7 @@ auto unlocked(tokenizer_pointer self) {
         caf::anon_send(self->state.scheduler,
                    AbortReq{"", true, "aborted: a weight-version update asked for it"});
     }
-    return self->delegate(self->state.scheduler, std::move(req));
+    return ask_scheduler<Out>(self, std::move(req));
   };
 }
 
@@ -355,11 +379,13 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     st.scheduler_gone = "the engine's scheduler stopped (" + self->system().render(dm.reason) +
                         "); the engine cannot serve until it is restarted";
     const auto why = st.scheduler_gone;
+    // Each gives its hold on the gate back, or a weight operation would wait for it forever.
     for (auto& [rid, a] : st.active) {
       auto out = failed_output(rid, why);
       if (a.sink)
         caf::anon_send(a.sink, out);
       a.promise.deliver(std::move(out));
+      st.gate.finished(gate_op::generate);
     }
     st.active.clear();
     for (auto& [rid, q] : st.queued) {
@@ -367,12 +393,15 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       if (q.sink)
         caf::anon_send(q.sink, out);
       q.promise.deliver(std::move(out));
+      st.gate.cancel(q.ticket);
       st.starters.erase(q.ticket);
     }
     st.queued.clear();
     for (auto& rp : st.pause_abort_waiters)
       rp.deliver(PauseGenerationReqOutput{false, why});
     st.pause_abort_waiters.clear();
+    // Requests the scheduler had taken: their callers hear why now.
+    st.waits.peer_down(dm.source, why);
     // Weight operations and resumes waiting at the gate: started now, their request to the dead
     // scheduler fails at once and answers their caller with the error.
     auto starters = std::move(st.starters);
@@ -380,7 +409,8 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     for (auto& [ticket, start] : starters)
       start();
   });
-  return {
+  return guarded_behavior<tokenizer_actor::behavior_type>(
+    tokenizer_state::name,
     [self](GenerateReqInput& req, caf::actor& sink) -> caf::result<GenerateReqOutput> {
       auto& st = self->state;
       auto rid_hint = req.rid.value_or("");
@@ -428,16 +458,16 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       if (!req.abort_all && here == 1)
         return AbortReqOutput{true, "1 request aborted", 1};
       auto rp = self->make_response_promise<AbortReqOutput>();
-      self->request(st.scheduler, caf::infinite, req)
-        .then(
-          [rp, here](AbortReqOutput& out) mutable {
-            out.num_aborted += here;
-            out.message = std::to_string(out.num_aborted) + " requests aborted";
-            rp.deliver(std::move(out));
-          },
-          [self, rp](caf::error& err) mutable {
-            rp.deliver(AbortReqOutput{false, "the scheduler failed: " + self->system().render(err), 0});
-          });
+      st.waits.request<AbortReqOutput>(
+        self, st.scheduler, req,
+        [rp, here](AbortReqOutput& out) mutable {
+          out.num_aborted += here;
+          out.message = std::to_string(out.num_aborted) + " requests aborted";
+          rp.deliver(std::move(out));
+        },
+        [rp](const std::string& why) mutable {
+          rp.deliver(AbortReqOutput{false, "the scheduler failed: " + why, 0});
+        });
       return rp;
     },
     [self](PauseGenerationReqInput& req) -> caf::result<PauseGenerationReqOutput> {
@@ -464,15 +494,15 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
         return rp;
       }
       auto rp = self->make_response_promise<PauseGenerationReqOutput>();
-      self->request(st.scheduler, caf::infinite, req)
-        .then([self, rp](PauseGenerationReqOutput& out) mutable {
-                rp.deliver(std::move(out));
-                pump(self);
-              },
-              [self, rp](caf::error& err) mutable {
-                rp.deliver(PauseGenerationReqOutput{
-                  false, "the scheduler failed: " + self->system().render(err)});
-              });
+      st.waits.request<PauseGenerationReqOutput>(
+        self, st.scheduler, req,
+        [self, rp](PauseGenerationReqOutput& out) mutable {
+          rp.deliver(std::move(out));
+          pump(self);
+        },
+        [rp](const std::string& why) mutable {
+          rp.deliver(PauseGenerationReqOutput{false, "the scheduler failed: " + why});
+        });
       pump(self); // update operations waiting for the lock run under the pause now
       return rp;
     },
@@ -493,48 +523,55 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       st.starters.emplace(ticket, [self, pending, req, ticket]() mutable {
         self->state.pending_resumes.erase(ticket);
         self->state.pause_mode_name.clear();
-        self->request(self->state.scheduler, caf::infinite, req)
-          .then([pending](ContinueGenerationReqOutput& out) { pending->answer(std::move(out)); },
-                [self, pending](caf::error& err) {
-                  pending->answer(ContinueGenerationReqOutput{
-                    false, "the scheduler failed: " + self->system().render(err)});
-                });
+        self->state.waits.request<ContinueGenerationReqOutput>(
+          self, self->state.scheduler, req,
+          [pending](ContinueGenerationReqOutput& out) { pending->answer(std::move(out)); },
+          [pending](const std::string& why) {
+            pending->answer(ContinueGenerationReqOutput{false, "the scheduler failed: " + why});
+          });
       });
       st.gate.submit(ticket, gate_op::resume);
       pump(self);
       return rp;
     },
-    [self](FlushCacheReqInput& req) { return self->delegate(self->state.scheduler, req); },
+    [self](FlushCacheReqInput& req) { return ask_scheduler<FlushCacheReqOutput>(self, req); },
     [self](GetServerInfoReqInput& req) -> caf::result<GetServerInfoReqOutput> {
       auto rp = self->make_response_promise<GetServerInfoReqOutput>();
-      self->request(self->state.scheduler, caf::infinite, req)
-        .then(
-          [self, rp](GetServerInfoReqOutput& out) mutable {
-            auto& st = self->state;
-            out.model_path = st.info.model_path;
-            out.draft_model_path = st.info.draft_model_path;
-            out.device = st.info.device;
-            out.architecture = st.info.architecture;
-            out.vocab_size = st.info.vocab_size;
-            out.max_context_length = st.info.max_context_length;
-            out.paused = st.gate.paused();
-            out.pause_mode = st.pause_mode_name;
-            out.weight_update_session_open = st.gate.session_open();
-            out.waiting_requests += static_cast<int32_t>(st.gate.queued_generates());
-            rp.deliver(std::move(out));
-          },
-          [self, rp](caf::error& err) mutable {
-            GetServerInfoReqOutput out;
-            out.success = false;
-            out.message = "the scheduler failed: " + self->system().render(err);
-            rp.deliver(std::move(out));
-          });
+      self->state.waits.request<GetServerInfoReqOutput>(
+        self, self->state.scheduler, req,
+        [self, rp](GetServerInfoReqOutput& out) mutable {
+          auto& st = self->state;
+          out.model_path = st.info.model_path;
+          out.draft_model_path = st.info.draft_model_path;
+          out.device = st.info.device;
+          out.architecture = st.info.architecture;
+          out.vocab_size = st.info.vocab_size;
+          out.max_context_length = st.info.max_context_length;
+          out.paused = st.gate.paused();
+          out.pause_mode = st.pause_mode_name;
+          out.weight_update_session_open = st.gate.session_open();
+          out.waiting_requests += static_cast<int32_t>(st.gate.queued_generates());
+          rp.deliver(std::move(out));
+        },
+        [rp](const std::string& why) mutable {
+          GetServerInfoReqOutput out;
+          out.success = false;
+          out.message = "the scheduler failed: " + why;
+          rp.deliver(std::move(out));
+        });
       return rp;
     },
     [self](HealthCheckReqInput&) -> caf::result<HealthCheckReqOutput> {
+      if (!self->state.scheduler_gone.empty())
+        return HealthCheckReqOutput{false, self->state.scheduler_gone};
       auto rp = self->make_response_promise<HealthCheckReqOutput>();
+      // A timed request, not a watched one: a scheduler that is alive but stuck is unhealthy too.
       self->request(self->state.scheduler, std::chrono::seconds(10), GetServerInfoReqInput{})
-        .then([rp](GetServerInfoReqOutput&) mutable { rp.deliver(HealthCheckReqOutput{true, "ok"}); },
+        .then([rp](GetServerInfoReqOutput& info) mutable {
+                // The scheduler says when a part of the engine it needs has stopped.
+                rp.deliver(info.success ? HealthCheckReqOutput{true, "ok"}
+                                        : HealthCheckReqOutput{false, info.message});
+              },
               [self, rp](caf::error& err) mutable {
                 rp.deliver(HealthCheckReqOutput{
                   false, "the scheduler does not answer: " + self->system().render(err)});
@@ -553,8 +590,7 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     unlocked<DestroyWeightsUpdateGroupReqInput, DestroyWeightsUpdateGroupReqOutput>(self),
     unlocked<CheckWeightsReqInput, CheckWeightsReqOutput>(self),
     unlocked<GetWeightsByNameReqInput, GetWeightsByNameReqOutput>(self),
-    unlocked<UpdateWeightVersionReqInput, UpdateWeightVersionReqOutput>(self),
-  };
+    unlocked<UpdateWeightVersionReqInput, UpdateWeightVersionReqOutput>(self));
 }
 
 } // namespace

@@ -1,6 +1,8 @@
 #include "actors/tokenizer_actor.hpp"
 
 #include <functional>
+#include <memory>
+#include <optional>
 #include <random>
 #include <type_traits>
 #include <unordered_map>
@@ -15,6 +17,22 @@
 #include "messages/enums.hpp"
 #include "messages/validate.hpp"
 #include "model/bpe_tokenizer.hpp"
+
+namespace rlserve {
+
+// A large text prompt on its way to a tokenizing thread and its token ids on the way back
+// (local only: they never leave the process).
+struct tokenize_job {
+  std::shared_ptr<std::string> text;
+};
+struct tokenize_result {
+  std::vector<int32_t> ids;
+};
+
+} // namespace rlserve
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rlserve::tokenize_job)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rlserve::tokenize_result)
 
 namespace rlserve {
 
@@ -75,6 +93,15 @@ struct tokenizer_state {
   std::string pause_mode_name;
   std::mt19937_64 rng{std::random_device{}()};
   std::string scheduler_gone; // why, once the scheduler has died: every request fails at once
+  // Text prompts being tokenized on a thread of their own, by job number: a cancel or abort that
+  // comes meanwhile marks them, and they end as aborted when their tokens come back.
+  struct tokenizing_request {
+    std::string rid; // as the client gave it (empty: not chosen yet)
+    caf::actor_addr owner;
+    std::optional<std::string> aborted; // why, once aborted
+  };
+  std::unordered_map<uint64_t, tokenizing_request> tokenizing;
+  uint64_t next_job = 1;
   pending_requests waits;     // requests to the scheduler: failed when it dies holding them
   static inline const char* name = "tokenizer";
 };
@@ -140,8 +167,13 @@ void check_pause_abort(tokenizer_pointer self) {
   st.pause_abort_waiters.clear();
 }
 
-// Validation and tokenization: everything that can be said about a request before it runs.
-expected<TokenizedGenerateReqInput> prepare(tokenizer_state& st, GenerateReqInput& req) {
+// Text prompts of at least this many bytes are tokenized on a thread of their own: a 100 MB
+// prompt takes seconds to tokenize, and the front door must answer /health, aborts and other
+// requests meanwhile. Smaller ones are tokenized here (a thread per request would cost more).
+constexpr std::size_t k_offload_tokenize_bytes = 64 * 1024;
+
+// What can be said about a request before it is tokenized.
+status check_request(const tokenizer_state& st, const GenerateReqInput& req) {
   if (auto ok = validate(req); !ok)
     return std::move(ok).take_failure();
   const auto& p = req.sampling_params;
@@ -157,12 +189,18 @@ expected<TokenizedGenerateReqInput> prepare(tokenizer_state& st, GenerateReqInpu
   if (!p.stop.empty() && !st.tokenizer)
     return fail("sampling_params.stop: stop strings need a tokenizer, and this model has no "
                 "tokenizer.json (use stop_token_ids)");
+  if (req.text && !st.tokenizer)
+    return fail("text: this model has no tokenizer.json; send input_ids instead");
+  return {};
+}
+
+// The rest, once the prompt is token ids (`ids`: the tokenized text, or null for input_ids).
+expected<TokenizedGenerateReqInput> finish_prepare(tokenizer_state& st, GenerateReqInput& req,
+                                                   std::vector<int32_t>* ids) {
   TokenizedGenerateReqInput out;
   if (req.text) {
-    if (!st.tokenizer)
-      return fail("text: this model has no tokenizer.json; send input_ids instead");
-    out.input_text = *req.text;
-    out.input_ids = st.tokenizer->encode(*req.text);
+    out.input_text = std::move(*req.text);
+    out.input_ids = std::move(*ids);
     if (out.input_ids.empty())
       return fail("text: the prompt is empty after tokenization");
   } else {
@@ -185,6 +223,16 @@ expected<TokenizedGenerateReqInput> prepare(tokenizer_state& st, GenerateReqInpu
   out.top_logprobs_num = req.top_logprobs_num;
   out.stream = req.stream;
   return out;
+}
+
+// Validation and tokenization here, on the front door's thread.
+expected<TokenizedGenerateReqInput> prepare(tokenizer_state& st, GenerateReqInput& req) {
+  if (auto ok = check_request(st, req); !ok)
+    return std::move(ok).take_failure();
+  std::vector<int32_t> ids;
+  if (req.text)
+    ids = st.tokenizer->encode(*req.text);
+  return finish_prepare(st, req, &ids);
 }
 
 void start_generate(tokenizer_pointer self, const std::string& rid) {
@@ -362,6 +410,79 @@ auto unlocked(tokenizer_pointer self) {
   };
 }
 
+// A prepared request waits at the gate; `rp` is answered when it ends.
+void admit(tokenizer_pointer self, TokenizedGenerateReqInput prepared, caf::actor_addr owner,
+           caf::actor sink, caf::typed_response_promise<GenerateReqOutput> rp) {
+  auto& st = self->state;
+  auto ticket = st.next_ticket++;
+  auto rid = prepared.rid;
+  st.queued.emplace(rid, queued_generate{ticket, std::move(prepared), std::move(owner),
+                                         std::move(sink), rp});
+  st.starters.emplace(ticket, [self, rid] { start_generate(self, rid); });
+  st.gate.submit(ticket, gate_op::generate);
+  pump(self);
+}
+
+// Tokenizes `req`'s large text on a detached actor (a thread of its own), then prepares and
+// admits it here. The caller is answered in every case: refused, aborted meanwhile, or run.
+caf::result<GenerateReqOutput> tokenize_elsewhere(tokenizer_pointer self, GenerateReqInput& req,
+                                                  caf::actor sink) {
+  auto& st = self->state;
+  auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  auto rp = self->make_response_promise<GenerateReqOutput>();
+  auto job = st.next_job++;
+  st.tokenizing.emplace(job, tokenizer_state::tokenizing_request{req.rid.value_or(""), owner, {}});
+  auto text = std::make_shared<std::string>(std::move(*req.text));
+  auto worker = self->spawn<caf::detached>(
+    [tokenizer = st.tokenizer](caf::event_based_actor* worker) -> caf::behavior {
+      return {guard_handler("tokenizer thread", [worker, tokenizer](tokenize_job& j) {
+        worker->quit();
+        return tokenize_result{tokenizer->encode(*j.text)};
+      })};
+    });
+  auto held = std::make_shared<GenerateReqInput>(std::move(req));
+  auto end = [self, job, held, text, owner, sink, rp](expected<std::vector<int32_t>> ids) mutable {
+    auto& st = self->state;
+    auto it = st.tokenizing.find(job);
+    auto aborted = it->second.aborted;
+    st.tokenizing.erase(it);
+    auto refuse = [&](std::string why) {
+      auto out = failed_output(held->rid.value_or(""), std::move(why));
+      if (sink)
+        caf::anon_send(sink, out);
+      rp.deliver(std::move(out));
+    };
+    if (aborted)
+      return refuse(*aborted);
+    if (!st.scheduler_gone.empty())
+      return refuse(st.scheduler_gone);
+    if (!ids)
+      return refuse("text: tokenizing the prompt failed: " + ids.error());
+    held->text = std::move(*text);
+    auto prepared = finish_prepare(st, *held, &*ids);
+    if (!prepared)
+      return refuse(prepared.error());
+    admit(self, std::move(*prepared), owner, sink, rp);
+  };
+  // The handlers hold the worker: nothing else does, and CAF would destroy it unrun.
+  self->request(worker, caf::infinite, tokenize_job{text})
+    .then([end, worker](tokenize_result& r) mutable { end(std::move(r.ids)); },
+          [self, end, worker](caf::error& e) mutable { end(fail(self->system().render(e))); });
+  return rp;
+}
+
+// Marks the requests being tokenized that `matches` names as aborted with `why`; how many.
+template <class Matches>
+int32_t abort_tokenizing(tokenizer_state& st, Matches matches, const std::string& why) {
+  int32_t n = 0;
+  for (auto& [job, t] : st.tokenizing)
+    if (!t.aborted && matches(t)) {
+      t.aborted = why;
+      ++n;
+    }
+  return n;
+}
+
 tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_actor scheduler,
                                           std::shared_ptr<const model::bpe_tokenizer> tokenizer,
                                           front_door_info info) {
@@ -414,24 +535,26 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     [self](GenerateReqInput& req, caf::actor& sink) -> caf::result<GenerateReqOutput> {
       auto& st = self->state;
       auto rid_hint = req.rid.value_or("");
-      auto prepared = st.scheduler_gone.empty() ? prepare(st, req)
-                                                : expected<TokenizedGenerateReqInput>(fail(st.scheduler_gone));
-      if (!prepared) {
-        auto out = failed_output(rid_hint, prepared.error());
+      auto refuse = [&](std::string why) {
+        auto out = failed_output(rid_hint, std::move(why));
         if (sink)
           caf::anon_send(sink, out); // a streaming caller always gets a last chunk
         return out;
+      };
+      if (!st.scheduler_gone.empty())
+        return refuse(st.scheduler_gone);
+      if (req.text && req.text->size() >= k_offload_tokenize_bytes) {
+        if (auto ok = check_request(st, req); !ok)
+          return refuse(ok.error());
+        return tokenize_elsewhere(self, req, std::move(sink));
       }
+      auto prepared = prepare(st, req);
+      if (!prepared)
+        return refuse(prepared.error());
       // Before make_response_promise, which takes the sender out of the current message.
       auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
       auto rp = self->make_response_promise<GenerateReqOutput>();
-      auto ticket = st.next_ticket++;
-      auto rid = prepared->rid;
-      st.queued.emplace(rid, queued_generate{ticket, std::move(*prepared), std::move(owner),
-                                             std::move(sink), rp});
-      st.starters.emplace(ticket, [self, rid] { start_generate(self, rid); });
-      st.gate.submit(ticket, gate_op::generate);
-      pump(self);
+      admit(self, std::move(*prepared), std::move(owner), std::move(sink), rp);
       return rp;
     },
     [self](TokenChunks& batch) {
@@ -441,6 +564,9 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     [self](cancel_atom, std::string& rid, std::string& why) {
       auto& st = self->state;
       auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
+      if (abort_tokenizing(
+            st, [&](const auto& t) { return t.rid == rid && t.owner == sender; }, why) > 0)
+        return;
       if (auto q = st.queued.find(rid); q != st.queued.end()) {
         if (q->second.owner == sender)
           abort_queued(self, AbortReq{rid, false, why});
@@ -453,8 +579,11 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     },
     [self](AbortReq& req) -> caf::result<AbortReqOutput> {
       auto& st = self->state;
-      // Requests still waiting at the gate end here; running ones in the scheduler.
-      int32_t here = abort_queued(self, req);
+      // Requests being tokenized or waiting at the gate end here; running ones in the scheduler.
+      int32_t here = abort_tokenizing(
+        st, [&](const auto& t) { return req.abort_all || (!t.rid.empty() && t.rid == req.rid); },
+        req.abort_message.empty() ? std::string("aborted by request") : req.abort_message);
+      here += abort_queued(self, req);
       if (!req.abort_all && here == 1)
         return AbortReqOutput{true, "1 request aborted", 1};
       auto rp = self->make_response_promise<AbortReqOutput>();

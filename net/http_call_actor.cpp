@@ -129,7 +129,7 @@ void start_route(http_actor* self, http_call call) {
                                                          call.body.size(), s.st->max_generate_bytes)),
                                   false});
   }
-  auto body = http_request_body(*c, call.body, call.query);
+  auto body = http_request_body(*c, call.body, call.query, s.st->max_input_ids);
   if (!body)
     return bad(body.error());
   auto msg = c->decode(*body);

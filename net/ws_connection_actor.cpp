@@ -295,7 +295,7 @@ void on_text(ws_actor* self, const shared_bytes& frame) {
                       fmt::format("a generate request of {} bytes is larger than any this model "
                                   "can serve ({} bytes for its context length); it was not read",
                                   frame.size, limit));
-  auto j = parse_json(frame.text());
+  auto j = parse_request_json(frame.text(), self->state.st->max_input_ids);
   if (!j)
     return send_error(self, nullptr, "", error_code::bad_json, j.error());
   json id;

@@ -1,6 +1,8 @@
 """Large requests against `rlserve serve`: a text prompt of tens of megabytes is tokenized off
 the front door's thread, so /health keeps answering while it is; the request then ends with the
-context-length refusal, and the server serves on.
+context-length refusal, and the server serves on. An input_ids body of tens of megabytes is read
+without a JSON element per id and no further than the context length: the server's peak memory
+grows by little more than the body itself (a JSON document of it would take about ten times).
 
 The model is the tiny one with its context length raised to a million tokens, so that the size
 limit of generate requests (bounded by the context length) lets a prompt this large in.
@@ -83,12 +85,37 @@ def health_while_tokenizing(port):
     t.check(status == 400 and "context length" in reply, f"the large prompt: {status} {reply[:300]}")
 
 
+def peak_rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+def large_ids_body(proc, port):
+    ids = 25_000_000  # 50 MB of "1,": within the size limit, 25 times the context length
+    body = b'{"input_ids": [' + b"1," * ids + b'1], "sampling_params": {"max_new_tokens": 1}}'
+    before = peak_rss_bytes(proc.pid)
+    status, reply = http(port, "POST", "/generate", body)
+    t.check(status == 400 and f"more than {CONTEXT} token ids" in reply, f"{status} {reply[:300]}")
+    growth = peak_rss_bytes(proc.pid) - before
+    # The body is held while it is read (its buffer may be up to twice its size); the ids read
+    # take 4 bytes each, up to the context length. A JSON element per id would take 16 bytes
+    # or more each: 400 MB here.
+    bound = 3 * len(body) + 8 * CONTEXT
+    t.check(growth < bound, f"peak memory grew by {growth >> 20} MiB for a {len(body) >> 20} MiB ids body "
+                            f"(bound {bound >> 20} MiB)")
+    return growth
+
+
 def main():
     with t.temp_dir() as tmp:
         env = dict(os.environ, RLSERVE_CACHE_DIR=os.path.join(tmp, "cache"))
         model = long_context_model(tmp)
         proc, port = start_server(env, "--model", model)
         try:
+            growth = large_ids_body(proc, port)  # first: the peak is not yet the text prompt's
             health_while_tokenizing(port)
             gen = json.dumps({"text": "Hello", "sampling_params": {"max_new_tokens": 2}}).encode()
             status, reply = http(port, "POST", "/generate", gen)
@@ -97,7 +124,8 @@ def main():
             proc.terminate()
             _, err = proc.communicate(timeout=60)
         t.check(proc.returncode == 0, f"serve exited with {proc.returncode}: {err}")
-        print("ok: /health answers while a large prompt is tokenized")
+        print("ok: /health answers while a large prompt is tokenized; a 50 MB ids body raised peak "
+              f"memory by {growth >> 20} MiB")
 
 
 if __name__ == "__main__":

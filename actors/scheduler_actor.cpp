@@ -707,6 +707,49 @@ void check_flushes(scheduler_pointer self) {
   }
 }
 
+// Queues a request from the front door (see the TokenizedGenerateReqInput handler).
+void accept_request(scheduler_pointer self, TokenizedGenerateReqInput& req, caf::actor& sink) {
+  auto& st = self->state;
+  request_state r;
+  r.seq_id = st.next_seq++;
+  r.sink = std::move(sink);
+  r.req = std::move(req);
+  auto rid = r.req.rid;
+  auto refuse = [&](std::string why) {
+    TokenChunk c;
+    c.rid = rid;
+    c.finished = true;
+    c.success = false;
+    c.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
+    c.message = std::move(why);
+    c.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt, c.message};
+    caf::anon_send(r.sink, TokenChunks{{std::move(c)}});
+  };
+  if (!st.target_gone.empty())
+    return refuse(st.target_gone);
+  if (st.requests.count(rid))
+    return refuse("a request with rid \"" + rid + "\" is already running");
+  // A request the pool could never hold, even alone, is refused now, not queued forever.
+  auto prompt = static_cast<int64_t>(r.req.input_ids.size());
+  auto most = std::min<int64_t>(prompt + r.req.sampling_params.max_new_tokens,
+                                st.manifest.max_context_length);
+  if (most > st.blocks->capacity_tokens())
+    return refuse("the request needs up to " + std::to_string(most) + " KV slots (prompt " +
+                  std::to_string(prompt) + " + max_new_tokens " +
+                  std::to_string(r.req.sampling_params.max_new_tokens) +
+                  ") but the KV pool holds " + std::to_string(st.blocks->capacity_tokens()) +
+                  "; lower max_new_tokens or give the engine a larger KV pool");
+  auto& stored = st.requests.emplace(rid, std::move(r)).first->second;
+  st.by_seq[stored.seq_id] = &stored;
+  if (stored.req.sampling_params.max_new_tokens == 0) {
+    finish(self, rid, FinishReason{"length", std::nullopt, std::nullopt, {}});
+    flush_outbox(self);
+    return;
+  }
+  st.waiting.push_back(&stored);
+  schedule_step(self);
+}
+
 // A runner or the updater has stopped (a crash, or killed): what waited on it fails now, and
 // what needs it fails from now on. The scheduler itself lives on, so the front door can answer.
 void on_part_down(scheduler_pointer self, caf::down_msg& dm) {
@@ -768,45 +811,20 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
   return guarded_behavior<scheduler_actor::behavior_type>(
     scheduler_state::name,
     [self](TokenizedGenerateReqInput& req, caf::actor& sink) {
-      auto& st = self->state;
-      request_state r;
-      r.seq_id = st.next_seq++;
-      r.sink = std::move(sink);
-      r.req = std::move(req);
-      auto rid = r.req.rid;
-      auto refuse = [&](std::string why) {
-        TokenChunk c;
-        c.rid = rid;
-        c.finished = true;
-        c.success = false;
-        c.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
-        c.message = std::move(why);
-        c.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt, c.message};
-        caf::anon_send(r.sink, TokenChunks{{std::move(c)}});
-      };
-      if (!st.target_gone.empty())
-        return refuse(st.target_gone);
-      if (st.requests.count(rid))
-        return refuse("a request with rid \"" + rid + "\" is already running");
-      // A request the pool could never hold, even alone, is refused now, not queued forever.
-      auto prompt = static_cast<int64_t>(r.req.input_ids.size());
-      auto most = std::min<int64_t>(prompt + r.req.sampling_params.max_new_tokens,
-                                    st.manifest.max_context_length);
-      if (most > st.blocks->capacity_tokens())
-        return refuse("the request needs up to " + std::to_string(most) + " KV slots (prompt " +
-                      std::to_string(prompt) + " + max_new_tokens " +
-                      std::to_string(r.req.sampling_params.max_new_tokens) +
-                      ") but the KV pool holds " + std::to_string(st.blocks->capacity_tokens()) +
-                      "; lower max_new_tokens or give the engine a larger KV pool");
-      auto& stored = st.requests.emplace(rid, std::move(r)).first->second;
-      st.by_seq[stored.seq_id] = &stored;
-      if (stored.req.sampling_params.max_new_tokens == 0) {
-        finish(self, rid, FinishReason{"length", std::nullopt, std::nullopt, {}});
-        flush_outbox(self);
-        return;
-      }
-      st.waiting.push_back(&stored);
-      schedule_step(self);
+      // No reply to carry an error: a request whose handling throws ends with a failed last
+      // chunk, or its caller would wait for chunks forever.
+      auto rid = req.rid;
+      auto reply_to = sink;
+      guarded([&] { accept_request(self, req, sink); },
+              [&](const std::string& what) {
+                TokenChunk c;
+                c.rid = rid;
+                c.finished = true;
+                c.success = false;
+                c.message = "the scheduler failed handling this request: " + what;
+                c.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt, c.message};
+                caf::anon_send(reply_to, TokenChunks{{std::move(c)}});
+              });
     },
     [self](AbortReq& req) {
       auto& st = self->state;

@@ -559,7 +559,26 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     },
     [self](TokenChunks& batch) {
       for (auto& c : batch.chunks)
-        on_chunk(self, c);
+        // No reply to carry an error: a request whose chunk cannot be handled (detokenizing
+        // throws) ends here with the error, and the scheduler stops running it.
+        guarded([&] { on_chunk(self, c); },
+                [&](const std::string& what) {
+                  auto& st = self->state;
+                  auto it = st.active.find(c.rid);
+                  if (it == st.active.end())
+                    return;
+                  auto why = "the tokenizer failed handling this request: " + what;
+                  auto out = failed_output(c.rid, why);
+                  if (it->second.sink)
+                    caf::anon_send(it->second.sink, out);
+                  it->second.promise.deliver(std::move(out));
+                  st.active.erase(it);
+                  st.gate.finished(gate_op::generate);
+                  if (!c.finished)
+                    caf::anon_send(st.scheduler, AbortReq{c.rid, false, why});
+                  check_pause_abort(self);
+                  pump(self);
+                });
     },
     [self](cancel_atom, std::string& rid, std::string& why) {
       auto& st = self->state;

@@ -6,10 +6,14 @@
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
+#include <type_traits>
 
+#include "actors/guard.hpp"
 #include "actors/runner_actor.hpp"
 #include "actors/scheduler_actor.hpp"
 #include "actors/tokenizer_actor.hpp"
+#include "actors/watch.hpp"
 #include "actors/weight_updater_actor.hpp"
 #include "caf/all.hpp"
 #include "model/bpe_tokenizer.hpp"
@@ -52,6 +56,18 @@ expected<fs::path> ensure_builtin_model() {
     return fail("cannot write the built-in model to " + dir.string() + ": " + ok.error());
   return dir;
 }
+
+// A call of the Engine's API on its way to the front door (see engine_client below).
+struct engine_call {
+  std::function<void(caf::event_based_actor*, pending_requests&, const tokenizer_actor&)> send;
+};
+
+} // namespace rlserve
+
+// Local only: it never leaves the process.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rlserve::engine_call)
+
+namespace rlserve {
 
 namespace {
 
@@ -145,6 +161,76 @@ caf::behavior chunk_sink(caf::event_based_actor* self, chunk_callback cb,
   };
 }
 
+template <class Out>
+Out failed(std::string message) {
+  Out out;
+  out.success = false;
+  out.message = std::move(message);
+  if constexpr (std::is_same_v<Out, GenerateReqOutput>)
+    out.finished = true;
+  return out;
+}
+
+// The Engine's side of every call: one actor that sends each request to the front door and
+// hands the reply to the caller's callback. It monitors the front door, so a call the front
+// door dies holding is answered with an error (CAF 0.17 would leave it waiting forever), and,
+// being one actor, it hands replies over in the order the front door sent them (a session's
+// begin is never seen before the generate it waited for).
+struct engine_client_state {
+  tokenizer_actor front;
+  pending_requests waits;
+  static inline const char* name = "engine_client";
+};
+
+caf::behavior engine_client(caf::stateful_actor<engine_client_state>* self, tokenizer_actor front) {
+  self->state.front = std::move(front);
+  self->monitor(self->state.front);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    self->state.waits.peer_down(dm.source, "the engine's front door stopped (" +
+                                             self->system().render(dm.reason) +
+                                             "); the engine cannot serve until it is restarted");
+  });
+  return {
+    [self](engine_call& call) {
+      guarded([&] { call.send(self, self->state.waits, self->state.front); },
+              [](const std::string& what) {
+                std::fprintf(stderr, "rlserve: sending an engine call failed: %s\n", what.c_str());
+              });
+    },
+  };
+}
+
+// Sends `args` to the front door through the client and calls `done(reply, true)` with the
+// answer, or `done(error, false)` when the front door does not answer.
+template <class Out, class... Args>
+void ask_front(const caf::actor& client, std::function<void(Out, bool)> done, Args... args) {
+  auto shared_args = std::make_shared<std::tuple<Args...>>(std::move(args)...);
+  caf::anon_send(client, engine_call{[done = std::move(done), shared_args](
+                                       caf::event_based_actor* self, pending_requests& waits,
+                                       const tokenizer_actor& front) {
+    std::apply(
+      [&](auto&... a) {
+        waits.request_of<Out>(
+          self, front, [done](Out& out) { done(std::move(out), true); },
+          [done](const std::string& why) {
+            done(failed<Out>("the engine did not answer: " + why), false);
+          },
+          std::move(a)...);
+      },
+      *shared_args);
+  }});
+}
+
+// The blocking form: the reply, or the error that stands for it.
+template <class Out, class... Args>
+Out ask_front_and_wait(const caf::actor& client, Args... args) {
+  auto result = std::make_shared<std::promise<Out>>();
+  auto fut = result->get_future();
+  ask_front<Out>(client, [result](Out out, bool) { result->set_value(std::move(out)); },
+                 std::move(args)...);
+  return fut.get();
+}
+
 } // namespace
 
 struct Engine::impl {
@@ -157,6 +243,7 @@ struct Engine::impl {
   weight_updater_actor updater;
   scheduler_actor scheduler;
   tokenizer_actor front;
+  caf::actor client; // engine_client: every call goes through it
 };
 
 Engine::Engine(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -168,6 +255,7 @@ Engine::~Engine() {
     if (handle)
       caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
   };
+  exit_all(impl_->client);
   exit_all(impl_->front);
   exit_all(impl_->scheduler);
   exit_all(impl_->updater);
@@ -175,6 +263,7 @@ Engine::~Engine() {
     exit_all(r);
   // Drop our handles: a detached actor's thread ends only when its last reference is gone, and
   // the actor system's destructor waits for those threads.
+  impl_->client = nullptr;
   impl_->front = nullptr;
   impl_->scheduler = nullptr;
   impl_->updater = nullptr;
@@ -364,32 +453,17 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   info.vocab_size = p->target_manifest.vocab_size;
   info.max_context_length = p->target_manifest.max_context_length;
   p->front = spawn_tokenizer(sys, p->scheduler, target->tokenizer, std::move(info));
+  p->client = sys.spawn(engine_client, p->front);
   return std::unique_ptr<Engine>(new Engine(std::move(p)));
 }
 
 template <class Out, class In>
 Out Engine::call(In req) {
-  caf::scoped_actor self{*impl_->sys};
-  Out out;
-  self->request(impl_->front, caf::infinite, std::move(req))
-    .receive([&](Out& o) { out = std::move(o); },
-             [&](caf::error& e) {
-               out.success = false;
-               out.message = "the engine did not answer: " + impl_->sys->render(e);
-             });
-  return out;
+  return ask_front_and_wait<Out>(impl_->client, std::move(req));
 }
 
 GenerateReqOutput Engine::generate(GenerateReqInput req) {
-  caf::scoped_actor self{*impl_->sys};
-  GenerateReqOutput out;
-  self->request(impl_->front, caf::infinite, std::move(req), caf::actor{})
-    .receive([&](GenerateReqOutput& o) { out = std::move(o); },
-             [&](caf::error& e) {
-               out.success = false;
-               out.message = "the engine did not answer: " + impl_->sys->render(e);
-             });
-  return out;
+  return ask_front_and_wait<GenerateReqOutput>(impl_->client, std::move(req), caf::actor{});
 }
 
 GenerateReqOutput Engine::generate(GenerateReqInput req, chunk_callback on_chunk) {
@@ -406,30 +480,16 @@ std::future<GenerateReqOutput> Engine::generate_async(GenerateReqInput req, chun
     pending->sink_finished = false;
     sink = sys.spawn(chunk_sink, std::move(on_chunk), pending);
   }
-  // The actor's inputs are spawn arguments, not captures: CAF 0.17 dereferences a null argument
-  // tuple when a function-based actor is spawned without arguments (UBSan reports it).
-  auto ask = [](caf::event_based_actor* self, tokenizer_actor front, GenerateReqInput req,
-                caf::actor sink, std::shared_ptr<pending_generate> pending) {
-    self->request(front, caf::infinite, std::move(req), sink)
-      .then(
-        [self, pending](GenerateReqOutput& out) {
-          pending->on_reply(std::move(out));
-          self->quit();
-        },
-        [self, sink, pending](caf::error& e) {
-          GenerateReqOutput out;
-          out.success = false;
-          out.finished = true;
-          out.message = "the engine did not answer: " + self->system().render(e);
-          if (sink) {
-            caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
-            pending->on_sink_finished();
-          }
-          pending->on_reply(std::move(out));
-          self->quit();
-        });
-  };
-  sys.spawn(ask, impl_->front, std::move(req), sink, pending);
+  ask_front<GenerateReqOutput>(
+    impl_->client,
+    [sink, pending](GenerateReqOutput out, bool answered) {
+      if (!answered && sink) { // no last chunk will come
+        caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
+        pending->on_sink_finished();
+      }
+      pending->on_reply(std::move(out));
+    },
+    std::move(req), sink);
   return fut;
 }
 
@@ -451,9 +511,12 @@ status Engine::kill_actor_for_test(std::string_view kind) {
     kill(impl_->updater);
   else if (kind == "runner" && !impl_->runners.empty())
     kill(impl_->runners.front());
+  else if (kind == "draft_runner" && impl_->runners.size() > 1)
+    kill(impl_->runners.back());
   else
     return fail("kill_actor_for_test: no actor kind \"" + std::string(kind) +
-                "\" (tokenizer, scheduler, weight_updater, runner)");
+                "\" (tokenizer, scheduler, weight_updater, runner, draft_runner with a draft "
+                "model)");
   return {};
 }
 

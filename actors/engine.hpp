@@ -113,9 +113,9 @@ public:
   const RunnerManifest* draft_manifest() const;
   const std::filesystem::path& model_path() const;
 
-  // Fault injection for tests: ends one actor of the graph as a crash would ("tokenizer",
-  // "scheduler", "weight_updater" or "runner" for the target runner). The engine must then
-  // answer every request, in flight or new, with an error, and shut down cleanly.
+  // Fault injection for tests: ends one actor as a crash would ("tokenizer", "scheduler",
+  // "weight_updater", "runner" (the target's), "draft_runner"). The engine must answer every
+  // request, in flight or new, with an error where it cannot serve it, and shut down cleanly.
   status kill_actor_for_test(std::string_view kind);
 
 private:

@@ -1,15 +1,32 @@
 // Exceptions never leave an actor's behaviour. Code an actor calls may throw (nlohmann on a
 // client's JSON, std::bad_alloc on a huge request, a bug); an exception that leaves a handler
 // kills the actor, and CAF 0.17 then answers nobody who waits on its promises: an HTTP client
-// waits forever, a websocket stops answering, a session it had opened stays open. Handlers that
-// call such code run it through `guarded`, which turns the exception into a sentence for the
-// caller's error reply.
+// waits forever, a websocket stops answering, a session it had opened stays open.
+//
+// Two tools, one rule:
+// - `guarded_behavior<behavior_type>(name, handler...)` builds an actor's behaviour with every
+//   handler wrapped: an exception becomes the handler's error reply (success = false and a
+//   message for replies that have them, a CAF error otherwise; logged for handlers without a
+//   reply), and the actor lives on. Every actor of actors/ builds its behaviour this way.
+// - `guarded(body, on_error)` does the same for a block of code whose error answer is not a
+//   reply (a frame handler of a connection, the start of an HTTP call).
+// What escapes anyway (a response handler, a down handler) still ends the actor; the actors that
+// wait on it watch it (actors/watch.hpp) and answer their own callers.
 #pragma once
 
+#include <cstdio>
 #include <exception>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <utility>
+
+#include "caf/delegated.hpp"
+#include "caf/error.hpp"
+#include "caf/make_message.hpp"
+#include "caf/result.hpp"
+#include "caf/sec.hpp"
+#include "messages/generate.hpp"
 
 namespace rlserve {
 
@@ -40,6 +57,90 @@ void guarded(Body&& body, OnError&& on_error) noexcept {
       // Nothing left to tell anyone; the actor lives on.
     }
   }
+}
+
+namespace guard_detail {
+
+// The reply type a handler returning R promises: Out for Out, result<Out> and delegated<Out>.
+template <class R>
+struct reply_of {
+  using type = R;
+};
+template <class T>
+struct reply_of<caf::result<T>> {
+  using type = T;
+};
+template <class T>
+struct reply_of<caf::delegated<T>> {
+  using type = T;
+};
+
+// The error reply of a handler that threw `text`.
+template <class Out>
+caf::result<Out> failure(const char* actor, const std::string& text) {
+  auto message = std::string("the ") + actor + " failed handling this request: " + text;
+  if constexpr (requires(Out o) {
+                  o.success = false;
+                  o.message = message;
+                }) {
+    Out out{};
+    out.success = false;
+    out.message = message;
+    if constexpr (std::is_same_v<Out, GenerateReqOutput>) {
+      out.finished = true;
+      out.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt, message};
+    }
+    return out;
+  } else {
+    return caf::make_error(caf::sec::runtime_error, std::move(message));
+  }
+}
+
+template <class F>
+struct signature : signature<decltype(&F::operator())> {};
+template <class C, class R, class... Ts>
+struct signature<R (C::*)(Ts...) const> {
+  using result = R;
+  template <class Fn>
+  static auto wrap(const char* actor, Fn f) {
+    using Out = typename reply_of<R>::type;
+    if constexpr (std::is_void_v<R>) {
+      return [actor, f = std::move(f)](Ts... xs) mutable {
+        guarded([&] { f(std::forward<Ts>(xs)...); },
+                [actor](const std::string& text) {
+                  std::fprintf(stderr, "rlserve: the %s failed handling a message: %s\n", actor,
+                               text.c_str());
+                });
+      };
+    } else {
+      return [actor, f = std::move(f)](Ts... xs) mutable -> caf::result<Out> {
+        try {
+          return f(std::forward<Ts>(xs)...);
+        } catch (...) {
+          // When the handler had made its response promise before it threw, CAF drops this
+          // reply: whoever holds the promise answers (or the actor's watchers, if it dies).
+          return failure<Out>(actor, exception_text(std::current_exception()));
+        }
+      };
+    }
+  }
+};
+template <class C, class R, class... Ts>
+struct signature<R (C::*)(Ts...)> : signature<R (C::*)(Ts...) const> {};
+
+} // namespace guard_detail
+
+// `handler`, with the same message signature, turning an exception into its error reply.
+template <class F>
+auto guard_handler(const char* actor, F handler) {
+  return guard_detail::signature<F>::wrap(actor, std::move(handler));
+}
+
+// A behaviour whose every handler is guarded (see above). `actor` names it in the error
+// replies ("the scheduler failed handling this request: out of memory").
+template <class Behavior, class... Fs>
+Behavior guarded_behavior(const char* actor, Fs... handlers) {
+  return Behavior{guard_handler(actor, std::move(handlers))...};
 }
 
 } // namespace rlserve

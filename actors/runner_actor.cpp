@@ -9,6 +9,7 @@
 
 #include <xxhash.h>
 
+#include "actors/guard.hpp"
 #include "caf/all.hpp"
 #include "messages/registration_check.hpp"
 #include "kernels/bf16.hpp"
@@ -755,7 +756,8 @@ runner_actor::behavior_type runner(runner_pointer self, runner_options options,
                                                         self->state.options.kv_block_size,
                                                         self->state.options.kv_num_blocks);
   }
-  return {
+  return guarded_behavior<runner_actor::behavior_type>(
+    runner_state::name,
     [self](manifest_atom) {
       return make_manifest(self->state.options, *self->state.model, self->state.gpu.get());
     },
@@ -802,8 +804,7 @@ runner_actor::behavior_type runner(runner_pointer self, runner_options options,
       return RunnerReply{true, "dropped " + std::to_string(n) + " staged tensors"};
     },
     [self](CheckWeightsReqInput& req) { return check(self->state, req); },
-    [self](GetWeightsByNameReqInput& req) { return get_weights(self->state, req); },
-  };
+    [self](GetWeightsByNameReqInput& req) { return get_weights(self->state, req); });
 }
 
 } // namespace

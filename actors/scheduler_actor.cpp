@@ -7,8 +7,10 @@
 #include <optional>
 #include <unordered_map>
 
+#include "actors/guard.hpp"
 #include "actors/policy/batch_planner.hpp"
 #include "actors/policy/block_manager.hpp"
+#include "actors/watch.hpp"
 #include "caf/all.hpp"
 #include "messages/validate.hpp"
 #include "messages/registration_check.hpp"
@@ -113,6 +115,12 @@ struct scheduler_state {
   uint64_t spec_accepted_tokens = 0;
   std::deque<int32_t> spec_recent; // emitted tokens per verification, newest at the back
   static constexpr std::size_t spec_recent_window = 256;
+  // Requests to the runners and the updater: failed when one dies holding them.
+  pending_requests waits;
+  // Why each part this scheduler needs has stopped (empty while it runs). Without the target
+  // every request fails; without the draft decoding goes on unspeculated; without the updater
+  // weight operations fail. Any of them makes the engine unhealthy: it needs a restart.
+  std::string target_gone, draft_gone, updater_gone;
   static inline const char* name = "scheduler";
 };
 
@@ -419,7 +427,8 @@ void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
 // Proposals a decoding request may verify this step: the configured k, fewer near its
 // max_new_tokens or the context limit (nothing is proposed that could not be kept).
 int64_t proposals_for(const scheduler_state& st, const request_state& r) {
-  if (!st.draft || st.options.speculative_num_draft_tokens <= 0 || r.prefill_left > 0 ||
+  if (!st.draft || !st.draft_gone.empty() || st.options.speculative_num_draft_tokens <= 0 ||
+      r.prefill_left > 0 ||
       r.draft_failed || r.output_ids.empty())
     return 0;
   auto out_len = static_cast<int64_t>(r.output_ids.size());
@@ -433,14 +442,15 @@ int64_t proposals_for(const scheduler_state& st, const request_state& r) {
 // Sends the target its batch and handles the answer.
 void run_target(scheduler_pointer self, ForwardBatch batch) {
   auto& st = self->state;
-  self->request(st.target, caf::infinite, std::move(batch))
-    .then([self](ForwardBatchOutput& out) { on_batch_done(self, out); },
-          [self](caf::error& err) {
-            ForwardBatchOutput out;
-            out.success = false;
-            out.message = "the target runner failed: " + self->system().render(err);
-            on_batch_done(self, out);
-          });
+  st.waits.request<ForwardBatchOutput>(
+    self, st.target, std::move(batch),
+    [self](ForwardBatchOutput& out) { on_batch_done(self, out); },
+    [self](const std::string& why) {
+      ForwardBatchOutput out;
+      out.success = false;
+      out.message = "the target runner failed: " + why;
+      on_batch_done(self, out);
+    });
 }
 
 // The draft proposes for every speculating request of `batch`, then the target verifies. A
@@ -464,41 +474,41 @@ void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBa
       }
   };
   auto batch_ptr = std::make_shared<ForwardBatch>(std::move(batch));
-  self->request(st.draft, caf::infinite, std::move(draft_batch))
-    .then(
-      [self, batch_ptr, fallback](ForwardBatchOutput& out) {
-        auto& st = self->state;
-        for (auto& res : out.results) {
-          auto it = st.by_seq.find(res.seq_id);
-          if (it == st.by_seq.end())
-            continue;
-          auto& r = *it->second;
-          if (!out.success || !res.error.empty() ||
-              static_cast<int64_t>(res.tokens.size()) != r.in_batch_proposals) {
-            fallback(*batch_ptr, res.seq_id);
-            continue;
+  st.waits.request<ForwardBatchOutput>(
+    self, st.draft, std::move(draft_batch),
+    [self, batch_ptr, fallback](ForwardBatchOutput& out) {
+      auto& st = self->state;
+      for (auto& res : out.results) {
+        auto it = st.by_seq.find(res.seq_id);
+        if (it == st.by_seq.end())
+          continue;
+        auto& r = *it->second;
+        if (!out.success || !res.error.empty() ||
+            static_cast<int64_t>(res.tokens.size()) != r.in_batch_proposals) {
+          fallback(*batch_ptr, res.seq_id);
+          continue;
+        }
+        // The draft now holds the pending token's prefix and proposals 1 .. k - 1.
+        r.draft_kv = sequence_length(r) + r.in_batch_proposals - 1;
+        for (auto& w : batch_ptr->work)
+          if (w.seq_id == res.seq_id) {
+            w.draft_tokens = std::move(res.tokens);
+            w.draft_probs = std::move(res.draft_probs);
           }
-          // The draft now holds the pending token's prefix and proposals 1 .. k - 1.
-          r.draft_kv = sequence_length(r) + r.in_batch_proposals - 1;
-          for (auto& w : batch_ptr->work)
-            if (w.seq_id == res.seq_id) {
-              w.draft_tokens = std::move(res.tokens);
-              w.draft_probs = std::move(res.draft_probs);
-            }
-        }
-        run_target(self, std::move(*batch_ptr));
-      },
-      [self, batch_ptr, fallback](caf::error&) {
-        std::vector<uint64_t> ids;
-        for (const auto& w : batch_ptr->work)
-          ids.push_back(w.seq_id);
-        for (auto id : ids) {
-          auto it = self->state.by_seq.find(id);
-          if (it != self->state.by_seq.end() && it->second->in_batch_proposals > 0)
-            fallback(*batch_ptr, id);
-        }
-        run_target(self, std::move(*batch_ptr));
-      });
+      }
+      run_target(self, std::move(*batch_ptr));
+    },
+    [self, batch_ptr, fallback](const std::string&) {
+      std::vector<uint64_t> ids;
+      for (const auto& w : batch_ptr->work)
+        ids.push_back(w.seq_id);
+      for (auto id : ids) {
+        auto it = self->state.by_seq.find(id);
+        if (it != self->state.by_seq.end() && it->second->in_batch_proposals > 0)
+          fallback(*batch_ptr, id);
+      }
+      run_target(self, std::move(*batch_ptr));
+    });
 }
 
 void step(scheduler_pointer self) {
@@ -640,19 +650,19 @@ void retract_running(scheduler_pointer self) {
 
 // Refreshes the version the scheduler stamps on results, then calls `then`.
 void refresh_version(scheduler_pointer self, std::function<void()> then) {
-  self->request(self->state.updater, caf::infinite, version_atom_v)
-    .then(
-      [self, then](WeightUpdaterStatus& s) {
-        self->state.version = s.weight_version;
-        self->state.committed_updates = s.committed_updates;
-        then();
-      },
-      [then](caf::error&) { then(); });
+  self->state.waits.request<WeightUpdaterStatus>(
+    self, self->state.updater, version_atom_v,
+    [self, then](WeightUpdaterStatus& s) {
+      self->state.version = s.weight_version;
+      self->state.committed_updates = s.committed_updates;
+      then();
+    },
+    [then](const std::string&) { then(); });
 }
 
 // The handler of weight operation `Op`: forwarded to the weight_updater as a control operation
 // (between batches, one at a time); the reply goes back once the version stamped on results is
-// fresh.
+// fresh. If the updater dies meanwhile, `waits` answers with the reason.
 template <class Op>
 auto forward_to_updater(scheduler_pointer self) {
   using In = typename Op::input;
@@ -666,37 +676,37 @@ auto forward_to_updater(scheduler_pointer self) {
           control_done(self);
         });
       };
-      auto failed = [self](const caf::error& err) {
+      auto failed = [](const std::string& why) {
         Out out;
         out.success = false;
-        out.message = "the weight updater failed: " + self->system().render(err);
+        out.message = "the weight updater failed: " + why;
         return out;
       };
-      self->request(self->state.updater, caf::infinite, std::move(req))
-        .then(
-          [self, finish, failed](Out& out) mutable {
-            if constexpr (std::is_same_v<In, UpdateWeightsFromTensorReqInput>) {
-              // Outside begin/end and while generation runs, a tensor update commits at once
-              // (SGLang applies each call as it comes); while paused it waits for
-              // continue_generation.
-              if (out.success && !self->state.paused) {
-                self->request(self->state.updater, caf::infinite, settle_atom_v)
-                  .then(
-                    [finish, out](EndWeightUpdateReqOutput& e) mutable {
-                      if (!e.message.empty()) {
-                        out.success = e.success;
-                        out.message =
-                          e.success ? e.message : "staged, but the commit failed: " + e.message;
-                      }
-                      finish(std::move(out));
-                    },
-                    [finish, failed](caf::error& err) mutable { finish(failed(err)); });
-                return;
-              }
+      self->state.waits.template request<Out>(
+        self, self->state.updater, std::move(req),
+        [self, finish, failed](Out& out) mutable {
+          if constexpr (std::is_same_v<In, UpdateWeightsFromTensorReqInput>) {
+            // Outside begin/end and while generation runs, a tensor update commits at once
+            // (SGLang applies each call as it comes); while paused it waits for
+            // continue_generation.
+            if (out.success && !self->state.paused) {
+              self->state.waits.template request<EndWeightUpdateReqOutput>(
+                self, self->state.updater, settle_atom_v,
+                [finish, out](EndWeightUpdateReqOutput& e) mutable {
+                  if (!e.message.empty()) {
+                    out.success = e.success;
+                    out.message =
+                      e.success ? e.message : "staged, but the commit failed: " + e.message;
+                  }
+                  finish(std::move(out));
+                },
+                [finish, failed](const std::string& why) mutable { finish(failed(why)); });
+              return;
             }
-            finish(std::move(out));
-          },
-          [finish, failed](caf::error& err) mutable { finish(failed(err)); });
+          }
+          finish(std::move(out));
+        },
+        [finish, failed](const std::string& why) mutable { finish(failed(why)); });
     });
     return rp;
   };
@@ -723,6 +733,88 @@ void check_flushes(scheduler_pointer self) {
   }
 }
 
+// Queues a request from the front door (see the TokenizedGenerateReqInput handler).
+void accept_request(scheduler_pointer self, TokenizedGenerateReqInput& req, caf::actor& sink) {
+  auto& st = self->state;
+  request_state r;
+  r.seq_id = st.next_seq++;
+  r.sink = std::move(sink);
+  r.req = std::move(req);
+  auto rid = r.req.rid;
+  auto refuse = [&](std::string why) {
+    TokenChunk c;
+    c.rid = rid;
+    c.finished = true;
+    c.success = false;
+    c.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
+    c.message = std::move(why);
+    c.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt, c.message};
+    caf::anon_send(r.sink, TokenChunks{{std::move(c)}});
+  };
+  if (!st.target_gone.empty())
+    return refuse(st.target_gone);
+  if (st.requests.count(rid))
+    return refuse("a request with rid \"" + rid + "\" is already running");
+  // A request the pool could never hold, even alone, is refused now, not queued forever.
+  auto prompt = static_cast<int64_t>(r.req.input_ids.size());
+  auto most = std::min<int64_t>(prompt + r.req.sampling_params.max_new_tokens,
+                                st.manifest.max_context_length);
+  if (most > st.blocks->capacity_tokens())
+    return refuse("the request needs up to " + std::to_string(most) + " KV slots (prompt " +
+                  std::to_string(prompt) + " + max_new_tokens " +
+                  std::to_string(r.req.sampling_params.max_new_tokens) +
+                  ") but the KV pool holds " + std::to_string(st.blocks->capacity_tokens()) +
+                  "; lower max_new_tokens or give the engine a larger KV pool");
+  auto& stored = st.requests.emplace(rid, std::move(r)).first->second;
+  st.by_seq[stored.seq_id] = &stored;
+  if (stored.req.sampling_params.max_new_tokens == 0) {
+    finish(self, rid, FinishReason{"length", std::nullopt, std::nullopt, {}});
+    flush_outbox(self);
+    return;
+  }
+  st.waiting.push_back(&stored);
+  schedule_step(self);
+}
+
+// A runner or the updater has stopped (a crash, or killed): what waited on it fails now, and
+// what needs it fails from now on. The scheduler itself lives on, so the front door can answer.
+void on_part_down(scheduler_pointer self, caf::down_msg& dm) {
+  auto& st = self->state;
+  auto why = [&](const char* part) {
+    return std::string("the engine's ") + part + " stopped (" + self->system().render(dm.reason) +
+           "); the engine cannot serve until it is restarted";
+  };
+  std::string* gone = nullptr;
+  std::string text;
+  if (dm.source == st.target.address()) {
+    gone = &st.target_gone;
+    text = why("target runner");
+  } else if (st.draft && dm.source == st.draft.address()) {
+    gone = &st.draft_gone;
+    text = std::string("the engine's draft runner stopped (") + self->system().render(dm.reason) +
+           "); generation goes on without speculative decoding, weight updates fail until the "
+           "engine is restarted";
+  } else if (dm.source == st.updater.address()) {
+    gone = &st.updater_gone;
+    text = why("weight updater");
+  } else {
+    return;
+  }
+  if (!gone->empty())
+    return;
+  *gone = text;
+  st.waits.peer_down(dm.source, text);
+  if (gone == &st.target_gone) {
+    // Nothing can run: every request ends now with the reason.
+    std::vector<std::string> rids;
+    for (auto& [rid, r] : st.requests)
+      rids.push_back(rid);
+    for (auto& rid : rids)
+      finish(self, rid, FinishReason{"abort", std::nullopt, std::nullopt, text}, false, text);
+    flush_outbox(self);
+  }
+}
+
 scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_options options,
                                          runner_actor target, runner_actor draft,
                                          RunnerManifest manifest,
@@ -737,46 +829,29 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
   st.version = std::move(version);
   st.tokenizer = std::move(tokenizer);
   st.blocks.emplace(st.manifest.kv_num_blocks, st.manifest.kv_block_size);
-  return with_weight_operations<scheduler_actor::behavior_type>(
+  self->monitor(st.target);
+  if (st.draft)
+    self->monitor(st.draft);
+  self->monitor(st.updater);
+  self->set_down_handler([self](caf::down_msg& dm) { on_part_down(self, dm); });
+  return wrapped_with_weight_operations<scheduler_actor::behavior_type>(
+    [](auto handler) { return guard_handler(scheduler_state::name, std::move(handler)); },
     [self]<class Op>() { return forward_to_updater<Op>(self); },
     [self](TokenizedGenerateReqInput& req, caf::actor& sink) {
-      auto& st = self->state;
-      request_state r;
-      r.seq_id = st.next_seq++;
-      r.sink = std::move(sink);
-      r.req = std::move(req);
-      auto rid = r.req.rid;
-      auto refuse = [&](std::string why) {
-        TokenChunk c;
-        c.rid = rid;
-        c.finished = true;
-        c.success = false;
-        c.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
-        c.message = std::move(why);
-        c.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt, c.message};
-        caf::anon_send(r.sink, TokenChunks{{std::move(c)}});
-      };
-      if (st.requests.count(rid))
-        return refuse("a request with rid \"" + rid + "\" is already running");
-      // A request the pool could never hold, even alone, is refused now, not queued forever.
-      auto prompt = static_cast<int64_t>(r.req.input_ids.size());
-      auto most = std::min<int64_t>(prompt + r.req.sampling_params.max_new_tokens,
-                                    st.manifest.max_context_length);
-      if (most > st.blocks->capacity_tokens())
-        return refuse("the request needs up to " + std::to_string(most) + " KV slots (prompt " +
-                      std::to_string(prompt) + " + max_new_tokens " +
-                      std::to_string(r.req.sampling_params.max_new_tokens) +
-                      ") but the KV pool holds " + std::to_string(st.blocks->capacity_tokens()) +
-                      "; lower max_new_tokens or give the engine a larger KV pool");
-      auto& stored = st.requests.emplace(rid, std::move(r)).first->second;
-      st.by_seq[stored.seq_id] = &stored;
-      if (stored.req.sampling_params.max_new_tokens == 0) {
-        finish(self, rid, FinishReason{"length", std::nullopt, std::nullopt, {}});
-        flush_outbox(self);
-        return;
-      }
-      st.waiting.push_back(&stored);
-      schedule_step(self);
+      // No reply to carry an error: a request whose handling throws ends with a failed last
+      // chunk, or its caller would wait for chunks forever.
+      auto rid = req.rid;
+      auto reply_to = sink;
+      guarded([&] { accept_request(self, req, sink); },
+              [&](const std::string& what) {
+                TokenChunk c;
+                c.rid = rid;
+                c.finished = true;
+                c.success = false;
+                c.message = "the scheduler failed handling this request: " + what;
+                c.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt, c.message};
+                caf::anon_send(reply_to, TokenChunks{{std::move(c)}});
+              });
     },
     [self](AbortReq& req) {
       auto& st = self->state;
@@ -828,11 +903,12 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
             control_done(self);
           });
         };
-        self->request(self->state.updater, caf::infinite, settle_atom_v)
-          .then([resume](EndWeightUpdateReqOutput& out) mutable { resume(out.success, out.message); },
-                [self, resume](caf::error& err) mutable {
-                  resume(false, "the weight updater failed: " + self->system().render(err));
-                });
+        self->state.waits.request<EndWeightUpdateReqOutput>(
+          self, self->state.updater, settle_atom_v,
+          [resume](EndWeightUpdateReqOutput& out) mutable { resume(out.success, out.message); },
+          [resume](const std::string& why) mutable {
+            resume(false, "the weight updater failed: " + why);
+          });
       });
       return rp;
     },
@@ -853,6 +929,11 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
       out.running_requests = static_cast<int32_t>(st.running.size());
       out.waiting_requests = static_cast<int32_t>(st.waiting.size());
       out.committed_updates = st.committed_updates;
+      for (const auto* gone : {&st.target_gone, &st.draft_gone, &st.updater_gone})
+        if (!gone->empty()) {
+          out.success = false;
+          out.message += (out.message.empty() ? "" : "; ") + *gone;
+        }
       out.scheduler_steps = st.next_step - 1;
       out.scheduler_cpu_us = static_cast<double>(st.busy_ns) / 1e3;
       out.speculative_num_draft_tokens = st.draft ? st.options.speculative_num_draft_tokens : 0;

@@ -1,18 +1,38 @@
 #include "actors/tokenizer_actor.hpp"
 
 #include <functional>
+#include <memory>
+#include <optional>
 #include <random>
 #include <type_traits>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "actors/guard.hpp"
 #include "actors/policy/update_gate.hpp"
+#include "actors/watch.hpp"
 #include "caf/all.hpp"
 #include "messages/registration_check.hpp"
 #include "messages/enums.hpp"
 #include "messages/validate.hpp"
 #include "model/bpe_tokenizer.hpp"
+
+namespace rlserve {
+
+// A large text prompt on its way to a tokenizing thread and its token ids on the way back
+// (local only: they never leave the process).
+struct tokenize_job {
+  std::shared_ptr<std::string> text;
+};
+struct tokenize_result {
+  std::vector<int32_t> ids;
+};
+
+} // namespace rlserve
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rlserve::tokenize_job)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rlserve::tokenize_result)
 
 namespace rlserve {
 
@@ -73,6 +93,16 @@ struct tokenizer_state {
   std::string pause_mode_name;
   std::mt19937_64 rng{std::random_device{}()};
   std::string scheduler_gone; // why, once the scheduler has died: every request fails at once
+  // Text prompts being tokenized on a thread of their own, by job number: a cancel or abort that
+  // comes meanwhile marks them, and they end as aborted when their tokens come back.
+  struct tokenizing_request {
+    std::string rid; // as the client gave it (empty: not chosen yet)
+    caf::actor_addr owner;
+    std::optional<std::string> aborted; // why, once aborted
+  };
+  std::unordered_map<uint64_t, tokenizing_request> tokenizing;
+  uint64_t next_job = 1;
+  pending_requests waits;     // requests to the scheduler: failed when it dies holding them
   static inline const char* name = "tokenizer";
 };
 
@@ -88,7 +118,22 @@ GenerateReqOutput failed_output(std::string rid, std::string message) {
   return out;
 }
 
-// Starts whatever the gate lets through now.
+// Asks the scheduler on the caller's behalf: its reply, or an error when it fails to answer.
+template <class Out, class In>
+caf::result<Out> ask_scheduler(tokenizer_pointer self, In req) {
+  auto rp = self->make_response_promise<Out>();
+  self->state.waits.request<Out>(
+    self, self->state.scheduler, std::move(req),
+    [rp](Out& out) mutable { rp.deliver(std::move(out)); },
+    [rp](const std::string& why) mutable {
+      Out out;
+      out.success = false;
+      out.message = "the scheduler failed: " + why;
+      rp.deliver(std::move(out));
+    });
+  return rp;
+}
+
 ContinueGenerationReqOutput deferred_continue() {
   return {true, "a weight-update session is open: generation continues when end_weight_update "
                 "closes it"};
@@ -122,8 +167,13 @@ void check_pause_abort(tokenizer_pointer self) {
   st.pause_abort_waiters.clear();
 }
 
-// Validation and tokenization: everything that can be said about a request before it runs.
-expected<TokenizedGenerateReqInput> prepare(tokenizer_state& st, GenerateReqInput& req) {
+// Text prompts of at least this many bytes are tokenized on a thread of their own: a 100 MB
+// prompt takes seconds to tokenize, and the front door must answer /health, aborts and other
+// requests meanwhile. Smaller ones are tokenized here (a thread per request would cost more).
+constexpr std::size_t k_offload_tokenize_bytes = 64 * 1024;
+
+// What can be said about a request before it is tokenized.
+status check_request(const tokenizer_state& st, const GenerateReqInput& req) {
   if (auto ok = validate(req); !ok)
     return std::move(ok).take_failure();
   const auto& p = req.sampling_params;
@@ -139,12 +189,18 @@ expected<TokenizedGenerateReqInput> prepare(tokenizer_state& st, GenerateReqInpu
   if (!p.stop.empty() && !st.tokenizer)
     return fail("sampling_params.stop: stop strings need a tokenizer, and this model has no "
                 "tokenizer.json (use stop_token_ids)");
+  if (req.text && !st.tokenizer)
+    return fail("text: this model has no tokenizer.json; send input_ids instead");
+  return {};
+}
+
+// The rest, once the prompt is token ids (`ids`: the tokenized text, or null for input_ids).
+expected<TokenizedGenerateReqInput> finish_prepare(tokenizer_state& st, GenerateReqInput& req,
+                                                   std::vector<int32_t>* ids) {
   TokenizedGenerateReqInput out;
   if (req.text) {
-    if (!st.tokenizer)
-      return fail("text: this model has no tokenizer.json; send input_ids instead");
-    out.input_text = *req.text;
-    out.input_ids = st.tokenizer->encode(*req.text);
+    out.input_text = std::move(*req.text);
+    out.input_ids = std::move(*ids);
     if (out.input_ids.empty())
       return fail("text: the prompt is empty after tokenization");
   } else {
@@ -167,6 +223,16 @@ expected<TokenizedGenerateReqInput> prepare(tokenizer_state& st, GenerateReqInpu
   out.top_logprobs_num = req.top_logprobs_num;
   out.stream = req.stream;
   return out;
+}
+
+// Validation and tokenization here, on the front door's thread.
+expected<TokenizedGenerateReqInput> prepare(tokenizer_state& st, GenerateReqInput& req) {
+  if (auto ok = check_request(st, req); !ok)
+    return std::move(ok).take_failure();
+  std::vector<int32_t> ids;
+  if (req.text)
+    ids = st.tokenizer->encode(*req.text);
+  return finish_prepare(st, req, &ids);
 }
 
 void start_generate(tokenizer_pointer self, const std::string& rid) {
@@ -291,6 +357,12 @@ template <class In, class Out>
 auto locked_update(tokenizer_pointer self, gate_op op) {
   return [self, op](In& req) -> caf::result<Out> {
     auto& st = self->state;
+    if (!st.scheduler_gone.empty()) {
+      Out out;
+      out.success = false;
+      out.message = st.scheduler_gone;
+      return out;
+    }
     if constexpr (requires { req.abort_all_requests; }) {
       if (req.abort_all_requests)
         caf::anon_send(st.scheduler, AbortReq{"", true, "aborted: a weight update asked for it"});
@@ -298,26 +370,26 @@ auto locked_update(tokenizer_pointer self, gate_op op) {
     auto rp = self->make_response_promise<Out>();
     auto ticket = st.next_ticket++;
     st.starters.emplace(ticket, [self, op, rp, req = std::move(req)]() mutable {
-      self->request(self->state.scheduler, caf::infinite, std::move(req))
-        .then(
-          [self, op, rp](Out& out) mutable {
-            if constexpr (std::is_same_v<Out, EndWeightUpdateReqOutput>)
-              self->state.gate.finished(op, out.success, out.session_open);
-            else
-              self->state.gate.finished(op, out.success);
-            if (self->state.gate.session_open())
-              defer_pending_resumes(self);
-            rp.deliver(std::move(out));
-            pump(self);
-          },
-          [self, op, rp](caf::error& err) mutable {
-            self->state.gate.finished(op, false);
-            Out out;
-            out.success = false;
-            out.message = "the scheduler failed: " + self->system().render(err);
-            rp.deliver(std::move(out));
-            pump(self);
-          });
+      self->state.waits.request<Out>(
+        self, self->state.scheduler, std::move(req),
+        [self, op, rp](Out& out) mutable {
+          if constexpr (std::is_same_v<Out, EndWeightUpdateReqOutput>)
+            self->state.gate.finished(op, out.success, out.session_open);
+          else
+            self->state.gate.finished(op, out.success);
+          if (self->state.gate.session_open())
+            defer_pending_resumes(self);
+          rp.deliver(std::move(out));
+          pump(self);
+        },
+        [self, op, rp](const std::string& why) mutable {
+          self->state.gate.finished(op, false);
+          Out out;
+          out.success = false;
+          out.message = "the scheduler failed: " + why;
+          rp.deliver(std::move(out));
+          pump(self);
+        });
     });
     st.gate.submit(ticket, op);
     pump(self);
@@ -334,7 +406,7 @@ auto unlocked(tokenizer_pointer self) {
         caf::anon_send(self->state.scheduler,
                    AbortReq{"", true, "aborted: a weight-version update asked for it"});
     }
-    return self->delegate(self->state.scheduler, std::move(req));
+    return ask_scheduler<Out>(self, std::move(req));
   };
 }
 
@@ -354,6 +426,83 @@ auto weight_operation_handler(tokenizer_pointer self) {
   }
 }
 
+// A prepared request waits at the gate; `rp` is answered when it ends.
+void admit(tokenizer_pointer self, TokenizedGenerateReqInput prepared, caf::actor_addr owner,
+           caf::actor sink, caf::typed_response_promise<GenerateReqOutput> rp) {
+  auto& st = self->state;
+  auto ticket = st.next_ticket++;
+  auto rid = prepared.rid;
+  st.queued.emplace(rid, queued_generate{ticket, std::move(prepared), std::move(owner),
+                                         std::move(sink), rp});
+  st.starters.emplace(ticket, [self, rid] { start_generate(self, rid); });
+  st.gate.submit(ticket, gate_op::generate);
+  pump(self);
+}
+
+// Tokenizes `req`'s large text on a detached actor (a thread of its own), then prepares and
+// admits it here. The caller is answered in every case: refused, aborted meanwhile, or run.
+caf::result<GenerateReqOutput> tokenize_elsewhere(tokenizer_pointer self, GenerateReqInput& req,
+                                                  caf::actor sink) {
+  auto& st = self->state;
+  auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  auto rp = self->make_response_promise<GenerateReqOutput>();
+  auto job = st.next_job++;
+  st.tokenizing.emplace(job, tokenizer_state::tokenizing_request{req.rid.value_or(""), owner, {}});
+  auto text = std::make_shared<std::string>(std::move(*req.text));
+  // The tokenizer is a spawn argument, not only a capture: CAF 0.17 dereferences a null
+  // argument tuple when a function-based actor is spawned without arguments.
+  auto worker = self->spawn<caf::detached>(
+    [](caf::event_based_actor* worker,
+       std::shared_ptr<const model::bpe_tokenizer> tokenizer) -> caf::behavior {
+      return {guard_handler("tokenizer thread", [worker, tokenizer](tokenize_job& j) {
+        worker->quit();
+        return tokenize_result{tokenizer->encode(*j.text)};
+      })};
+    },
+    st.tokenizer);
+  auto held = std::make_shared<GenerateReqInput>(std::move(req));
+  auto end = [self, job, held, text, owner, sink, rp](expected<std::vector<int32_t>> ids) mutable {
+    auto& st = self->state;
+    auto it = st.tokenizing.find(job);
+    auto aborted = it->second.aborted;
+    st.tokenizing.erase(it);
+    auto refuse = [&](std::string why) {
+      auto out = failed_output(held->rid.value_or(""), std::move(why));
+      if (sink)
+        caf::anon_send(sink, out);
+      rp.deliver(std::move(out));
+    };
+    if (aborted)
+      return refuse(*aborted);
+    if (!st.scheduler_gone.empty())
+      return refuse(st.scheduler_gone);
+    if (!ids)
+      return refuse("text: tokenizing the prompt failed: " + ids.error());
+    held->text = std::move(*text);
+    auto prepared = finish_prepare(st, *held, &*ids);
+    if (!prepared)
+      return refuse(prepared.error());
+    admit(self, std::move(*prepared), owner, sink, rp);
+  };
+  // The handlers hold the worker: nothing else does, and CAF would destroy it unrun.
+  self->request(worker, caf::infinite, tokenize_job{text})
+    .then([end, worker](tokenize_result& r) mutable { end(std::move(r.ids)); },
+          [self, end, worker](caf::error& e) mutable { end(fail(self->system().render(e))); });
+  return rp;
+}
+
+// Marks the requests being tokenized that `matches` names as aborted with `why`; how many.
+template <class Matches>
+int32_t abort_tokenizing(tokenizer_state& st, Matches matches, const std::string& why) {
+  int32_t n = 0;
+  for (auto& [job, t] : st.tokenizing)
+    if (!t.aborted && matches(t)) {
+      t.aborted = why;
+      ++n;
+    }
+  return n;
+}
+
 tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_actor scheduler,
                                           std::shared_ptr<const model::bpe_tokenizer> tokenizer,
                                           front_door_info info) {
@@ -371,11 +520,13 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     st.scheduler_gone = "the engine's scheduler stopped (" + self->system().render(dm.reason) +
                         "); the engine cannot serve until it is restarted";
     const auto why = st.scheduler_gone;
+    // Each gives its hold on the gate back, or a weight operation would wait for it forever.
     for (auto& [rid, a] : st.active) {
       auto out = failed_output(rid, why);
       if (a.sink)
         caf::anon_send(a.sink, out);
       a.promise.deliver(std::move(out));
+      st.gate.finished(gate_op::generate);
     }
     st.active.clear();
     for (auto& [rid, q] : st.queued) {
@@ -383,12 +534,15 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       if (q.sink)
         caf::anon_send(q.sink, out);
       q.promise.deliver(std::move(out));
+      st.gate.cancel(q.ticket);
       st.starters.erase(q.ticket);
     }
     st.queued.clear();
     for (auto& rp : st.pause_abort_waiters)
       rp.deliver(PauseGenerationReqOutput{false, why});
     st.pause_abort_waiters.clear();
+    // Requests the scheduler had taken: their callers hear why now.
+    st.waits.peer_down(dm.source, why);
     // Weight operations and resumes waiting at the gate: started now, their request to the dead
     // scheduler fails at once and answers their caller with the error.
     auto starters = std::move(st.starters);
@@ -396,38 +550,63 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     for (auto& [ticket, start] : starters)
       start();
   });
-  return with_weight_operations<tokenizer_actor::behavior_type>(
+  return wrapped_with_weight_operations<tokenizer_actor::behavior_type>(
+    [](auto handler) { return guard_handler(tokenizer_state::name, std::move(handler)); },
     [self]<class Op>() { return weight_operation_handler<Op>(self); },
     [self](GenerateReqInput& req, caf::actor& sink) -> caf::result<GenerateReqOutput> {
       auto& st = self->state;
       auto rid_hint = req.rid.value_or("");
-      auto prepared = st.scheduler_gone.empty() ? prepare(st, req)
-                                                : expected<TokenizedGenerateReqInput>(fail(st.scheduler_gone));
-      if (!prepared) {
-        auto out = failed_output(rid_hint, prepared.error());
+      auto refuse = [&](std::string why) {
+        auto out = failed_output(rid_hint, std::move(why));
         if (sink)
           caf::anon_send(sink, out); // a streaming caller always gets a last chunk
         return out;
+      };
+      if (!st.scheduler_gone.empty())
+        return refuse(st.scheduler_gone);
+      if (req.text && req.text->size() >= k_offload_tokenize_bytes) {
+        if (auto ok = check_request(st, req); !ok)
+          return refuse(ok.error());
+        return tokenize_elsewhere(self, req, std::move(sink));
       }
+      auto prepared = prepare(st, req);
+      if (!prepared)
+        return refuse(prepared.error());
       // Before make_response_promise, which takes the sender out of the current message.
       auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
       auto rp = self->make_response_promise<GenerateReqOutput>();
-      auto ticket = st.next_ticket++;
-      auto rid = prepared->rid;
-      st.queued.emplace(rid, queued_generate{ticket, std::move(*prepared), std::move(owner),
-                                             std::move(sink), rp});
-      st.starters.emplace(ticket, [self, rid] { start_generate(self, rid); });
-      st.gate.submit(ticket, gate_op::generate);
-      pump(self);
+      admit(self, std::move(*prepared), std::move(owner), std::move(sink), rp);
       return rp;
     },
     [self](TokenChunks& batch) {
       for (auto& c : batch.chunks)
-        on_chunk(self, c);
+        // No reply to carry an error: a request whose chunk cannot be handled (detokenizing
+        // throws) ends here with the error, and the scheduler stops running it.
+        guarded([&] { on_chunk(self, c); },
+                [&](const std::string& what) {
+                  auto& st = self->state;
+                  auto it = st.active.find(c.rid);
+                  if (it == st.active.end())
+                    return;
+                  auto why = "the tokenizer failed handling this request: " + what;
+                  auto out = failed_output(c.rid, why);
+                  if (it->second.sink)
+                    caf::anon_send(it->second.sink, out);
+                  it->second.promise.deliver(std::move(out));
+                  st.active.erase(it);
+                  st.gate.finished(gate_op::generate);
+                  if (!c.finished)
+                    caf::anon_send(st.scheduler, AbortReq{c.rid, false, why});
+                  check_pause_abort(self);
+                  pump(self);
+                });
     },
     [self](cancel_atom, std::string& rid, std::string& why) {
       auto& st = self->state;
       auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
+      if (abort_tokenizing(
+            st, [&](const auto& t) { return t.rid == rid && t.owner == sender; }, why) > 0)
+        return;
       if (auto q = st.queued.find(rid); q != st.queued.end()) {
         if (q->second.owner == sender)
           abort_queued(self, AbortReq{rid, false, why});
@@ -440,21 +619,24 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     },
     [self](AbortReq& req) -> caf::result<AbortReqOutput> {
       auto& st = self->state;
-      // Requests still waiting at the gate end here; running ones in the scheduler.
-      int32_t here = abort_queued(self, req);
+      // Requests being tokenized or waiting at the gate end here; running ones in the scheduler.
+      int32_t here = abort_tokenizing(
+        st, [&](const auto& t) { return req.abort_all || (!t.rid.empty() && t.rid == req.rid); },
+        req.abort_message.empty() ? std::string("aborted by request") : req.abort_message);
+      here += abort_queued(self, req);
       if (!req.abort_all && here == 1)
         return AbortReqOutput{true, "1 request aborted", 1};
       auto rp = self->make_response_promise<AbortReqOutput>();
-      self->request(st.scheduler, caf::infinite, req)
-        .then(
-          [rp, here](AbortReqOutput& out) mutable {
-            out.num_aborted += here;
-            out.message = std::to_string(out.num_aborted) + " requests aborted";
-            rp.deliver(std::move(out));
-          },
-          [self, rp](caf::error& err) mutable {
-            rp.deliver(AbortReqOutput{false, "the scheduler failed: " + self->system().render(err), 0});
-          });
+      st.waits.request<AbortReqOutput>(
+        self, st.scheduler, req,
+        [rp, here](AbortReqOutput& out) mutable {
+          out.num_aborted += here;
+          out.message = std::to_string(out.num_aborted) + " requests aborted";
+          rp.deliver(std::move(out));
+        },
+        [rp](const std::string& why) mutable {
+          rp.deliver(AbortReqOutput{false, "the scheduler failed: " + why, 0});
+        });
       return rp;
     },
     [self](PauseGenerationReqInput& req) -> caf::result<PauseGenerationReqOutput> {
@@ -486,15 +668,15 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
         return rp;
       }
       auto rp = self->make_response_promise<PauseGenerationReqOutput>();
-      self->request(st.scheduler, caf::infinite, req)
-        .then([self, rp](PauseGenerationReqOutput& out) mutable {
-                rp.deliver(std::move(out));
-                pump(self);
-              },
-              [self, rp](caf::error& err) mutable {
-                rp.deliver(PauseGenerationReqOutput{
-                  false, "the scheduler failed: " + self->system().render(err)});
-              });
+      st.waits.request<PauseGenerationReqOutput>(
+        self, st.scheduler, req,
+        [self, rp](PauseGenerationReqOutput& out) mutable {
+          rp.deliver(std::move(out));
+          pump(self);
+        },
+        [rp](const std::string& why) mutable {
+          rp.deliver(PauseGenerationReqOutput{false, "the scheduler failed: " + why});
+        });
       pump(self); // update operations waiting for the lock run under the pause now
       return rp;
     },
@@ -515,52 +697,59 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       st.starters.emplace(ticket, [self, pending, req, ticket]() mutable {
         self->state.pending_resumes.erase(ticket);
         self->state.pause_mode_name.clear();
-        self->request(self->state.scheduler, caf::infinite, req)
-          .then([pending](ContinueGenerationReqOutput& out) { pending->answer(std::move(out)); },
-                [self, pending](caf::error& err) {
-                  pending->answer(ContinueGenerationReqOutput{
-                    false, "the scheduler failed: " + self->system().render(err)});
-                });
+        self->state.waits.request<ContinueGenerationReqOutput>(
+          self, self->state.scheduler, req,
+          [pending](ContinueGenerationReqOutput& out) { pending->answer(std::move(out)); },
+          [pending](const std::string& why) {
+            pending->answer(ContinueGenerationReqOutput{false, "the scheduler failed: " + why});
+          });
       });
       st.gate.submit(ticket, gate_op::resume);
       pump(self);
       return rp;
     },
-    [self](FlushCacheReqInput& req) { return self->delegate(self->state.scheduler, req); },
+    [self](FlushCacheReqInput& req) { return ask_scheduler<FlushCacheReqOutput>(self, req); },
     [self](GetServerInfoReqInput& req) -> caf::result<GetServerInfoReqOutput> {
       auto rp = self->make_response_promise<GetServerInfoReqOutput>();
-      self->request(self->state.scheduler, caf::infinite, req)
-        .then(
-          [self, rp](GetServerInfoReqOutput& out) mutable {
-            auto& st = self->state;
-            out.model_path = st.info.model_path;
-            out.draft_model_path = st.info.draft_model_path;
-            out.device = st.info.device;
-            out.architecture = st.info.architecture;
-            out.vocab_size = st.info.vocab_size;
-            out.max_context_length = st.info.max_context_length;
-            out.weight_transports = st.info.weight_transports;
-            out.int4_modules = st.info.int4_modules;
-            out.int4_update_recipe = st.info.int4_update_recipe;
-            out.int4_quantized_on = st.info.int4_quantized_on;
-            out.paused = st.gate.paused();
-            out.pause_mode = st.pause_mode_name;
-            out.weight_update_session_open = st.gate.session_open();
-            out.waiting_requests += static_cast<int32_t>(st.gate.queued_generates());
-            rp.deliver(std::move(out));
-          },
-          [self, rp](caf::error& err) mutable {
-            GetServerInfoReqOutput out;
-            out.success = false;
-            out.message = "the scheduler failed: " + self->system().render(err);
-            rp.deliver(std::move(out));
-          });
+      self->state.waits.request<GetServerInfoReqOutput>(
+        self, self->state.scheduler, req,
+        [self, rp](GetServerInfoReqOutput& out) mutable {
+          auto& st = self->state;
+          out.model_path = st.info.model_path;
+          out.draft_model_path = st.info.draft_model_path;
+          out.device = st.info.device;
+          out.architecture = st.info.architecture;
+          out.vocab_size = st.info.vocab_size;
+          out.max_context_length = st.info.max_context_length;
+          out.weight_transports = st.info.weight_transports;
+          out.int4_modules = st.info.int4_modules;
+          out.int4_update_recipe = st.info.int4_update_recipe;
+          out.int4_quantized_on = st.info.int4_quantized_on;
+          out.paused = st.gate.paused();
+          out.pause_mode = st.pause_mode_name;
+          out.weight_update_session_open = st.gate.session_open();
+          out.waiting_requests += static_cast<int32_t>(st.gate.queued_generates());
+          rp.deliver(std::move(out));
+        },
+        [rp](const std::string& why) mutable {
+          GetServerInfoReqOutput out;
+          out.success = false;
+          out.message = "the scheduler failed: " + why;
+          rp.deliver(std::move(out));
+        });
       return rp;
     },
     [self](HealthCheckReqInput&) -> caf::result<HealthCheckReqOutput> {
+      if (!self->state.scheduler_gone.empty())
+        return HealthCheckReqOutput{false, self->state.scheduler_gone};
       auto rp = self->make_response_promise<HealthCheckReqOutput>();
+      // A timed request, not a watched one: a scheduler that is alive but stuck is unhealthy too.
       self->request(self->state.scheduler, std::chrono::seconds(10), GetServerInfoReqInput{})
-        .then([rp](GetServerInfoReqOutput&) mutable { rp.deliver(HealthCheckReqOutput{true, "ok"}); },
+        .then([rp](GetServerInfoReqOutput& info) mutable {
+                // The scheduler says when a part of the engine it needs has stopped.
+                rp.deliver(info.success ? HealthCheckReqOutput{true, "ok"}
+                                        : HealthCheckReqOutput{false, info.message});
+              },
               [self, rp](caf::error& err) mutable {
                 rp.deliver(HealthCheckReqOutput{
                   false, "the scheduler does not answer: " + self->system().render(err)});

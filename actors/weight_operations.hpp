@@ -58,4 +58,13 @@ Behavior with_weight_operations(MakeHandler make_handler, Others... others) {
   }(weight_operation_list{});
 }
 
+// The same, with every handler passed through `wrap` first (the actors pass guard_handler of
+// actors/guard.hpp, so a weight operation that throws answers with an error like any handler).
+template <class Behavior, class Wrap, class MakeHandler, class... Others>
+Behavior wrapped_with_weight_operations(Wrap wrap, MakeHandler make_handler, Others... others) {
+  return [&]<class... Ops>(caf::detail::type_list<Ops...>) {
+    return Behavior{wrap(make_handler.template operator()<Ops>())..., wrap(std::move(others))...};
+  }(weight_operation_list{});
+}
+
 } // namespace rlserve

@@ -11,7 +11,9 @@
 
 #include <xxhash.h>
 
+#include "actors/guard.hpp"
 #include "actors/policy/update_session.hpp"
+#include "actors/watch.hpp"
 #include "caf/all.hpp"
 #include "messages/registration_check.hpp"
 #include "messages/enums.hpp"
@@ -40,6 +42,7 @@ struct updater_state {
   // The session rules and the weight version (the one place it lives).
   policy::update_session session{"0"};
   bool allow_non_finite = false; // engine option allow_non_finite_weights
+  pending_requests waits;        // requests to the runners: failed when one dies holding them
   static inline const char* name = "weight_updater";
 };
 
@@ -112,20 +115,19 @@ void gather(updater_pointer self, const std::vector<runner_entry*>& targets, Msg
   }
   for (std::size_t i = 0; i < targets.size(); ++i) {
     auto role = targets[i]->handle.manifest.role;
-    self->request(targets[i]->handle.actor, caf::infinite, msg)
-      .then(
-        [acc, i, done](Reply& r) mutable {
-          acc->replies[i] = std::move(r);
-          if (--acc->missing == 0)
-            done(std::move(acc->replies));
-        },
-        [self, acc, i, done, role](caf::error& err) mutable {
-          acc->replies[i].success = false;
-          acc->replies[i].message = "the " + role + " runner did not answer: " +
-                                    self->system().render(err);
-          if (--acc->missing == 0)
-            done(std::move(acc->replies));
-        });
+    self->state.waits.template request<Reply>(
+      self, targets[i]->handle.actor, msg,
+      [acc, i, done](Reply& r) mutable {
+        acc->replies[i] = std::move(r);
+        if (--acc->missing == 0)
+          done(std::move(acc->replies));
+      },
+      [acc, i, done, role](const std::string& why) mutable {
+        acc->replies[i].success = false;
+        acc->replies[i].message = "the " + role + " runner did not answer: " + why;
+        if (--acc->missing == 0)
+          done(std::move(acc->replies));
+      });
   }
 }
 
@@ -350,26 +352,28 @@ void stage_routed(updater_pointer self, const std::vector<runner_entry*>& target
   for (std::size_t i = 0; i < targets.size(); ++i) {
     auto role = targets[i]->handle.manifest.role;
     auto actor = targets[i]->handle.actor;
-    auto on_error = [self, finish, role](caf::error& e) mutable {
-      finish(role, RunnerReply{false, role + " runner did not answer: " + self->system().render(e), false});
+    auto on_error = [finish, role](const std::string& why) mutable {
+      finish(role, RunnerReply{false, role + " runner did not answer: " + why, false});
     };
     auto device = std::make_shared<std::vector<NamedDeviceTensor>>(std::move(routed[i].device));
     auto send_device = [self, actor, device, finish, role, on_error]() mutable {
       if (device->empty())
         return;
-      self->request(actor, caf::infinite, StageDeviceTensors{std::move(*device)})
-        .then([finish, role](RunnerReply& r) mutable { finish(role, r); }, on_error);
+      self->state.waits.template request<RunnerReply>(
+        self, actor, StageDeviceTensors{std::move(*device)},
+        [finish, role](RunnerReply& r) mutable { finish(role, r); }, on_error);
     };
     if (routed[i].host.empty()) {
       send_device();
       continue;
     }
-    self->request(actor, caf::infinite, StageTensors{std::move(routed[i].host)})
-      .then([finish, role, send_device](RunnerReply& r) mutable {
-              finish(role, r);
-              send_device();
-            },
-            on_error);
+    self->state.waits.template request<RunnerReply>(
+      self, actor, StageTensors{std::move(routed[i].host)},
+      [finish, role, send_device](RunnerReply& r) mutable {
+        finish(role, r);
+        send_device();
+      },
+      on_error);
   }
 }
 
@@ -397,16 +401,16 @@ void commit_chain(updater_pointer self, std::shared_ptr<std::vector<runner_entry
              "every tensor in a new session)";
     done(std::optional<std::string>{msg});
   };
-  self->request((*targets)[i]->handle.actor, caf::infinite, commit_atom_v)
-    .then(
-      [self, targets, i, so_far, role, done, fail_with](RunnerReply& r) mutable {
-        if (!r.success) {
-          fail_with(r.message);
-          return;
-        }
-        commit_chain(self, targets, i + 1, so_far.empty() ? role : so_far + ", " + role, done);
-      },
-      [self, fail_with](caf::error& e) mutable { fail_with(self->system().render(e)); });
+  self->state.waits.template request<RunnerReply>(
+    self, (*targets)[i]->handle.actor, commit_atom_v,
+    [self, targets, i, so_far, role, done, fail_with](RunnerReply& r) mutable {
+      if (!r.success) {
+        fail_with(r.message);
+        return;
+      }
+      commit_chain(self, targets, i + 1, so_far.empty() ? role : so_far + ", " + role, done);
+    },
+    [fail_with](const std::string& why) mutable { fail_with(why); });
 }
 
 // What performing one request's plan needs: the session's runners (prepare, commit, discard)
@@ -660,9 +664,21 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
     self->state.runners.push_back(std::move(e));
   }
   self->state.session = policy::update_session{std::move(initial_version)};
+  // A runner that dies holding a request would leave the operation (and the scheduler, which
+  // runs one at a time) waiting forever: its requests fail now, later ones fail when sent.
+  for (auto& r : self->state.runners)
+    self->monitor(r->handle.actor);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    for (auto& r : self->state.runners)
+      if (dm.source == r->handle.actor.address())
+        self->state.waits.peer_down(dm.source, "the " + r->handle.manifest.role +
+                                                 " runner stopped (" +
+                                                 self->system().render(dm.reason) + ")");
+  });
 
   using policy::session_op;
-  return {
+  return guarded_behavior<weight_updater_actor::behavior_type>(
+    updater_state::name,
     [self](BeginWeightUpdateReqInput& req) -> caf::result<BeginWeightUpdateReqOutput> {
       auto& st = self->state;
       if (st.session.open()) // refused, whatever the selector: the machine says why
@@ -810,8 +826,7 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
       const auto& s = self->state.session;
       return WeightUpdaterStatus{s.version(), s.open(), s.open() ? selector_name(s.selector()) : "",
                                  s.commits()};
-    },
-  };
+    });
 }
 
 } // namespace

@@ -69,6 +69,13 @@ expected<nlohmann::json> parse_json(std::string_view text);
 // its debug log. The hook runs on the decoding thread; it must be cheap and thread-safe.
 uint64_t ignored_request_fields();
 void on_ignored_request_field(std::function<void(std::string_view field)> hook);
+// parse_json for a request a server reads: an "input_ids" array of non-negative 32-bit integers
+// is kept compact (a binary value of 4 bytes per id instead of a JSON element of 16 or more,
+// read by the codecs like the array) and refused once it holds more than `max_input_ids` ids
+// (the model's context length: no more could be served). Any other "input_ids" (a nested list,
+// a negative number) stays a plain array, so the codecs say what is wrong with it. The value
+// is for decoding only: dumping it does not give the text back.
+expected<nlohmann::json> parse_request_json(std::string_view text, std::size_t max_input_ids);
 
 // Decodes and validates a T. Specialized for every type listed below; there is no generic
 // definition, so an unsupported T fails at link time.

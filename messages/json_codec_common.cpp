@@ -8,6 +8,9 @@
 #include <cfloat>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 
 #include "messages/json_codec.hpp"
 #include "messages/json_codec_detail.hpp"
@@ -256,6 +259,19 @@ bool parse(context& cx, const json& v, const path& p, std::vector<int64_t>& out,
   return true;
 }
 
+// Marks a binary value as compact input ids (little-endian int32s).
+constexpr std::uint8_t k_compact_ids_subtype = 0x49;
+
+std::optional<std::vector<int32_t>> compact_ids(const json& v) {
+  if (!v.is_binary() || !v.get_binary().has_subtype() ||
+      v.get_binary().subtype() != k_compact_ids_subtype)
+    return std::nullopt;
+  const auto& bytes = v.get_binary();
+  std::vector<int32_t> ids(bytes.size() / sizeof(int32_t));
+  std::memcpy(ids.data(), bytes.data(), ids.size() * sizeof(int32_t));
+  return ids;
+}
+
 bool expect_array(context& cx, const json& v, const path& p) {
   if (v.is_array())
     return true;
@@ -413,6 +429,123 @@ void on_ignored_request_field(std::function<void(std::string_view field)> hook) 
 namespace {
 
 struct too_deep {};
+struct too_many_ids {};
+
+// nlohmann's DOM builder, with the events of an "input_ids" array of non-negative int32s kept
+// aside as bytes and handed to it as one compact binary value (see parse_request_json); the
+// first event that is not such an id hands it the array as it was instead. Nesting is limited
+// as parse_json's callback does.
+class request_dom_builder {
+public:
+  using json = nlohmann::json;
+  using dom = nlohmann::detail::json_sax_dom_parser<json>;
+
+  request_dom_builder(json& root, std::size_t max_ids) : dom_(root, true), max_ids_(max_ids) {}
+
+  bool null() { return value([&] { return dom_.null(); }); }
+  bool boolean(bool b) { return value([&] { return dom_.boolean(b); }); }
+  bool number_integer(json::number_integer_t x) {
+    if (compact_ && x >= 0 && x <= std::numeric_limits<int32_t>::max())
+      return keep(static_cast<int32_t>(x));
+    return value([&] { return dom_.number_integer(x); });
+  }
+  bool number_unsigned(json::number_unsigned_t x) {
+    if (compact_ && x <= static_cast<json::number_unsigned_t>(std::numeric_limits<int32_t>::max()))
+      return keep(static_cast<int32_t>(x));
+    return value([&] { return dom_.number_unsigned(x); });
+  }
+  bool number_float(json::number_float_t x, const json::string_t& s) {
+    return value([&] { return dom_.number_float(x, s); });
+  }
+  bool string(json::string_t& s) { return value([&] { return dom_.string(s); }); }
+  bool binary(json::binary_t& b) { return value([&] { return dom_.binary(b); }); }
+  bool start_object(std::size_t n) {
+    materialize();
+    enter();
+    return dom_.start_object(n);
+  }
+  bool key(json::string_t& k) {
+    check_depth();
+    ids_key_ = (depth_ == 1 || depth_ == 2) && k == "input_ids";
+    return dom_.key(k);
+  }
+  bool end_object() {
+    --depth_;
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) {
+    materialize();
+    if (ids_key_) { // collected here until it ends or turns out not to be ids
+      ids_key_ = false;
+      check_depth();
+      ++depth_;
+      compact_ = true;
+      ids_.clear();
+      return true;
+    }
+    enter();
+    return dom_.start_array(n);
+  }
+  bool end_array() {
+    --depth_;
+    if (compact_) {
+      compact_ = false;
+      json::binary_t bytes(std::vector<std::uint8_t>(ids_.size() * sizeof(int32_t)),
+                           json_codec_detail::k_compact_ids_subtype);
+      std::memcpy(bytes.data(), ids_.data(), bytes.size());
+      ids_ = {};
+      return dom_.binary(bytes);
+    }
+    return dom_.end_array();
+  }
+  // A template, as nlohmann's own: it throws `ex` as its own type (parse_error, out_of_range).
+  template <class Exception>
+  bool parse_error(std::size_t position, const std::string& last_token, const Exception& ex) {
+    return dom_.parse_error(position, last_token, ex);
+  }
+
+private:
+  void check_depth() const {
+    if (depth_ >= static_cast<std::size_t>(k_max_json_depth))
+      throw too_deep{};
+  }
+  void enter() {
+    check_depth();
+    ++depth_;
+  }
+  template <class F>
+  bool value(F f) {
+    ids_key_ = false;
+    materialize();
+    check_depth();
+    return f();
+  }
+  bool keep(int32_t id) {
+    if (ids_.size() >= max_ids_)
+      throw too_many_ids{};
+    ids_.push_back(id);
+    return true;
+  }
+  // The array was not all ids: the DOM gets it as it was, and the event at hand follows.
+  void materialize() {
+    if (!compact_)
+      return;
+    compact_ = false;
+    dom_.start_array(ids_.size());
+    for (auto id : ids_)
+      dom_.number_integer(id);
+    ids_ = {};
+  }
+
+  dom dom_;
+  std::size_t max_ids_;
+  std::size_t depth_ = 0; // containers open, the compact array included
+  // The next value is that of an "input_ids" key of the top-level object or of an object one
+  // level down (a websocket envelope's "body"); ids elsewhere are left as they are.
+  bool ids_key_ = false;
+  bool compact_ = false;  // inside an "input_ids" array that is all ids so far
+  std::vector<int32_t> ids_;
+};
 
 // "[json.exception.parse_error.101] parse error at ..." -> "parse error at ...": the bracketed
 // id means nothing to a user.
@@ -424,16 +557,18 @@ std::string strip_exception_id(std::string what) {
 
 } // namespace
 
-expected<nlohmann::json> parse_json(std::string_view text) {
+namespace {
+
+// Runs `parse`, turning every exception into an error value.
+template <class Parse>
+expected<nlohmann::json> parse_without_throwing(std::string_view text, std::size_t max_ids,
+                                                Parse parse) {
   using nlohmann::json;
-  json::parser_callback_t limit_depth = [](int depth, json::parse_event_t, json&) {
-    // `depth` counts from 0 at the top level, so depth k is the (k+1)-th nesting level.
-    if (depth >= k_max_json_depth)
-      throw too_deep{};
-    return true;
-  };
   try {
-    return json::parse(text.begin(), text.end(), limit_depth);
+    return parse();
+  } catch (const too_many_ids&) {
+    return fail("input_ids: more than " + std::to_string(max_ids) +
+                " token ids, more than the model's context length; the rest was not read");
   } catch (const too_deep&) {
     return fail("invalid JSON: nested deeper than " + std::to_string(k_max_json_depth) +
                 " levels");
@@ -455,6 +590,31 @@ expected<nlohmann::json> parse_json(std::string_view text) {
     return fail("invalid JSON: the document of " + std::to_string(text.size()) +
                 " bytes holds a value too large for the server");
   }
+}
+
+} // namespace
+
+expected<nlohmann::json> parse_json(std::string_view text) {
+  using nlohmann::json;
+  json::parser_callback_t limit_depth = [](int depth, json::parse_event_t, json&) {
+    // `depth` counts from 0 at the top level, so depth k is the (k+1)-th nesting level.
+    if (depth >= k_max_json_depth)
+      throw too_deep{};
+    return true;
+  };
+  return parse_without_throwing(text, 0, [&] {
+    return json::parse(text.begin(), text.end(), limit_depth);
+  });
+}
+
+expected<nlohmann::json> parse_request_json(std::string_view text, std::size_t max_input_ids) {
+  using nlohmann::json;
+  return parse_without_throwing(text, max_input_ids, [&] {
+    json root;
+    request_dom_builder builder(root, max_input_ids);
+    json::sax_parse(text.begin(), text.end(), &builder);
+    return root;
+  });
 }
 
 } // namespace rlserve

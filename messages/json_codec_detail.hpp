@@ -208,8 +208,24 @@ bool parse(context& cx, const json& v, const path& p, E& out, no_rule) {
 
 bool expect_array(context& cx, const json& v, const path& p);
 
+// The ids of a compact "input_ids" value (parse_request_json); nullopt for any other value.
+std::optional<std::vector<int32_t>> compact_ids(const json& v);
+
 template <class T, class R>
 bool parse(context& cx, const json& v, const path& p, std::vector<T>& out, list_rule<R> r) {
+  if constexpr (std::is_same_v<T, int32_t> && std::is_same_v<R, int_rule<int32_t>>) {
+    if (auto ids = compact_ids(v)) {
+      // Every id is a non-negative int32 already; only the rule's bounds remain to check.
+      bool in_bounds = !(r.non_empty && ids->empty());
+      for (auto id : *ids)
+        in_bounds = in_bounds && id >= r.elem.lo && id <= r.elem.hi;
+      if (in_bounds) {
+        out = std::move(*ids);
+        return true;
+      }
+      return parse(cx, json(*ids), p, out, r); // the plain path says what is wrong
+    }
+  }
   if (!expect_array(cx, v, p))
     return false;
   if (r.non_empty && v.empty()) {

@@ -40,6 +40,7 @@ struct http_state {
   bool stream = false;
   bool events_sent = false;
   bool done = false;
+  bool sent = false; // the route's request went to the engine: after_reply is owed
   GenerateReqOutput acc; // SSE: everything so far (SGLang streams cumulative results)
   static inline const char* name = "http_call";
 };
@@ -128,7 +129,7 @@ void start_route(http_actor* self, http_call call) {
                                                          call.body.size(), s.st->max_generate_bytes)),
                                   false});
   }
-  auto body = http_request_body(*c, call.body, call.query);
+  auto body = http_request_body(*c, call.body, call.query, s.st->max_input_ids);
   if (!body)
     return bad(body.error());
   auto msg = c->decode(*body);
@@ -147,6 +148,7 @@ void start_route(http_actor* self, http_call call) {
     s.info.rid = *req.rid;
     s.stream = req.stream;
     caf::actor sink = s.stream ? caf::actor_cast<caf::actor>(self) : caf::actor{};
+    s.sent = true;
     self->request(s.st->front, caf::infinite, std::move(req), sink)
       .then(
         [self](GenerateReqOutput& out) {
@@ -175,6 +177,7 @@ void start_route(http_actor* self, http_call call) {
         });
     return;
   }
+  s.sent = true;
   c->ask(self, caf::actor_cast<caf::actor>(s.st->front), std::move(*msg), [self, c](expected<json> j) {
     auto& s = self->state;
     if (!j) {
@@ -269,6 +272,24 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
   s.st = st;
   s.out = std::move(out);
   self->attach_functor([st, registry_id] { st->remove_actor(registry_id); });
+  // A front door that dies holding this call would never answer it (CAF 0.17 drops the
+  // promises of a dead actor): the client hears 503 instead of waiting forever.
+  self->monitor(st->front);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& s = self->state;
+    if (s.done)
+      return;
+    auto m = "the engine's front door stopped (" + self->system().render(dm.reason) +
+             "); the server cannot serve until it is restarted";
+    if (s.sent)
+      after_reply(*s.st, s.info, "http", false, false, 0);
+    if (s.stream && s.events_sent) {
+      event(self, json_error(m));
+      return reply(self, http_reply{200, "", "", true});
+    }
+    reply(self, http_reply{503, "application/json",
+                           s.info.route == "generate" ? json_error(m) : failure_body(m), false});
+  });
   // This runs inside spawn, on the session's I/O thread: an exception here would end the server.
   guarded(
     [&] {

@@ -128,10 +128,11 @@ std::variant<http_routed, http_refusal> route_http_request(http::verb method,
 }
 
 expected<json> http_request_body(const codec_entry& codec, std::string_view text,
-                                 const std::map<std::string, std::string>& query) {
+                                 const std::map<std::string, std::string>& query,
+                                 std::size_t max_input_ids) {
   json body = json::object();
   if (!text.empty()) {
-    auto j = parse_json(text);
+    auto j = parse_request_json(text, max_input_ids);
     if (!j)
       return std::move(j).take_failure();
     body = std::move(*j);

@@ -7,6 +7,7 @@
 //   auto& routed = std::get<http_routed>(r);   // call + the auth level it needs
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
@@ -65,7 +66,9 @@ std::variant<http_routed, http_refusal> route_http_request(boost::beast::http::v
 // The JSON body a routed call decodes: the request body (empty or null: {}), which must be an
 // object, plus every query parameter the body does not set, read as JSON when it parses and as a
 // string otherwise (flush_cache's "timeout" is its timeout_s). Errors are the 400 message.
+// input_ids are read compactly, at most `max_input_ids` of them (parse_request_json).
 expected<nlohmann::json> http_request_body(const codec_entry& codec, std::string_view body,
-                                           const std::map<std::string, std::string>& query);
+                                           const std::map<std::string, std::string>& query,
+                                           std::size_t max_input_ids = SIZE_MAX);
 
 } // namespace rlserve::net::detail

@@ -2,6 +2,7 @@
 // sessions and actors use. See server.hpp for what it serves.
 #include "net/server.hpp"
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -112,7 +113,9 @@ expected<std::unique_ptr<server>> server::start(Engine& engine, server_options o
   auto p = std::make_unique<impl>(options.io_threads);
   p->host = options.host;
   p->st = std::make_shared<detail::shared_state>(engine.system(), engine.front_door(), options);
-  p->st->max_generate_bytes = generate_bytes_limit(engine.get_server_info().max_context_length);
+  auto context = engine.get_server_info().max_context_length;
+  p->st->max_generate_bytes = generate_bytes_limit(context);
+  p->st->max_input_ids = static_cast<std::size_t>(std::max<int64_t>(context, 0));
   p->lst = std::make_shared<listener>(p->ioc, p->st);
   auto port = p->lst->open(options.host, options.port);
   if (!port)

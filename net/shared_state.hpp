@@ -34,6 +34,8 @@ struct shared_state {
   std::atomic<bool> stopping{false};
   // Largest generate request parsed (generate_bytes_limit of the model's context length).
   std::size_t max_generate_bytes = SIZE_MAX;
+  // Most input_ids a request is read with (the model's context length; parse_request_json).
+  std::size_t max_input_ids = SIZE_MAX;
 
   // Held shared by an actor while it posts to a session, exclusively by stop() when it turns
   // io_alive off: after that no actor touches the I/O side again.

@@ -101,6 +101,12 @@ void maybe_quit(ws_actor* self) {
     self->quit();
 }
 
+// A clean-up request was answered (or will never be: the front door is gone).
+void done_cleanup(ws_actor* self) {
+  if (self->state.cleanups > 0)
+    --self->state.cleanups;
+}
+
 // A client that is gone may still hold the update session or the pause: give them back.
 void release_holdings(ws_actor* self) {
   auto& s = self->state;
@@ -124,13 +130,13 @@ void release_holdings(ws_actor* self) {
           }
           st->stats.update_phase("end", seconds_since(t0));
           log_info(fmt::format("connection {}: session aborted: {}", self->state.conn, out.message));
-          --self->state.cleanups;
+          done_cleanup(self);
           maybe_quit(self);
         },
         [self, st](caf::error& err) {
           st->owners.end_finished();
           log_warn("aborting a session failed: " + self->system().render(err));
-          --self->state.cleanups;
+          done_cleanup(self);
           maybe_quit(self);
         });
   }
@@ -143,11 +149,11 @@ void release_holdings(ws_actor* self) {
     self->request(st->front, caf::infinite, ContinueGenerationReqInput{})
       .then(
         [self](ContinueGenerationReqOutput&) {
-          --self->state.cleanups;
+          done_cleanup(self);
           maybe_quit(self);
         },
         [self](caf::error&) {
-          --self->state.cleanups;
+          done_cleanup(self);
           maybe_quit(self);
         });
   }
@@ -288,7 +294,7 @@ void on_text(ws_actor* self, const shared_bytes& frame) {
                       fmt::format("a generate request of {} bytes is larger than any this model "
                                   "can serve ({} bytes for its context length); it was not read",
                                   frame.size, limit));
-  auto j = parse_json(frame.text());
+  auto j = parse_request_json(frame.text(), self->state.st->max_input_ids);
   if (!j)
     return send_error(self, nullptr, "", error_code::bad_json, j.error());
   json id;
@@ -329,6 +335,22 @@ caf::behavior ws_connection(ws_actor* self, std::shared_ptr<shared_state> st,
   s.conn = conn;
   s.tokens = std::move(tokens);
   self->attach_functor([st, registry_id] { st->remove_actor(registry_id); });
+  // A front door that dies holding this connection's requests would never answer them (CAF 0.17
+  // drops the promises of a dead actor): each gets an engine_error reply instead, and clean-ups
+  // sent for a closed client are not waited for.
+  self->monitor(st->front);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& s = self->state;
+    auto why = "the engine's front door stopped (" + self->system().render(dm.reason) +
+               "); the server cannot serve until it is restarted";
+    std::vector<std::string> keys;
+    for (auto& [key, p] : s.inflight)
+      keys.push_back(key);
+    for (auto& key : keys)
+      on_reply(self, key, fail(why));
+    s.cleanups = 0;
+    maybe_quit(self);
+  });
   return {
     [self](ws_text_msg& m) {
       if (self->state.closed)

@@ -834,4 +834,67 @@ BOOST_AUTO_TEST_CASE(parse_json_refuses_numbers_outside_double_range) {
   BOOST_TEST(parse_json("1e-400").has_value()); // underflows to 0, as strtod does
 }
 
+// parse_request_json keeps input_ids compact but must decode exactly as parse_json does: the same
+// requests, the same errors, the same depth limit; and it stops reading at the ids limit.
+BOOST_AUTO_TEST_CASE(parse_request_json_decodes_as_parse_json) {
+  const std::vector<std::string> bodies = {
+    R"({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}})",
+    R"({"input_ids": [0, 2147483647]})",
+    R"({"input_ids": []})",
+    R"({"input_ids": [[1, 2], [3]]})",        // a batch: refused by the codec
+    R"({"input_ids": [1, [2]]})",             // turns nested after an id
+    R"({"input_ids": [1, -2]})",              // negative
+    R"({"input_ids": [1, 2147483648]})",      // outside int32
+    R"({"input_ids": [1, 2.5]})",
+    R"({"input_ids": [1, "2"]})",
+    R"({"input_ids": [1, null]})",
+    R"({"input_ids": [1, {"a": 1}]})",
+    R"({"input_ids": 7})",
+    R"({"text": "hi", "input_ids": [4]})",
+    R"({"sampling_params": {"input_ids": [1]}, "input_ids": [5]})",
+  };
+  for (const auto& body : bodies) {
+    BOOST_TEST_CONTEXT(body) {
+      auto dom = parse_json(body);
+      auto compact = parse_request_json(body, 1000);
+      BOOST_TEST_REQUIRE(dom.has_value());
+      BOOST_TEST_REQUIRE(compact.has_value(), error_text(compact));
+      auto a = from_json<GenerateReqInput>(*dom);
+      auto b = from_json<GenerateReqInput>(*compact);
+      BOOST_TEST_REQUIRE(a.has_value() == b.has_value());
+      if (a)
+        BOOST_TEST(to_json(*a) == to_json(*b));
+      else
+        BOOST_TEST(a.error() == b.error());
+    }
+  }
+  // A websocket envelope's body, one level down.
+  auto env = parse_request_json(R"({"id": 1, "type": "generate", "body": {"input_ids": [7, 8]}})", 1000);
+  BOOST_TEST_REQUIRE(env.has_value());
+  BOOST_TEST((*env)["body"]["input_ids"].is_binary()); // kept compact
+  auto decoded = from_json<GenerateReqInput>((*env)["body"]);
+  BOOST_TEST_REQUIRE(decoded.has_value());
+  BOOST_TEST((*decoded->input_ids == std::vector<int32_t>{7, 8}));
+  // The limit: no more ids are read than it allows.
+  auto many = parse_request_json(R"({"input_ids": [1, 2, 3, 4]})", 3);
+  BOOST_TEST_REQUIRE(!many.has_value());
+  BOOST_TEST(error_text(many).find("more than 3 token ids") != std::string::npos, error_text(many));
+  BOOST_TEST(parse_request_json(R"({"input_ids": [1, 2, 3]})", 3).has_value());
+  // The same depth limit and error values as parse_json.
+  std::string deep(k_max_json_depth + 1, '[');
+  deep += std::string(k_max_json_depth + 1, ']');
+  BOOST_TEST(error_text(parse_request_json(deep, 10)) == "invalid JSON: nested deeper than 64 levels");
+  std::string ok(k_max_json_depth, '[');
+  ok += std::string(k_max_json_depth, ']');
+  BOOST_TEST(parse_request_json(ok, 10).has_value());
+  std::string deep_ids = "{\"input_ids\": " + std::string(k_max_json_depth, '[') + "1" +
+                         std::string(k_max_json_depth, ']') + "}";
+  BOOST_TEST(error_text(parse_request_json(deep_ids, 10)) == error_text(parse_json(deep_ids)));
+  for (std::string text : {R"({"input_ids": [1, 1e400]})", R"({"input_ids": [1, 2,]})", "{"}) {
+    BOOST_TEST_CONTEXT(text) {
+      BOOST_TEST(error_text(parse_request_json(text, 10)) == error_text(parse_json(text)));
+    }
+  }
+}
+
 BOOST_AUTO_TEST_SUITE_END()

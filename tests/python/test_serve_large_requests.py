@@ -1,0 +1,132 @@
+"""Large requests against `rlserve serve`: a text prompt of tens of megabytes is tokenized off
+the front door's thread, so /health keeps answering while it is; the request then ends with the
+context-length refusal, and the server serves on. An input_ids body of tens of megabytes is read
+without a JSON element per id and no further than the context length: the server's peak memory
+grows by little more than the body itself (a JSON document of it would take about ten times).
+
+The model is the tiny one with its context length raised to a million tokens, so that the size
+limit of generate requests (bounded by the context length) lets a prompt this large in.
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+import rlserve_testlib as t  # noqa: E402
+
+CONTEXT = 1_000_000
+TEXT_BYTES = 40 << 20
+
+
+def start_server(env, *extra):
+    proc = subprocess.Popen([t.rlserve_bin(), "serve", "--port", "0", "--device", "cpu", *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        raise AssertionError(f"serve did not start: {line!r} {proc.stderr.read()}")
+    port = int(line.split("listening on ")[1].split(" ")[0].rsplit(":", 1)[1])
+    return proc, port
+
+
+def http(port, method, path, data=None):
+    """(status, body text) of one request; `data` is the body's bytes."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def long_context_model(tmp):
+    model = os.path.join(tmp, "long-context")
+    t.run("make-model", "--preset", "tiny", "--out", model, "--seed", "0")
+    path = os.path.join(model, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["max_position_embeddings"] = CONTEXT
+    with open(path, "w") as f:
+        json.dump(config, f)
+    return model
+
+
+def health_while_tokenizing(port):
+    words = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
+    text = " ".join(words[i % len(words)] + str(i % 977) for i in range(TEXT_BYTES // 10))
+    body = json.dumps({"text": text, "sampling_params": {"max_new_tokens": 1}}).encode()
+    result = {}
+
+    def big_request():
+        result["reply"] = http(port, "POST", "/generate", body)
+
+    sender = threading.Thread(target=big_request)
+    sender.start()
+    time.sleep(1.0)  # the body is on its way and then being tokenized (that takes seconds)
+    answered_during = 0
+    for _ in range(5):
+        status, _ = http(port, "GET", "/health")
+        t.check(status == 200, f"/health while a large prompt is tokenized: {status}")
+        if sender.is_alive():
+            answered_during += 1
+    sender.join(timeout=600)
+    t.check(not sender.is_alive(), "the large request was never answered")
+    # Tokenizing 40 MB takes seconds; /health takes milliseconds. Had the front door tokenized
+    # on its own thread, /health would have waited for the large request to end.
+    t.check(answered_during > 0, "/health answered only after the large prompt was tokenized")
+    status, reply = result["reply"]
+    t.check(status == 400 and "context length" in reply, f"the large prompt: {status} {reply[:300]}")
+
+
+def peak_rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+def large_ids_body(proc, port):
+    ids = 25_000_000  # 50 MB of "1,": within the size limit, 25 times the context length
+    body = b'{"input_ids": [' + b"1," * ids + b'1], "sampling_params": {"max_new_tokens": 1}}'
+    before = peak_rss_bytes(proc.pid)
+    status, reply = http(port, "POST", "/generate", body)
+    t.check(status == 400 and f"more than {CONTEXT} token ids" in reply, f"{status} {reply[:300]}")
+    growth = peak_rss_bytes(proc.pid) - before
+    # The body is held while it is read (its buffer may be up to twice its size); the ids read
+    # take 4 bytes each, up to the context length. A JSON element per id would take 16 bytes
+    # or more each: 400 MB here.
+    bound = 3 * len(body) + 8 * CONTEXT
+    t.check(growth < bound, f"peak memory grew by {growth >> 20} MiB for a {len(body) >> 20} MiB ids body "
+                            f"(bound {bound >> 20} MiB)")
+    return growth
+
+
+def main():
+    with t.temp_dir() as tmp:
+        env = dict(os.environ, RLSERVE_CACHE_DIR=os.path.join(tmp, "cache"))
+        model = long_context_model(tmp)
+        proc, port = start_server(env, "--model", model)
+        try:
+            growth = large_ids_body(proc, port)  # first: the peak is not yet the text prompt's
+            health_while_tokenizing(port)
+            gen = json.dumps({"text": "Hello", "sampling_params": {"max_new_tokens": 2}}).encode()
+            status, reply = http(port, "POST", "/generate", gen)
+            t.check(status == 200, f"a small prompt after the large one: {status} {reply}")
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=60)
+        t.check(proc.returncode == 0, f"serve exited with {proc.returncode}: {err}")
+        print("ok: /health answers while a large prompt is tokenized; a 50 MB ids body raised peak "
+              f"memory by {growth >> 20} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""`rlserve serve` options an operator gets wrong or must keep secret: keys read from files
+(`--api-key-file`, `--admin-api-key-file`) serve as the flags would and never show in the
+process's command line; an unreadable or empty key file, a key given twice, and a negative or
+non-numeric `--gpu-staging-budget-mib` stop the server at start with a message naming the flag.
+"""
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+import rlserve_testlib as t  # noqa: E402
+
+USER, ADMIN = "user-key-from-file-1", "admin-key-from-file-2"
+
+
+def start_server(env, *extra):
+    proc = subprocess.Popen([t.rlserve_bin(), "serve", "--port", "0", "--device", "cpu", *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        raise AssertionError(f"serve did not start: {line!r} {proc.stderr.read()}")
+    port = int(line.split("listening on ")[1].split(" ")[0].rsplit(":", 1)[1])
+    return proc, port
+
+
+def http(port, method, path, body=None, key=None):
+    """(status, body text) of one request."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def refused_at_start(env, *args):
+    """serve must exit non-zero (a hang guard bounds the wait); returns its stderr."""
+    proc = subprocess.run([t.rlserve_bin(), "serve", "--port", "0", "--device", "cpu", *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+    t.check(proc.returncode != 0, f"serve {' '.join(args)} started: {proc.stdout} {proc.stderr}")
+    return proc.stderr
+
+
+def write_key(path, text, mode=0o600):
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, mode)
+
+
+def key_file_checks(env, tmp):
+    user_file, admin_file = os.path.join(tmp, "user.key"), os.path.join(tmp, "admin.key")
+    write_key(user_file, USER + "\n")  # a trailing newline, as `echo key > file` writes
+    write_key(admin_file, "  " + ADMIN + "\n")
+    proc, port = start_server(env, "--api-key-file", user_file, "--admin-api-key-file", admin_file)
+    try:
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            cmdline = f.read().decode(errors="replace")
+        t.check(USER not in cmdline and ADMIN not in cmdline, f"a key in the command line: {cmdline!r}")
+        t.check(user_file in cmdline, "the file's path is what the command line holds")
+        gen = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+        status, body = http(port, "POST", "/generate", gen)
+        t.check(status == 401, f"no key: {status} {body}")
+        status, body = http(port, "POST", "/generate", gen, key="wrong")
+        t.check(status == 401, f"a wrong key: {status} {body}")
+        status, body = http(port, "POST", "/generate", gen, key=USER)
+        t.check(status == 200, f"the file's user key: {status} {body}")
+        status, body = http(port, "POST", "/flush_cache", {}, key=USER)
+        t.check(status in (401, 403) and USER not in body, f"an admin route with the user key: {status} {body}")
+        status, body = http(port, "POST", "/flush_cache", {}, key=ADMIN)
+        t.check(status == 200, f"the file's admin key (whitespace around it dropped): {status} {body}")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    t.check(proc.returncode == 0, f"serve exited with {proc.returncode}: {err}")
+    t.check(USER not in err and ADMIN not in err, "a key in the server's log")
+
+    # A key file others can read still serves, with a warning naming it.
+    loose = os.path.join(tmp, "loose.key")
+    write_key(loose, USER, 0o644)
+    proc, port = start_server(env, "--api-key-file", loose)
+    try:
+        status, _ = http(port, "GET", "/health", key=USER)
+        t.check(status == 200, f"/health with the loose file's key: {status}")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    t.check("chmod 600" in err and loose in err, f"no warning about a readable key file: {err}")
+
+    missing = os.path.join(tmp, "nowhere.key")
+    err = refused_at_start(env, "--api-key-file", missing)
+    t.check("--api-key-file" in err and missing in err, err)
+    empty = os.path.join(tmp, "empty.key")
+    write_key(empty, " \n")
+    err = refused_at_start(env, "--admin-api-key-file", empty)
+    t.check("--admin-api-key-file" in err and "holds no key" in err, err)
+    err = refused_at_start(env, "--api-key", "inline", "--api-key-file", user_file)
+    t.check("give one" in err and USER not in err, err)
+    err = refused_at_start(dict(env, RLSERVE_ADMIN_API_KEY="from-env"), "--admin-api-key-file", admin_file)
+    t.check("give one" in err and ADMIN not in err, err)
+
+
+def staging_budget_checks(env):
+    err = refused_at_start(env, "--gpu-staging-budget-mib=-1")
+    t.check("--gpu-staging-budget-mib" in err and "0 or more" in err, err)
+    err = refused_at_start(env, "--gpu-staging-budget-mib", "lots")
+    t.check("--gpu-staging-budget-mib" in err, err)
+
+
+def main():
+    with t.temp_dir() as tmp:
+        env = dict(os.environ, RLSERVE_CACHE_DIR=os.path.join(tmp, "cache"))
+        env.pop("RLSERVE_API_KEY", None)
+        env.pop("RLSERVE_ADMIN_API_KEY", None)
+        key_file_checks(env, tmp)
+        staging_budget_checks(env)
+        print("ok: key files and the staging budget are checked at start")
+
+
+if __name__ == "__main__":
+    main()

@@ -46,20 +46,14 @@ using weight_operations_actor = caf::typed_actor<RLSERVE_WEIGHT_OPERATIONS(
 #undef RLSERVE_WEIGHT_OPERATION_SIGNATURE
 
 // A behaviour of `Behavior` (an interface's behavior_type) made of
-// `make_handler.template operator()<Op>()` for every weight operation Op, then `others`:
+// `wrap(make_handler.template operator()<Op>())` for every weight operation Op, then
+// `wrap(other)` for each of `others`. The actors pass guard_handler (actors/guard.hpp) as `wrap`,
+// so a weight operation that throws answers with an error like any handler:
 //
-//   return with_weight_operations<scheduler_actor::behavior_type>(
+//   return wrapped_with_weight_operations<scheduler_actor::behavior_type>(
+//     [](auto h) { return guard_handler(scheduler_state::name, std::move(h)); },
 //     [self]<class Op>() { return forward_to_updater<Op>(self); },
 //     [self](step_atom) { ... }, ...);
-template <class Behavior, class MakeHandler, class... Others>
-Behavior with_weight_operations(MakeHandler make_handler, Others... others) {
-  return [&]<class... Ops>(caf::detail::type_list<Ops...>) {
-    return Behavior{make_handler.template operator()<Ops>()..., std::move(others)...};
-  }(weight_operation_list{});
-}
-
-// The same, with every handler passed through `wrap` first (the actors pass guard_handler of
-// actors/guard.hpp, so a weight operation that throws answers with an error like any handler).
 template <class Behavior, class Wrap, class MakeHandler, class... Others>
 Behavior wrapped_with_weight_operations(Wrap wrap, MakeHandler make_handler, Others... others) {
   return [&]<class... Ops>(caf::detail::type_list<Ops...>) {

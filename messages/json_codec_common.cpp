@@ -268,7 +268,8 @@ std::optional<std::vector<int32_t>> compact_ids(const json& v) {
     return std::nullopt;
   const auto& bytes = v.get_binary();
   std::vector<int32_t> ids(bytes.size() / sizeof(int32_t));
-  std::memcpy(ids.data(), bytes.data(), ids.size() * sizeof(int32_t));
+  if (!ids.empty()) // an empty array: no memcpy on null data
+    std::memcpy(ids.data(), bytes.data(), ids.size() * sizeof(int32_t));
   return ids;
 }
 
@@ -492,7 +493,8 @@ public:
       compact_ = false;
       json::binary_t bytes(std::vector<std::uint8_t>(ids_.size() * sizeof(int32_t)),
                            json_codec_detail::k_compact_ids_subtype);
-      std::memcpy(bytes.data(), ids_.data(), bytes.size());
+      if (!ids_.empty()) // an empty array: no memcpy on null data
+        std::memcpy(bytes.data(), ids_.data(), bytes.size());
       ids_ = {};
       return dom_.binary(bytes);
     }

@@ -26,9 +26,11 @@ using toy_actor = caf::typed_actor<caf::replies_to<HealthCheckReqInput>::with<He
                                    caf::replies_to<int32_t>::with<int32_t>,
                                    caf::reacts_to<std::string>>;
 
-toy_actor::behavior_type toy(toy_actor::pointer) {
+// `name` is a spawn argument because CAF 0.17 dereferences a null argument tuple when a
+// function-based actor is spawned without arguments (UBSan reports it).
+toy_actor::behavior_type toy(toy_actor::pointer, const char* name) {
   return guarded_behavior<toy_actor::behavior_type>(
-    "toy",
+    name,
     [](HealthCheckReqInput&) -> HealthCheckReqOutput { throw std::bad_alloc(); },
     [](FlushCacheReqInput& req) -> caf::result<FlushCacheReqOutput> {
       if (req.timeout_s)
@@ -50,7 +52,7 @@ BOOST_AUTO_TEST_SUITE(guard_test)
 BOOST_AUTO_TEST_CASE(a_throwing_handler_answers_with_an_error_and_the_actor_lives_on) {
   caf::actor_system_config cfg;
   caf::actor_system sys{cfg};
-  auto a = sys.spawn(toy);
+  auto a = sys.spawn(toy, "toy");
   caf::scoped_actor self{sys};
   self->request(a, caf::infinite, HealthCheckReqInput{})
     .receive(
@@ -88,18 +90,20 @@ BOOST_AUTO_TEST_CASE(a_request_held_by_a_dead_actor_is_answered) {
   caf::actor_system_config cfg;
   caf::actor_system sys{cfg};
   auto got = std::make_shared<std::promise<void>>();
-  auto holder = sys.spawn([got](caf::event_based_actor* self) -> caf::behavior {
+  // Inputs as spawn arguments (see toy).
+  auto holder = sys.spawn([](caf::event_based_actor* self,
+                             std::shared_ptr<std::promise<void>> got) -> caf::behavior {
     auto held = std::make_shared<std::vector<caf::response_promise>>();
     return {[self, held, got](int32_t) -> caf::result<std::string> {
       held->push_back(self->make_response_promise());
       got->set_value();
       return caf::delegated<std::string>{};
     }};
-  });
+  }, got);
   struct waiter_state {
     pending_requests waits;
   };
-  auto waiter = sys.spawn([holder](caf::stateful_actor<waiter_state>* self) -> caf::behavior {
+  auto waiter = sys.spawn([](caf::stateful_actor<waiter_state>* self, caf::actor holder) -> caf::behavior {
     self->monitor(holder);
     self->set_down_handler(
       [self](caf::down_msg& dm) { self->state.waits.peer_down(dm.source, "gone"); });
@@ -110,7 +114,7 @@ BOOST_AUTO_TEST_CASE(a_request_held_by_a_dead_actor_is_answered) {
         [rp](const std::string& why) mutable { rp.deliver("failed: " + why); });
       return rp;
     }};
-  });
+  }, holder);
   // The kill comes once the holder has the request (the blocking receive below waits for it).
   std::thread killer([got, holder] {
     got->get_future().wait();

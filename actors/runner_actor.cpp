@@ -436,7 +436,7 @@ RunnerReply stage_device_tensors(runner_state& st, StageDeviceTensors& msg) {
     return {false, st.options.role + " runner: " + mapping.error() + "; nothing from this message was staged", true};
   auto& map = **mapping;
   if (auto s = map.wait_for_producer(); !s) {
-    map.close();
+    (void)map.close(); // the wait's failure is the one to report
     return {false, st.options.role + " runner: " + s.error() + "; nothing from this message was staged", true};
   }
   std::vector<model::qwen3_gpu_model::update_source> sources;

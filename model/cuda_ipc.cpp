@@ -147,7 +147,7 @@ expected<std::unique_ptr<ipc_mapping>> ipc_mapping::open(std::span<const NamedDe
     if (!nt.tensor.ref_counter_handle.empty())
       m->ref_counters_.emplace_back(nt.tensor.ref_counter_handle, nt.tensor.ref_counter_offset);
   auto failed = [&](const std::string& name, const std::string& why) -> failure {
-    m->close();
+    (void)m->close(); // this failure is the one to report, not a later one of closing
     return fail(fmt::format("device tensor '{}': {}", name, why));
   };
   for (const auto& nt : tensors) {
@@ -264,7 +264,8 @@ status ipc_mapping::close() {
   return {};
 }
 
-ipc_mapping::~ipc_mapping() { close(); }
+// A destructor has no one to tell: close() reports its failures to callers that close first.
+ipc_mapping::~ipc_mapping() { (void)close(); }
 
 } // namespace rlserve::model
 

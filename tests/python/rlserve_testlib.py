@@ -39,3 +39,15 @@ def temp_dir(prefix="rlserve-test-"):
 def check(condition, message):
     if not condition:
         raise AssertionError(message)
+
+
+def start_server(env, *extra):
+    """Starts `rlserve serve --port 0 EXTRA...`; returns (process, port) once it listens."""
+    proc = subprocess.Popen([rlserve_bin(), "serve", "--port", "0", *map(str, extra)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        raise AssertionError(f"serve did not start: {line!r} {proc.stderr.read()}")
+    port = int(line.split("listening on ")[1].split(" ")[0].rsplit(":", 1)[1])
+    return proc, port

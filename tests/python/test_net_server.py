@@ -10,7 +10,6 @@ import http.client as http_client
 import json
 import os
 import struct
-import subprocess
 import sys
 import time
 import urllib.error
@@ -23,17 +22,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import rlserve_testlib as t  # noqa: E402
 
 USER, ADMIN = "user-secret-1", "admin-secret-2"
-
-
-def start_server(env, *extra):
-    proc = subprocess.Popen([t.rlserve_bin(), "serve", "--port", "0", *extra], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if "listening on" not in line:
-        proc.kill()
-        raise AssertionError(f"serve did not start: {line!r} {proc.stderr.read()}")
-    port = int(line.split("listening on ")[1].split(" ")[0].rsplit(":", 1)[1])
-    return proc, port
 
 
 def http(port, method, path, body=None, key=None):
@@ -270,7 +258,7 @@ def main():
     with t.temp_dir() as tmp:
         env = dict(os.environ, RLSERVE_CACHE_DIR=os.path.join(tmp, "cache"))
         # The keys come from the environment, as an operator would pass them.
-        proc, port = start_server(dict(env, RLSERVE_API_KEY=USER, RLSERVE_ADMIN_API_KEY=ADMIN))
+        proc, port = t.start_server(dict(env, RLSERVE_API_KEY=USER, RLSERVE_ADMIN_API_KEY=ADMIN))
         try:
             model_dir = os.path.join(tmp, "cache", "tiny-qwen3")
             t0 = time.time()

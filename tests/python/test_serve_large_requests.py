@@ -9,7 +9,6 @@ limit of generate requests (bounded by the context length) lets a prompt this la
 """
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -21,17 +20,6 @@ import rlserve_testlib as t  # noqa: E402
 
 CONTEXT = 1_000_000
 TEXT_BYTES = 40 << 20
-
-
-def start_server(env, *extra):
-    proc = subprocess.Popen([t.rlserve_bin(), "serve", "--port", "0", "--device", "cpu", *extra], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if "listening on" not in line:
-        proc.kill()
-        raise AssertionError(f"serve did not start: {line!r} {proc.stderr.read()}")
-    port = int(line.split("listening on ")[1].split(" ")[0].rsplit(":", 1)[1])
-    return proc, port
 
 
 def http(port, method, path, data=None):
@@ -117,7 +105,7 @@ def main():
     with t.temp_dir() as tmp:
         env = dict(os.environ, RLSERVE_CACHE_DIR=os.path.join(tmp, "cache"))
         model = long_context_model(tmp)
-        proc, port = start_server(env, "--model", model)
+        proc, port = t.start_server(env, "--device", "cpu", "--model", model)
         try:
             growth = large_ids_body(proc, port)  # first: the peak is not yet the text prompt's
             health_while_tokenizing(port)

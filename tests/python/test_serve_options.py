@@ -16,17 +16,6 @@ import rlserve_testlib as t  # noqa: E402
 USER, ADMIN = "user-key-from-file-1", "admin-key-from-file-2"
 
 
-def start_server(env, *extra):
-    proc = subprocess.Popen([t.rlserve_bin(), "serve", "--port", "0", "--device", "cpu", *extra], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    if "listening on" not in line:
-        proc.kill()
-        raise AssertionError(f"serve did not start: {line!r} {proc.stderr.read()}")
-    port = int(line.split("listening on ")[1].split(" ")[0].rsplit(":", 1)[1])
-    return proc, port
-
-
 def http(port, method, path, body=None, key=None):
     """(status, body text) of one request."""
     data = None if body is None else json.dumps(body).encode()
@@ -60,7 +49,7 @@ def key_file_checks(env, tmp):
     user_file, admin_file = os.path.join(tmp, "user.key"), os.path.join(tmp, "admin.key")
     write_key(user_file, USER + "\n")  # a trailing newline, as `echo key > file` writes
     write_key(admin_file, "  " + ADMIN + "\n")
-    proc, port = start_server(env, "--api-key-file", user_file, "--admin-api-key-file", admin_file)
+    proc, port = t.start_server(env, "--device", "cpu", "--api-key-file", user_file, "--admin-api-key-file", admin_file)
     try:
         with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
             cmdline = f.read().decode(errors="replace")
@@ -86,7 +75,7 @@ def key_file_checks(env, tmp):
     # A key file others can read still serves, with a warning naming it.
     loose = os.path.join(tmp, "loose.key")
     write_key(loose, USER, 0o644)
-    proc, port = start_server(env, "--api-key-file", loose)
+    proc, port = t.start_server(env, "--device", "cpu", "--api-key-file", loose)
     try:
         status, _ = http(port, "GET", "/health", key=USER)
         t.check(status == 200, f"/health with the loose file's key: {status}")

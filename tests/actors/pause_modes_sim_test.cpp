@@ -143,11 +143,7 @@ BOOST_AUTO_TEST_CASE(two_hundred_requests_around_an_update_in_every_pause_mode) 
             BOOST_TEST(out.success);
             BOOST_TEST(n == static_cast<std::size_t>(in.sampling_params.max_new_tokens));
           }
-          // Where the new weights begin: the span of version "1", if any.
-          std::size_t split = n;
-          for (auto& span : out.weight_version_spans)
-            if (span.weight_version == "1")
-              split = static_cast<std::size_t>(span.first_token);
+          const std::size_t split = first_token_of_version(out, "1"); // where the new weights begin
           if (n > 0) {
             BOOST_TEST(out.weight_version_start == (split == 0 ? "1" : "0"));
             BOOST_TEST(out.weight_version == (split < n ? "1" : "0"));
@@ -164,13 +160,7 @@ BOOST_AUTO_TEST_CASE(two_hundred_requests_around_an_update_in_every_pause_mode) 
             ++spanning;
           if (mode == pause_mode::abort)
             BOOST_TEST((split == 0 || split == n)); // nothing survives the pause to span two
-          BOOST_TEST(follows_from_scratch(*old_model, in, out, 0, split));
-          if (split < n) {
-            if (mode == pause_mode::in_place && split > 0)
-              BOOST_TEST(follows_on_old_kv(*old_model, *new_model, in, out, split));
-            else
-              BOOST_TEST(follows_from_scratch(*new_model, in, out, split, n));
-          }
+          check_tokens_follow_their_weights(*old_model, *new_model, mode, in, out, split);
         }
       }
       BOOST_TEST_MESSAGE("mode " << static_cast<int>(mode) << ": " << old_only << " old weights only, "

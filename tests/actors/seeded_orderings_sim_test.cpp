@@ -303,23 +303,14 @@ BOOST_AUTO_TEST_CASE(pause_modes_around_an_update_in_any_interleaving) {
             BOOST_TEST(out.success, out.message);
             BOOST_TEST(n == static_cast<std::size_t>(in.sampling_params.max_new_tokens));
           }
-          std::size_t split = n; // where the new weights (version "1") begin
-          for (auto& span : out.weight_version_spans)
-            if (span.weight_version == "1")
-              split = static_cast<std::size_t>(span.first_token);
+          const std::size_t split = first_token_of_version(out, "1"); // where the new weights begin
           if (i >= 10u)
             BOOST_TEST(split == 0u); // arrived during the session: new weights only
           if (mode == pause_mode::abort)
             BOOST_TEST((split == 0 || split == n)); // nothing survives the pause to span two
           if (split > 0 && split < n)
             ++spanning;
-          BOOST_TEST(follows_from_scratch(*old_model, in, out, 0, split));
-          if (split < n) {
-            if (mode == pause_mode::in_place && split > 0)
-              BOOST_TEST(follows_on_old_kv(*old_model, *new_model, in, out, split));
-            else
-              BOOST_TEST(follows_from_scratch(*new_model, in, out, split, n));
-          }
+          check_tokens_follow_their_weights(*old_model, *new_model, mode, in, out, split);
         }
       }
       close_what_is_open(sim); // nothing: the script ended its session and continued

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "messages/control.hpp"
 #include "messages/generate.hpp"
 #include "model/qwen3.hpp"
 
@@ -63,6 +65,33 @@ inline bool follows_on_old_kv(const model::qwen3_model& old, const model::qwen3_
       return false;
   }
   return true;
+}
+
+// Where the tokens of weight version `version` begin in `out` (its span), or the token count
+// when no token came from that version.
+inline std::size_t first_token_of_version(const GenerateReqOutput& out, const std::string& version) {
+  std::size_t first = out.output_ids.size();
+  for (const auto& span : out.weight_version_spans)
+    if (span.weight_version == version)
+      first = static_cast<std::size_t>(span.first_token);
+  return first;
+}
+
+// Around one update paused in `mode`: tokens [0, split) are the old weights' greedy choices,
+// tokens [split, n) the new weights', on top of the old weights' KV when paused in place (and
+// the request had begun), else from scratch (retract recomputes; later requests start anew).
+inline void check_tokens_follow_their_weights(const model::qwen3_model& old_model,
+                                              const model::qwen3_model& new_model, pause_mode mode,
+                                              const GenerateReqInput& in,
+                                              const GenerateReqOutput& out, std::size_t split) {
+  const auto n = out.output_ids.size();
+  BOOST_TEST(follows_from_scratch(old_model, in, out, 0, split));
+  if (split < n) {
+    if (mode == pause_mode::in_place && split > 0)
+      BOOST_TEST(follows_on_old_kv(old_model, new_model, in, out, split));
+    else
+      BOOST_TEST(follows_from_scratch(new_model, in, out, split, n));
+  }
 }
 
 } // namespace rlserve::test

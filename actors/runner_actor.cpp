@@ -32,6 +32,7 @@ struct sequence_state {
   model::kv_sequence kv;
   model::sampler sampler;
   model::sampling_config sampling;
+  model::generation_history history; // what penalties and min_new_tokens read
 };
 
 struct runner_state {
@@ -54,13 +55,34 @@ struct runner_state {
 
 using runner_pointer = runner_actor::stateful_pointer<runner_state>;
 
-model::sampling_config to_sampling_config(const SamplingParams& p) {
+model::sampling_config to_sampling_config(const SamplingParams& p,
+                                          const std::vector<int32_t>& eos_token_ids) {
   model::sampling_config c;
   c.temperature = p.temperature;
   c.top_k = p.top_k;
   c.top_p = p.top_p;
   c.min_p = p.min_p;
+  c.frequency_penalty = p.frequency_penalty;
+  c.presence_penalty = p.presence_penalty;
+  c.repetition_penalty = p.repetition_penalty;
+  c.min_new_tokens = p.min_new_tokens;
+  if (p.min_new_tokens > 0) {
+    c.stop_ids = p.stop_token_ids;
+    if (!p.ignore_eos)
+      c.stop_ids.insert(c.stop_ids.end(), eos_token_ids.begin(), eos_token_ids.end());
+  }
   return c;
+}
+
+// The logits a sequence samples from: its row as the forward wrote it, or, when its sampling
+// reads what it generated (penalties, min_new_tokens), a changed copy in `scratch`.
+std::span<const float> sampling_row(const sequence_state& seq, std::span<const float> row,
+                                    std::vector<float>& scratch) {
+  if (!seq.sampling.uses_history())
+    return row;
+  scratch.assign(row.begin(), row.end());
+  model::apply_penalties(scratch, seq.history, seq.sampling);
+  return scratch;
 }
 
 // log_softmax(logits / T) over the vocabulary, the distribution the reported logprobs come from
@@ -184,11 +206,16 @@ bool run_gpu_decodes(runner_state& st, ForwardBatch& batch, ForwardBatchOutput& 
   for (const auto& w : batch.work)
     if (w.new_sequence || w.tokens.size() != 1 || !w.sample || w.propose > 0 ||
         !w.draft_tokens.empty() || w.top_logprobs_num > 0 || w.kv_length >= 0 ||
-        st.sequences.count(w.seq_id) == 0)
+        !w.scored_tokens.empty() ||
+        st.sequences.count(w.seq_id) == 0 || st.sequences.at(w.seq_id).sampling.uses_history())
       return false;
-  for (auto id : batch.decode_seq_ids)
-    if (st.sequences.count(id) == 0)
+  for (auto id : batch.decode_seq_ids) {
+    auto it = st.sequences.find(id);
+    if (it == st.sequences.end())
       return false; // the general path reports it
+    if (it->second.sampling.uses_history())
+      return false; // the device sampler has no penalties: logits go to the host
+  }
   std::vector<model::forward_item> items;
   std::vector<model::gpu_sample_row> rows;
   std::vector<sequence_state*> seqs;
@@ -252,9 +279,15 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
     out.results[i].seq_id = work.seq_id;
     if (work.new_sequence) {
       st.sequences.erase(work.seq_id);
-      st.sequences.emplace(work.seq_id,
-                           sequence_state{{}, model::sampler{work.sampling_seed},
-                                          to_sampling_config(work.sampling_params)});
+      auto& seq = st.sequences
+                    .emplace(work.seq_id,
+                             sequence_state{{}, model::sampler{work.sampling_seed},
+                                            to_sampling_config(work.sampling_params,
+                                                               st.model->config().eos_token_ids),
+                                            {}})
+                    .first->second;
+      for (int32_t t : work.generated_tokens)
+        seq.history.add(t);
     }
     auto it = st.sequences.find(work.seq_id);
     if (it == st.sequences.end()) {
@@ -276,6 +309,13 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
       errors[i] = "sequence " + std::to_string(work.seq_id) + ": no tokens to run";
       continue;
     }
+    if ((!work.draft_tokens.empty() || work.propose > 0) && it->second.sampling.uses_history()) {
+      // The scheduler never speculates for these: each position's distribution would depend on
+      // the proposals before it.
+      errors[i] = "sequence " + std::to_string(work.seq_id) +
+                  ": penalties and min_new_tokens are not speculated";
+      continue;
+    }
     if (!work.draft_tokens.empty()) {
       const auto k = work.draft_tokens.size();
       bool greedy = model::is_greedy(it->second.sampling);
@@ -291,7 +331,15 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
       all.insert(all.end(), work.draft_tokens.begin(), work.draft_tokens.end());
       items.push_back({&kv, all, static_cast<int64_t>(all.size())});
     } else {
-      items.push_back({&kv, work.tokens, (work.sample || work.propose > 0) ? 1 : 0});
+      const auto sampled_rows = (work.sample || work.propose > 0) ? 1 : 0;
+      if (work.scored_tokens.size() + sampled_rows > work.tokens.size()) {
+        errors[i] = "sequence " + std::to_string(work.seq_id) + ": asked to score " +
+                    std::to_string(work.scored_tokens.size()) + " positions of a chunk of " +
+                    std::to_string(work.tokens.size()) + " tokens";
+        continue;
+      }
+      items.push_back({&kv, work.tokens,
+                       static_cast<int64_t>(work.scored_tokens.size()) + sampled_rows});
     }
     owners.push_back(i);
   }
@@ -318,12 +366,17 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
   // Sequences still proposing after the first forward: (work index, proposals so far).
   std::vector<std::size_t> proposing;
   std::vector<float> probs;
+  std::vector<float> penalized; // sampling_row's scratch
   for (std::size_t j = 0; j < items.size(); ++j) {
     auto i = owners[j];
     if (i >= W) { // a plain decode
       auto& seq = st.sequences.at(batch.decode_seq_ids[i - W]);
       auto sampled = seq.sampler.sample(
-        std::span<const float>(logits.data() + row_of[j] * vocab, vocab), seq.sampling);
+        sampling_row(seq, std::span<const float>(logits.data() + row_of[j] * vocab, vocab),
+                     penalized),
+        seq.sampling);
+      if (seq.sampling.uses_history())
+        seq.history.add(sampled.token);
       out.decode_tokens[i - W] = sampled.token;
       out.decode_logprobs[i - W] = sampled.logprob;
       continue;
@@ -334,6 +387,15 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
     auto row = [&](std::size_t n) {
       return std::span<const float>(logits.data() + (row_of[j] + n) * vocab, vocab);
     };
+    // Prompt logprobs: the rows before the sampled one score the tokens that follow them.
+    const auto scored = work.draft_tokens.empty() ? work.scored_tokens.size() : 0;
+    for (std::size_t n = 0; n < scored; ++n) {
+      r.scored_logprobs.push_back(
+        model::token_logprob(row(n), seq.sampling.temperature, work.scored_tokens[n]));
+      if (work.top_logprobs_num > 0)
+        r.scored_top_logprobs.push_back(
+          top_logprobs(row(n), seq.sampling.temperature, work.top_logprobs_num));
+    }
     if (!work.draft_tokens.empty()) {
       auto k = work.draft_tokens.size();
       auto v = model::verify_draft(seq.sampler, seq.sampling,
@@ -349,20 +411,23 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
       r.logprobs = std::move(v.logprobs);
     } else if (work.propose > 0) {
       bool greedy = model::is_greedy(seq.sampling);
-      seq.sampler.distribution(row(0), seq.sampling, probs);
+      seq.sampler.distribution(row(scored), seq.sampling, probs);
       int32_t d = seq.sampler.draw(probs);
       r.tokens.push_back(d);
-      r.logprobs.push_back(model::token_logprob(row(0), seq.sampling.temperature, d));
+      r.logprobs.push_back(model::token_logprob(row(scored), seq.sampling.temperature, d));
       if (!greedy)
         r.draft_probs.insert(r.draft_probs.end(), probs.begin(), probs.end());
       if (work.propose > 1)
         proposing.push_back(i);
     } else if (work.sample) {
-      auto sampled = seq.sampler.sample(row(0), seq.sampling);
+      auto logits_row = sampling_row(seq, row(scored), penalized);
+      auto sampled = seq.sampler.sample(logits_row, seq.sampling);
+      if (seq.sampling.uses_history())
+        seq.history.add(sampled.token);
       r.tokens.push_back(sampled.token);
       r.logprobs.push_back(sampled.logprob);
       if (work.top_logprobs_num > 0)
-        r.top_logprobs.push_back(top_logprobs(row(0), seq.sampling.temperature, work.top_logprobs_num));
+        r.top_logprobs.push_back(top_logprobs(logits_row, seq.sampling.temperature, work.top_logprobs_num));
     }
   }
   // Draft proposals: one more forward per proposal, every proposing sequence in one batch.

@@ -4,6 +4,7 @@
 #include <ctime>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <unordered_map>
 
@@ -53,7 +54,20 @@ struct request_state {
   int64_t in_batch_proposals = 0; // this step verifies that many proposals
   int32_t spec_verify_ct = 0;
   int32_t spec_accepted = 0;
+  // Prompt logprobs (return_logprob): positions logprob_start .. prompt length - 2 each score the
+  // prompt token after them. scored_upto is the next position to score (kept across retracts:
+  // nothing is scored twice); in_batch_scored how many the batch in flight scores.
+  int64_t logprob_start = 0;
+  int64_t scored_upto = 0;
+  int64_t in_batch_scored = 0;
+  std::vector<float> input_logprobs;
+  std::vector<std::vector<TopLogprob>> input_top_logprobs;
+  bool input_logprobs_sent = false;
 };
+
+int64_t prompt_length(const request_state& r) {
+  return static_cast<int64_t>(r.req.input_ids.size());
+}
 
 // Adds the CPU time of the current thread between construction and destruction to `total_ns`:
 // what the scheduler's own handlers cost, without the runner's forward and without the time a
@@ -203,6 +217,23 @@ void emit(scheduler_pointer self, request_state& r, std::optional<FinishReason> 
                                  r.top_logprobs.end());
   }
   r.streamed = r.output_ids.size();
+  // Prompt logprobs travel once: with the first chunk after the last is scored (the prefill is
+  // done before anything is sampled), or with the last chunk when the request ends before.
+  if (r.req.return_logprob && !r.input_logprobs_sent &&
+      (finished || r.scored_upto >= prompt_length(r) - 1)) {
+    r.input_logprobs_sent = true;
+    auto scored = static_cast<std::ptrdiff_t>(r.input_logprobs.size());
+    auto first = r.req.input_ids.begin() + static_cast<std::ptrdiff_t>(r.logprob_start);
+    c.input_token_ids.assign(first, first + 1 + scored);
+    c.input_token_logprobs.push_back(std::numeric_limits<float>::quiet_NaN());
+    c.input_token_logprobs.insert(c.input_token_logprobs.end(), r.input_logprobs.begin(),
+                                  r.input_logprobs.end());
+    if (r.req.top_logprobs_num > 0) {
+      c.input_top_logprobs.emplace_back();
+      for (auto& row : r.input_top_logprobs)
+        c.input_top_logprobs.push_back(std::move(row));
+    }
+  }
   c.finished = finished;
   c.finish_reason = std::move(finish);
   c.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
@@ -329,6 +360,35 @@ void record_acceptance(scheduler_state& st, request_state& r, int32_t accepted) 
     st.spec_recent.pop_front();
 }
 
+// The prompt logprobs one sequence's result carries; false (and the request failed) when the
+// runner returned another number than was asked for.
+bool apply_scores(scheduler_pointer self, SequenceResult& res) {
+  auto& st = self->state;
+  auto seq = st.by_seq.find(res.seq_id);
+  if (seq == st.by_seq.end())
+    return true;
+  auto& r = *seq->second;
+  auto asked = r.in_batch_scored;
+  r.in_batch_scored = 0;
+  if (asked == 0 || !res.error.empty())
+    return true;
+  if (static_cast<int64_t>(res.scored_logprobs.size()) != asked ||
+      (r.req.top_logprobs_num > 0 && static_cast<int64_t>(res.scored_top_logprobs.size()) != asked)) {
+    auto m = "internal error: the runner returned " + std::to_string(res.scored_logprobs.size()) +
+             " prompt logprobs for " + std::to_string(asked) + " positions";
+    finish(self, std::string(r.req.rid), FinishReason{"abort", std::nullopt, std::nullopt, m},
+           false, m);
+    return false;
+  }
+  r.input_logprobs.insert(r.input_logprobs.end(), res.scored_logprobs.begin(),
+                          res.scored_logprobs.end());
+  if (r.req.top_logprobs_num > 0)
+    for (auto& row : res.scored_top_logprobs)
+      r.input_top_logprobs.push_back(std::move(row));
+  r.scored_upto += asked;
+  return true;
+}
+
 // One sequence's answer: its new tokens (none for a prefill chunk) or its error.
 void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32_t> tokens,
                   std::span<const float> logprobs, std::vector<std::vector<TopLogprob>>* tops,
@@ -369,6 +429,10 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32
   }
   if (!sampled)
     return; // a prefill chunk: nothing to report yet
+  if (r.req.sampling_params.max_new_tokens == 0) { // it ran to score its prompt
+    finish(self, std::string(rid), FinishReason{"length", std::nullopt, std::nullopt, {}});
+    return;
+  }
   if (r.spans.empty() || r.spans.back().weight_version != st.version)
     r.spans.push_back({st.version, static_cast<int32_t>(r.output_ids.size())});
   std::optional<FinishReason> reason;
@@ -397,8 +461,9 @@ void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
     out.decode_tokens.clear();
   }
   for (auto& res : out.results)
-    apply_result(self, res.seq_id, res.tokens, res.logprobs, &res.top_logprobs, res.accepted,
-                 res.error);
+    if (apply_scores(self, res))
+      apply_result(self, res.seq_id, res.tokens, res.logprobs, &res.top_logprobs, res.accepted,
+                   res.error);
   static const std::string unanswered = "the runner returned no result for this sequence";
   for (std::size_t d = 0; out.success && d < st.decode_in_flight.size(); ++d) {
     if (d >= out.decode_tokens.size() || d >= out.decode_logprobs.size()) {
@@ -424,11 +489,19 @@ void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
   run_controls(self);
 }
 
+// Whether a request's sampling reads the tokens it generated (penalties, min_new_tokens): the
+// runner then needs them back after a retract, and the request is not speculated (each
+// position's distribution would depend on the proposals before it).
+bool reads_generated_tokens(const SamplingParams& p) {
+  return p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f ||
+         p.repetition_penalty != 1.0f || p.min_new_tokens > 0;
+}
+
 // Proposals a decoding request may verify this step: the configured k, fewer near its
 // max_new_tokens or the context limit (nothing is proposed that could not be kept).
 int64_t proposals_for(const scheduler_state& st, const request_state& r) {
   if (!st.draft || !st.draft_gone.empty() || st.options.speculative_num_draft_tokens <= 0 ||
-      r.prefill_left > 0 ||
+      r.prefill_left > 0 || reads_generated_tokens(r.req.sampling_params) ||
       r.draft_failed || r.output_ids.empty())
     return 0;
   auto out_len = static_cast<int64_t>(r.output_ids.size());
@@ -576,6 +649,8 @@ void step(scheduler_pointer self) {
       work.sampling_params = r.req.sampling_params;
       // Back from a retract, the sampler is reseeded by position so a rerun is reproducible.
       work.sampling_seed = r.req.sampling_seed + r.output_ids.size();
+      if (reads_generated_tokens(r.req.sampling_params))
+        work.generated_tokens = r.output_ids;
       r.on_runner = true;
     }
     auto blocks = st.blocks->allocate(w.new_blocks);
@@ -590,6 +665,15 @@ void step(scheduler_pointer self) {
       // The next chunk of prompt + outputs, from the first position without KV.
       for (int64_t i = r.kv_tokens; i < r.kv_tokens + w.tokens; ++i)
         work.tokens.push_back(token_at(r, i));
+      // Prompt positions of this chunk still to score: always a run at its end (before the
+      // sampled position), since scoring is done before any output exists.
+      if (r.req.return_logprob) {
+        auto lo = std::max(r.kv_tokens, r.scored_upto);
+        auto hi = std::min(r.kv_tokens + w.tokens, prompt_length(r) - 1);
+        for (auto p = lo; p < hi; ++p)
+          work.scored_tokens.push_back(token_at(r, p + 1));
+        r.in_batch_scored = std::max<int64_t>(hi - lo, 0);
+      }
     } else {
       work.tokens = {r.output_ids.back()};
       if (w.tokens > 1) {
@@ -765,9 +849,14 @@ void accept_request(scheduler_pointer self, TokenizedGenerateReqInput& req, caf:
                   std::to_string(r.req.sampling_params.max_new_tokens) +
                   ") but the KV pool holds " + std::to_string(st.blocks->capacity_tokens()) +
                   "; lower max_new_tokens or give the engine a larger KV pool");
+  r.logprob_start = r.req.logprob_start_len < 0 ? std::max<int64_t>(prompt - 1, 0)
+                                                : std::min<int64_t>(r.req.logprob_start_len, prompt - 1);
+  r.scored_upto = r.logprob_start;
   auto& stored = st.requests.emplace(rid, std::move(r)).first->second;
   st.by_seq[stored.seq_id] = &stored;
-  if (stored.req.sampling_params.max_new_tokens == 0) {
+  // max_new_tokens 0 ends at once, unless the prompt is to be scored (prompt logprobs only).
+  if (stored.req.sampling_params.max_new_tokens == 0 &&
+      !(stored.req.return_logprob && stored.scored_upto < prompt - 1)) {
     finish(self, rid, FinishReason{"length", std::nullopt, std::nullopt, {}});
     flush_outbox(self);
     return;

@@ -50,6 +50,7 @@ struct active_request {
   caf::actor sink;
   bool stream = false;
   bool no_stop_trim = false;
+  bool texts_in_logprobs = false; // return_text_in_logprobs (with return_logprob)
   caf::typed_response_promise<GenerateReqOutput> promise;
   std::optional<model::incremental_decoder> decoder;
 };
@@ -179,13 +180,12 @@ status check_request(const tokenizer_state& st, const GenerateReqInput& req) {
   const auto& p = req.sampling_params;
   if (p.n != 1)
     return fail("sampling_params.n: " + std::to_string(p.n) +
-                " is not supported yet (send n separate requests)");
-  if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f || p.repetition_penalty != 1.0f)
-    return fail("sampling_params: frequency, presence and repetition penalties are not supported "
-                "yet (leave them at 0, 0 and 1)");
-  if (req.logprob_start_len != -1)
-    return fail("logprob_start_len: prompt logprobs are not supported yet (use -1: output "
-                "tokens only)");
+                " samples in one message: the HTTP /generate route fans n > 1 out into one "
+                "request per sample; over the websocket and in process, send one request per "
+                "sample (each with its own sampling_seed)");
+  if (req.return_text_in_logprobs && !st.tokenizer)
+    return fail("return_text_in_logprobs: this model has no tokenizer.json to give token texts "
+                "with");
   if (!p.stop.empty() && !st.tokenizer)
     return fail("sampling_params.stop: stop strings need a tokenizer, and this model has no "
                 "tokenizer.json (use stop_token_ids)");
@@ -213,6 +213,10 @@ expected<TokenizedGenerateReqInput> finish_prepare(tokenizer_state& st, Generate
   if (static_cast<int64_t>(out.input_ids.size()) >= st.info.max_context_length)
     return fail(fmt::format("the prompt has {} tokens; the model's context length is {}",
                             out.input_ids.size(), st.info.max_context_length));
+  if (req.return_logprob && req.logprob_start_len >= static_cast<int32_t>(out.input_ids.size()))
+    return fail(fmt::format("logprob_start_len: {} is not a position of the prompt, which has {} "
+                            "tokens (use 0 .. {}, or -1 for output logprobs only)",
+                            req.logprob_start_len, out.input_ids.size(), out.input_ids.size() - 1));
   out.rid = req.rid ? *req.rid : fmt::format("{:016x}{:016x}", st.rng(), st.rng());
   if (st.active.count(out.rid) || st.queued.count(out.rid))
     return fail("rid: a request with rid \"" + out.rid + "\" is already in flight");
@@ -221,6 +225,7 @@ expected<TokenizedGenerateReqInput> finish_prepare(tokenizer_state& st, Generate
   out.return_logprob = req.return_logprob;
   out.logprob_start_len = req.logprob_start_len;
   out.top_logprobs_num = req.top_logprobs_num;
+  out.return_text_in_logprobs = req.return_text_in_logprobs;
   out.stream = req.stream;
   return out;
 }
@@ -245,6 +250,8 @@ void start_generate(tokenizer_pointer self, const std::string& rid) {
   a.sink = q->second.sink;
   a.stream = q->second.req.stream;
   a.no_stop_trim = q->second.req.sampling_params.no_stop_trim;
+  a.texts_in_logprobs = q->second.req.return_logprob && q->second.req.return_text_in_logprobs &&
+                        st.tokenizer != nullptr;
   a.promise = q->second.promise;
   if (st.tokenizer)
     a.decoder.emplace(*st.tokenizer, q->second.req.sampling_params.skip_special_tokens);
@@ -255,6 +262,20 @@ void start_generate(tokenizer_pointer self, const std::string& rid) {
   st.queued.erase(q);
   st.active.emplace(rid, std::move(a));
   self->send(st.scheduler, std::move(req), caf::actor_cast<caf::actor>(self));
+}
+
+// return_text_in_logprobs: the text of every token a chunk's logprob entries name, each token
+// decoded alone with special tokens kept (as SGLang writes them).
+void add_token_texts(const model::bpe_tokenizer& tok, GenerateReqOutput& d) {
+  auto text = [&](int32_t id) { return tok.decode(std::vector<int32_t>{id}, false); };
+  for (auto id : d.output_ids)
+    d.output_token_texts.push_back(text(id));
+  for (auto id : d.input_token_ids)
+    d.input_token_texts.push_back(text(id));
+  for (auto* rows : {&d.output_top_logprobs, &d.input_top_logprobs})
+    for (auto& row : *rows)
+      for (auto& t : row)
+        t.text = text(t.token_id);
 }
 
 void on_chunk(tokenizer_pointer self, TokenChunk& c) {
@@ -273,6 +294,11 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
   delta.output_ids = c.output_ids;
   delta.output_token_logprobs = c.output_token_logprobs;
   delta.output_top_logprobs = c.output_top_logprobs;
+  delta.input_token_ids = c.input_token_ids;
+  delta.input_token_logprobs = c.input_token_logprobs;
+  delta.input_top_logprobs = c.input_top_logprobs;
+  if (a.texts_in_logprobs)
+    add_token_texts(*st.tokenizer, delta);
   delta.finished = c.finished;
   delta.finish_reason = c.finish_reason;
   delta.prompt_tokens = c.prompt_tokens;
@@ -293,8 +319,16 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
   r.output_ids.insert(r.output_ids.end(), c.output_ids.begin(), c.output_ids.end());
   r.output_token_logprobs.insert(r.output_token_logprobs.end(), c.output_token_logprobs.begin(),
                                  c.output_token_logprobs.end());
-  r.output_top_logprobs.insert(r.output_top_logprobs.end(), c.output_top_logprobs.begin(),
-                               c.output_top_logprobs.end());
+  r.output_top_logprobs.insert(r.output_top_logprobs.end(), delta.output_top_logprobs.begin(),
+                               delta.output_top_logprobs.end());
+  r.output_token_texts.insert(r.output_token_texts.end(), delta.output_token_texts.begin(),
+                              delta.output_token_texts.end());
+  if (!delta.input_token_ids.empty()) {
+    r.input_token_ids = delta.input_token_ids;
+    r.input_token_logprobs = delta.input_token_logprobs;
+    r.input_top_logprobs = delta.input_top_logprobs;
+    r.input_token_texts = delta.input_token_texts;
+  }
   r.finished = c.finished;
   r.finish_reason = c.finish_reason;
   r.completion_tokens = c.completion_tokens;

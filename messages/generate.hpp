@@ -44,6 +44,7 @@ struct GenerateReqInput {
   bool return_logprob = false;
   int32_t logprob_start_len = -1; // -1: logprobs of output tokens only
   int32_t top_logprobs_num = 0;
+  bool return_text_in_logprobs = false; // each logprob entry carries its token's text
   bool stream = false;
 };
 
@@ -56,6 +57,7 @@ struct TokenizedGenerateReqInput {
   bool return_logprob = false;
   int32_t logprob_start_len = -1;
   int32_t top_logprobs_num = 0;
+  bool return_text_in_logprobs = false;
   bool stream = false;
   uint64_t sampling_seed = 0; // resolved: from sampling_params or chosen by the front door
 };
@@ -72,6 +74,7 @@ struct FinishReason {
 struct TopLogprob {
   int32_t token_id = 0;
   float logprob = 0.0f;
+  std::optional<std::string> text{}; // return_text_in_logprobs: the token's text
 };
 
 // Output tokens first_token, first_token + 1, ... (up to the next span) were computed with
@@ -95,6 +98,15 @@ struct GenerateReqOutput {
   std::vector<int32_t> output_ids;
   std::vector<float> output_token_logprobs;            // one per entry of output_ids
   std::vector<std::vector<TopLogprob>> output_top_logprobs;
+  // return_logprob: the prompt from logprob_start_len on (-1: its last token), each token's
+  // logprob given the tokens before it, and its top logprobs when top_logprobs_num > 0. The first
+  // entry has none (NaN, and an empty list; SGLang's None): nothing before it was scored.
+  std::vector<int32_t> input_token_ids;
+  std::vector<float> input_token_logprobs;
+  std::vector<std::vector<TopLogprob>> input_top_logprobs;
+  // return_text_in_logprobs: the text of each output_ids / input_token_ids entry.
+  std::vector<std::string> output_token_texts;
+  std::vector<std::string> input_token_texts;
   bool finished = false;
   std::optional<FinishReason> finish_reason;
   int32_t prompt_tokens = 0;
@@ -117,6 +129,10 @@ struct TokenChunk {
   std::vector<int32_t> output_ids;                 // new tokens
   std::vector<float> output_token_logprobs;        // one per new token when requested
   std::vector<std::vector<TopLogprob>> output_top_logprobs;
+  // Prompt logprobs (GenerateReqOutput), in the chunk after which they are complete.
+  std::vector<int32_t> input_token_ids;
+  std::vector<float> input_token_logprobs;
+  std::vector<std::vector<TopLogprob>> input_top_logprobs;
   bool finished = false;
   std::optional<FinishReason> finish_reason;
   int32_t prompt_tokens = 0;
@@ -162,14 +178,15 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, GenerateReqInput& x) {
   return f(caf::meta::type_name("GenerateReqInput"), x.rid, x.text, x.input_ids,
-           x.sampling_params, x.return_logprob, x.logprob_start_len, x.top_logprobs_num, x.stream);
+           x.sampling_params, x.return_logprob, x.logprob_start_len, x.top_logprobs_num,
+           x.return_text_in_logprobs, x.stream);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TokenizedGenerateReqInput& x) {
   return f(caf::meta::type_name("TokenizedGenerateReqInput"), x.rid, x.input_text, x.input_ids,
-           x.sampling_params, x.return_logprob, x.logprob_start_len, x.top_logprobs_num, x.stream,
-           x.sampling_seed);
+           x.sampling_params, x.return_logprob, x.logprob_start_len, x.top_logprobs_num,
+           x.return_text_in_logprobs, x.stream, x.sampling_seed);
 }
 
 template <class Inspector>
@@ -180,7 +197,7 @@ typename Inspector::result_type inspect(Inspector& f, FinishReason& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TopLogprob& x) {
-  return f(caf::meta::type_name("TopLogprob"), x.token_id, x.logprob);
+  return f(caf::meta::type_name("TopLogprob"), x.token_id, x.logprob, x.text);
 }
 
 template <class Inspector>
@@ -191,16 +208,18 @@ typename Inspector::result_type inspect(Inspector& f, WeightVersionSpan& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, GenerateReqOutput& x) {
   return f(caf::meta::type_name("GenerateReqOutput"), x.success, x.message, x.rid, x.text,
-           x.output_ids, x.output_token_logprobs, x.output_top_logprobs, x.finished,
-           x.finish_reason, x.prompt_tokens, x.completion_tokens, x.cached_tokens,
-           x.weight_version_start, x.weight_version, x.weight_version_spans, x.sampling_seed,
-           x.spec_verify_ct, x.spec_accepted_tokens);
+           x.output_ids, x.output_token_logprobs, x.output_top_logprobs, x.input_token_ids,
+           x.input_token_logprobs, x.input_top_logprobs, x.output_token_texts,
+           x.input_token_texts, x.finished, x.finish_reason, x.prompt_tokens,
+           x.completion_tokens, x.cached_tokens, x.weight_version_start, x.weight_version,
+           x.weight_version_spans, x.sampling_seed, x.spec_verify_ct, x.spec_accepted_tokens);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TokenChunk& x) {
   return f(caf::meta::type_name("TokenChunk"), x.rid, x.output_ids, x.output_token_logprobs,
-           x.output_top_logprobs, x.finished, x.finish_reason, x.prompt_tokens,
+           x.output_top_logprobs, x.input_token_ids, x.input_token_logprobs,
+           x.input_top_logprobs, x.finished, x.finish_reason, x.prompt_tokens,
            x.completion_tokens, x.cached_tokens, x.weight_version_start, x.weight_version,
            x.weight_version_spans, x.success, x.message, x.spec_verify_ct,
            x.spec_accepted_tokens);

@@ -4,6 +4,10 @@
 #include "messages/json_codec_detail.hpp"
 #include "messages/validate.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 namespace rlserve {
 
 using namespace json_codec_detail;
@@ -30,19 +34,109 @@ void read_stop(object_reader& r, std::vector<std::string>& out) {
   }
 }
 
-// [logprob, token_id], or SGLang's [logprob, token_id, token_text] whose text is ignored.
-bool parse_logprob_pair(context& cx, const json& v, const path& p, float& logprob,
-                        int32_t& token_id) {
+// SGLang's logprob entry [logprob, token_id, token_text]: the logprob null where none was
+// computed (the first scored prompt token; NaN here), the text null unless
+// return_text_in_logprobs. [logprob, token_id] is read too.
+bool parse_logprob_entry(context& cx, const json& v, const path& p, float& logprob,
+                         int32_t& token_id, std::optional<std::string>* text = nullptr) {
   if (!v.is_array() || v.size() < 2 || v.size() > 3) {
-    cx.expected_but_got(p, "[logprob, token_id]", v);
+    cx.expected_but_got(p, "[logprob, token_id, token_text]", v);
     return false;
   }
-  return parse(cx, v[0], p.index(0), logprob, lenient_float_rule{}) &&
-         parse(cx, v[1], p.index(1), token_id, k_token_id);
+  if (v[0].is_null())
+    logprob = std::numeric_limits<float>::quiet_NaN();
+  else if (!parse(cx, v[0], p.index(0), logprob, lenient_float_rule{}))
+    return false;
+  if (!parse(cx, v[1], p.index(1), token_id, k_token_id))
+    return false;
+  if (v.size() == 3 && !v[2].is_null()) {
+    if (!v[2].is_string()) {
+      cx.expected_but_got(p.index(2), "the token's text or null", v[2]);
+      return false;
+    }
+    if (text)
+      *text = v[2].get<std::string>();
+  }
+  return true;
 }
 
-json logprob_pair(float logprob, int32_t token_id) {
-  return json::array({float_value(logprob), token_id});
+json logprob_entry(float logprob, int32_t token_id, const std::string* text) {
+  return json::array({std::isnan(logprob) ? json(nullptr) : float_value(logprob), token_id,
+                      text ? json(*text) : json(nullptr)});
+}
+
+// A list of logprob entries (output_token_logprobs, input_token_logprobs).
+void read_logprob_list(object_reader& m, std::string_view key, std::vector<float>& logprobs,
+                       std::vector<int32_t>& ids, std::vector<std::string>& texts) {
+  auto v = m.get(key);
+  if (!v)
+    return;
+  const path p = m.at(key);
+  if (!expect_array(m.cx(), *v, p))
+    return;
+  bool any_text = false;
+  for (std::size_t i = 0; i < v->size() && m.ok(); ++i) {
+    float lp = 0;
+    int32_t id = 0;
+    std::optional<std::string> text;
+    if (parse_logprob_entry(m.cx(), (*v)[i], p.index(i), lp, id, &text)) {
+      logprobs.push_back(lp);
+      ids.push_back(id);
+      any_text = any_text || text.has_value();
+      texts.push_back(text.value_or(std::string()));
+    }
+  }
+  if (!any_text)
+    texts.clear();
+}
+
+// Rows of top logprobs (output_top_logprobs, input_top_logprobs); a null row is an empty one.
+void read_top_rows(object_reader& m, std::string_view key,
+                   std::vector<std::vector<TopLogprob>>& rows) {
+  auto v = m.get(key);
+  if (!v)
+    return;
+  const path p = m.at(key);
+  if (!expect_array(m.cx(), *v, p))
+    return;
+  for (std::size_t i = 0; i < v->size() && m.ok(); ++i) {
+    const path pi = p.index(i);
+    const json& row = (*v)[i];
+    std::vector<TopLogprob> alternatives;
+    if (!row.is_null() && expect_array(m.cx(), row, pi))
+      for (std::size_t k = 0; k < row.size() && m.ok(); ++k) {
+        TopLogprob t;
+        if (parse_logprob_entry(m.cx(), row[k], pi.index(k), t.logprob, t.token_id, &t.text))
+          alternatives.push_back(std::move(t));
+      }
+    rows.push_back(std::move(alternatives));
+  }
+}
+
+json logprob_list(const std::vector<float>& logprobs, const std::vector<int32_t>& ids,
+                  const std::vector<std::string>& texts) {
+  auto out = json::array();
+  for (std::size_t i = 0; i < logprobs.size(); ++i)
+    // A logprob without its token (a malformed struct) is written with token id -1, which the
+    // reader refuses, rather than silently dropped.
+    out.push_back(logprob_entry(logprobs[i], i < ids.size() ? ids[i] : -1,
+                                i < texts.size() ? &texts[i] : nullptr));
+  return out;
+}
+
+json top_rows(const std::vector<std::vector<TopLogprob>>& rows, bool first_is_none) {
+  auto out = json::array();
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (first_is_none && i == 0 && rows[i].empty()) {
+      out.push_back(nullptr);
+      continue;
+    }
+    auto alternatives = json::array();
+    for (const auto& t : rows[i])
+      alternatives.push_back(logprob_entry(t.logprob, t.token_id, t.text ? &*t.text : nullptr));
+    out.push_back(std::move(alternatives));
+  }
+  return out;
 }
 
 void read_fields(object_reader& r, SamplingParams& x) {
@@ -93,13 +187,14 @@ void read_fields(object_reader& r, GenerateReqInput& x) {
   r.field("return_logprob", x.return_logprob);
   r.field("logprob_start_len", x.logprob_start_len, int_rule<int32_t>{.lo = -1});
   r.field("top_logprobs_num", x.top_logprobs_num, k_count);
+  r.field("return_text_in_logprobs", x.return_text_in_logprobs);
   r.field("stream", x.stream);
   r.unsupported("input_embeds", nullptr, "send text or input_ids");
   // Would change what comes back (other inputs, adapters, sessions, extra outputs, a
   // disaggregated prefill elsewhere): refused when set.
   for (auto key : {"image_data", "video_data", "audio_data", "return_hidden_states",
                    "return_routed_experts", "lora_path", "lora_id", "session_params",
-                   "custom_logit_processor", "token_ids_logprob", "return_text_in_logprobs",
+                   "custom_logit_processor", "token_ids_logprob",
                    "bootstrap_host", "bootstrap_port", "bootstrap_room"})
     r.unsupported(key);
   // Change nothing rlserve returns (scheduling, logging, routing between engines, cache
@@ -169,36 +264,12 @@ void read_fields(object_reader& r, GenerateReqOutput& x) {
     m.field("sampling_seed", x.sampling_seed);
     m.field("spec_verify_ct", x.spec_verify_ct, k_count);
     m.field("spec_accepted_tokens", x.spec_accepted_tokens, k_count);
-    if (auto v = m.get("output_token_logprobs")) {
-      const path p = m.at("output_token_logprobs");
-      if (expect_array(m.cx(), *v, p)) {
-        for (std::size_t i = 0; i < v->size() && m.ok(); ++i) {
-          float lp = 0;
-          int32_t id = 0;
-          if (parse_logprob_pair(m.cx(), (*v)[i], p.index(i), lp, id)) {
-            x.output_token_logprobs.push_back(lp);
-            logprob_ids.push_back(id);
-          }
-        }
-      }
-    }
-    if (auto v = m.get("output_top_logprobs")) {
-      const path p = m.at("output_top_logprobs");
-      if (expect_array(m.cx(), *v, p)) {
-        for (std::size_t i = 0; i < v->size() && m.ok(); ++i) {
-          const path pi = p.index(i);
-          const json& row = (*v)[i];
-          std::vector<TopLogprob> alternatives;
-          if (expect_array(m.cx(), row, pi))
-            for (std::size_t k = 0; k < row.size() && m.ok(); ++k) {
-              TopLogprob t;
-              if (parse_logprob_pair(m.cx(), row[k], pi.index(k), t.logprob, t.token_id))
-                alternatives.push_back(t);
-            }
-          x.output_top_logprobs.push_back(std::move(alternatives));
-        }
-      }
-    }
+    read_logprob_list(m, "output_token_logprobs", x.output_token_logprobs, logprob_ids,
+                      x.output_token_texts);
+    read_top_rows(m, "output_top_logprobs", x.output_top_logprobs);
+    read_logprob_list(m, "input_token_logprobs", x.input_token_logprobs, x.input_token_ids,
+                      x.input_token_texts);
+    read_top_rows(m, "input_top_logprobs", x.input_top_logprobs);
     if (!m.ok() || logprob_ids.empty())
       return;
     if (logprob_ids.size() != x.output_ids.size()) {
@@ -279,6 +350,7 @@ json to_json(const GenerateReqInput& x) {
     {"return_logprob", x.return_logprob},
     {"logprob_start_len", x.logprob_start_len},
     {"top_logprobs_num", x.top_logprobs_num},
+    {"return_text_in_logprobs", x.return_text_in_logprobs},
     {"stream", x.stream},
   };
 }
@@ -299,13 +371,13 @@ template <>
 expected<TopLogprob> from_json<TopLogprob>(const json& j) {
   context cx;
   TopLogprob x;
-  if (!parse_logprob_pair(cx, j, path{}, x.logprob, x.token_id))
+  if (!parse_logprob_entry(cx, j, path{}, x.logprob, x.token_id, &x.text))
     return fail(cx.take_error());
   return x;
 }
 
 json to_json(const TopLogprob& x) {
-  return logprob_pair(x.logprob, x.token_id);
+  return logprob_entry(x.logprob, x.token_id, x.text ? &*x.text : nullptr);
 }
 
 // ---- GenerateReqOutput --------------------------------------------------------------------------
@@ -337,24 +409,20 @@ json to_json(const GenerateReqOutput& x) {
   for (const auto& span : x.weight_version_spans)
     spans.push_back({{"weight_version", span.weight_version}, {"first_token", span.first_token}});
   meta["weight_version_spans"] = std::move(spans);
-  if (!x.output_token_logprobs.empty()) {
-    auto pairs = json::array();
-    for (std::size_t i = 0; i < x.output_token_logprobs.size(); ++i)
-      // A logprob without its token (a malformed struct) is written with token id -1, which
-      // the reader refuses, rather than silently dropped.
-      pairs.push_back(logprob_pair(x.output_token_logprobs[i],
-                                   i < x.output_ids.size() ? x.output_ids[i] : -1));
-    meta["output_token_logprobs"] = std::move(pairs);
+  if (!x.output_token_logprobs.empty() || !x.input_token_ids.empty()) {
+    meta["output_token_logprobs"] =
+      logprob_list(x.output_token_logprobs, x.output_ids, x.output_token_texts);
+    meta["input_token_logprobs"] =
+      logprob_list(x.input_token_logprobs, x.input_token_ids, x.input_token_texts);
   }
-  if (!x.output_top_logprobs.empty()) {
-    auto rows = json::array();
-    for (const auto& row : x.output_top_logprobs) {
-      auto alternatives = json::array();
-      for (const auto& t : row)
-        alternatives.push_back(logprob_pair(t.logprob, t.token_id));
-      rows.push_back(std::move(alternatives));
-    }
-    meta["output_top_logprobs"] = std::move(rows);
+  // Top logprobs only when asked for: output rows without alternatives are placeholders, and the
+  // prompt rows exist only when top_logprobs_num > 0.
+  auto has_alternatives = [](const std::vector<std::vector<TopLogprob>>& rows) {
+    return std::any_of(rows.begin(), rows.end(), [](const auto& row) { return !row.empty(); });
+  };
+  if (has_alternatives(x.output_top_logprobs) || !x.input_top_logprobs.empty()) {
+    meta["output_top_logprobs"] = top_rows(x.output_top_logprobs, false);
+    meta["input_top_logprobs"] = top_rows(x.input_top_logprobs, true);
   }
   return {
     {"text", x.text},           {"output_ids", x.output_ids}, {"meta_info", std::move(meta)},

@@ -36,7 +36,14 @@ struct SequenceWork {
   bool sample = true;
   SamplingParams sampling_params;  // read when new_sequence is set
   uint64_t sampling_seed = 0;      // read when new_sequence is set
+  // Read when new_sequence is set: the tokens the request generated before (back from a
+  // retract or a preemption), which its penalties and min_new_tokens count.
+  std::vector<int32_t> generated_tokens;
   int32_t top_logprobs_num = 0;
+  // Prompt logprobs: the tokens that follow the last scored_tokens.size() positions of `tokens`
+  // before the sampled one (when `sample` is set, the last position is sampled, not scored).
+  // The runner returns the logprob of each (and its top logprobs when top_logprobs_num > 0).
+  std::vector<int32_t> scored_tokens;
   int32_t propose = 0;                // draft: tokens to propose after `tokens`
   std::vector<int32_t> draft_tokens;  // target: proposals to verify
   std::vector<float> draft_probs;     // target: [k, vocab] draft distributions (empty if greedy)
@@ -60,6 +67,8 @@ struct SequenceResult {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;                      // one per token
   std::vector<std::vector<TopLogprob>> top_logprobs; // one list per token when asked
+  std::vector<float> scored_logprobs;                       // one per SequenceWork::scored_tokens
+  std::vector<std::vector<TopLogprob>> scored_top_logprobs; // one list each when asked
   int32_t accepted = 0;          // verification: proposals accepted
   std::vector<float> draft_probs; // proposal: [k, vocab] distributions the proposals came from
                                   // (empty for greedy requests)
@@ -183,7 +192,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SequenceWork& x) {
   return f(caf::meta::type_name("SequenceWork"), x.seq_id, x.new_sequence, x.new_blocks,
            x.kv_length, x.tokens, x.sample, x.sampling_params, x.sampling_seed,
-           x.top_logprobs_num, x.propose, x.draft_tokens, x.draft_probs);
+           x.generated_tokens, x.top_logprobs_num, x.scored_tokens, x.propose, x.draft_tokens, x.draft_probs);
 }
 
 template <class Inspector>
@@ -195,7 +204,8 @@ typename Inspector::result_type inspect(Inspector& f, ForwardBatch& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SequenceResult& x) {
   return f(caf::meta::type_name("SequenceResult"), x.seq_id, x.tokens, x.logprobs,
-           x.top_logprobs, x.accepted, x.draft_probs, x.error);
+           x.top_logprobs, x.scored_logprobs, x.scored_top_logprobs, x.accepted, x.draft_probs,
+           x.error);
 }
 
 template <class Inspector>

@@ -232,4 +232,26 @@ float token_logprob(std::span<const float> logits, float temperature, int32_t to
   return static_cast<float>(double(logit(static_cast<std::size_t>(token))) * inv_t - (m + std::log(sum)));
 }
 
+void apply_penalties(std::span<float> logits, const generation_history& history,
+                     const sampling_config& cfg) {
+  if (!cfg.uses_history())
+    return;
+  const bool additive = cfg.frequency_penalty != 0.0f || cfg.presence_penalty != 0.0f;
+  const bool scaling = cfg.repetition_penalty != 1.0f;
+  if (additive || scaling)
+    for (const auto& [token, count] : history.counts) {
+      if (token < 0 || static_cast<std::size_t>(token) >= logits.size() || count <= 0)
+        continue;
+      float& l = logits[static_cast<std::size_t>(token)];
+      if (additive)
+        l -= cfg.frequency_penalty * static_cast<float>(count) + cfg.presence_penalty;
+      if (scaling)
+        l = l > 0.0f ? l / cfg.repetition_penalty : l * cfg.repetition_penalty;
+    }
+  if (history.generated < cfg.min_new_tokens)
+    for (int32_t id : cfg.stop_ids)
+      if (id >= 0 && static_cast<std::size_t>(id) < logits.size())
+        logits[static_cast<std::size_t>(id)] = k_neg_inf;
+}
+
 } // namespace rlserve::model

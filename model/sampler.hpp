@@ -14,11 +14,21 @@
 // The generator is xoshiro256** seeded through splitmix64, and uniforms are 24-bit floats: the
 // same seed gives the same tokens on every platform and compiler (std:: distributions do not).
 // Ties in the top-k / top-p ordering are broken by the lower id, so filtering is deterministic too.
+//
+// Penalties (SGLang's, over the tokens the request has GENERATED so far, not its prompt) change
+// the logits before all of the above, and the reported logprob is taken from the changed logits
+// (the distribution the token was drawn from), in SGLang's order:
+//   frequency       logit -= frequency_penalty * count(token)
+//   presence        logit -= presence_penalty * (count(token) > 0)
+//   repetition      then, for tokens with count > 0: logit / r when logit > 0, logit * r otherwise
+//   min_new_tokens  until that many tokens are generated, the stop ids (EOS and stop_token_ids)
+//                   are -inf, so the request cannot stop early
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 namespace rlserve::model {
@@ -28,7 +38,32 @@ struct sampling_config {
   int32_t top_k = -1;  // <= 0: off
   float top_p = 1.0f;  // >= 1: off
   float min_p = 0.0f;  // <= 0: off
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  int32_t min_new_tokens = 0;
+  std::vector<int32_t> stop_ids{}; // masked while fewer than min_new_tokens are generated
+  // Whether sampling depends on the tokens generated so far (see generation_history).
+  bool uses_history() const {
+    return frequency_penalty != 0.0f || presence_penalty != 0.0f || repetition_penalty != 1.0f ||
+           (min_new_tokens > 0 && !stop_ids.empty());
+  }
 };
+
+// What penalties read: the tokens a request has generated so far, counted.
+struct generation_history {
+  std::unordered_map<int32_t, int32_t> counts;
+  int32_t generated = 0;
+  void add(int32_t token) {
+    ++counts[token];
+    ++generated;
+  }
+};
+
+// Applies cfg's penalties and the min_new_tokens mask to `logits` in place; a no-op when
+// !cfg.uses_history(). Ids outside the span are ignored.
+void apply_penalties(std::span<float> logits, const generation_history& history,
+                     const sampling_config& cfg);
 
 struct sampled_token {
   int32_t token;

@@ -86,6 +86,13 @@ void accumulate(GenerateReqOutput& acc, const GenerateReqOutput& c) {
   join(acc.output_ids, before.output_ids, c.output_ids);
   join(acc.output_token_logprobs, before.output_token_logprobs, c.output_token_logprobs);
   join(acc.output_top_logprobs, before.output_top_logprobs, c.output_top_logprobs);
+  join(acc.output_token_texts, before.output_token_texts, c.output_token_texts);
+  if (c.input_token_ids.empty()) { // prompt logprobs come once, in one chunk
+    acc.input_token_ids = std::move(before.input_token_ids);
+    acc.input_token_logprobs = std::move(before.input_token_logprobs);
+    acc.input_top_logprobs = std::move(before.input_top_logprobs);
+    acc.input_token_texts = std::move(before.input_token_texts);
+  }
 }
 
 // The reply of a route in SGLang's HTTP shape (docs/sglang-contract.md, 'Routes and auth levels').

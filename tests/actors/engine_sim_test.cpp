@@ -142,8 +142,12 @@ BOOST_AUTO_TEST_CASE(bad_generate_requests_fail_with_a_message) {
   n2.sampling_params.n = 2;
   expect_error(n2, "sampling_params.n");
   auto penalty = greedy({1}, 4);
-  penalty.sampling_params.repetition_penalty = 1.1f;
-  expect_error(penalty, "penalties");
+  penalty.sampling_params.repetition_penalty = 0.0f;
+  expect_error(penalty, "repetition_penalty");
+  auto scored = greedy({1, 2, 3}, 4);
+  scored.return_logprob = true;
+  scored.logprob_start_len = 3;
+  expect_error(scored, "logprob_start_len: 3 is not a position of the prompt");
   auto hot = greedy({1}, 4);
   hot.sampling_params.top_p = 0.0f;
   expect_error(hot, "sampling_params.top_p");

@@ -548,7 +548,7 @@ std::vector<bad_case> bad_cases() {
      R"({"output_ids": [10, 11], "meta_info": {"output_token_logprobs": [[-0.5, 10], [-0.1, 9]]}})",
      {"meta_info.output_token_logprobs[1][1]: token id 9 does not match output_ids[1] = 11"}},
     {"logprob shape", out, R"({"output_ids": [1], "meta_info": {"output_token_logprobs": [-0.5]}})",
-     {"meta_info.output_token_logprobs[0]: expected [logprob, token_id], got -0.5"}},
+     {"meta_info.output_token_logprobs[0]: expected [logprob, token_id, token_text], got -0.5"}},
     {"reply field type", &error_of<AbortReqOutput>, R"({"success": "true"})",
      {R"(success: expected a boolean, got "true")"}},
   };
@@ -724,9 +724,31 @@ BOOST_AUTO_TEST_CASE(generate_output_has_sglang_shape) {
   BOOST_TEST(meta["prompt_tokens"] == 5);
   BOOST_TEST(meta["weight_version"] == "v2");
   BOOST_TEST(meta["weight_version_start"] == "v1");
+  // SGLang's entries: [logprob, token_id, text or null].
   BOOST_TEST(meta["output_token_logprobs"] ==
-             json::parse("[[-0.125, 10], [-2.5, 11], [-0.3, 12]]"));
-  BOOST_TEST(meta["output_top_logprobs"][0] == json::parse("[[-0.125, 10], [-3.0, 99]]"));
+             json::parse(R"([[-0.125, 10, "Hi"], [-2.5, 11, " the"], [-0.3, 12, "re"]])"));
+  BOOST_TEST(meta["output_top_logprobs"][0] == json::parse(R"([[-0.125, 10, "Hi"], [-3.0, 99, "Ho"]])"));
+  BOOST_TEST(meta["output_top_logprobs"][1] == json::array());
+  // Prompt logprobs: the first entry has no logprob (null) and no top row (null).
+  auto scored = samples<GenerateReqOutput>::full();
+  scored.input_token_logprobs[0] = std::nanf("");
+  scored.input_token_texts.clear();
+  const json scored_meta = to_json(scored)["meta_info"];
+  BOOST_TEST(scored_meta["input_token_logprobs"] == json::parse("[[null, 3, null], [-0.75, 4, null]]"));
+  BOOST_TEST(scored_meta["input_top_logprobs"] ==
+             json::parse(R"([null, [[-0.75, 4, "x"], [-1.25, 5, "y"]]])"));
+  auto back = from_json<GenerateReqOutput>(to_json(scored));
+  BOOST_TEST_REQUIRE(back.has_value());
+  BOOST_TEST(std::isnan(back->input_token_logprobs[0]));
+  BOOST_TEST(back->input_token_ids == scored.input_token_ids);
+  BOOST_TEST(back->input_top_logprobs[0].empty());
+  BOOST_TEST((back->input_top_logprobs[1][0].text == std::optional<std::string>("x")));
+  // Placeholder rows (return_logprob without top_logprobs_num) are not written.
+  auto no_tops = samples<GenerateReqOutput>::full();
+  for (auto& row : no_tops.output_top_logprobs)
+    row.clear();
+  no_tops.input_top_logprobs.clear(); // prompt rows exist only when top logprobs were asked for
+  BOOST_TEST(!to_json(no_tops)["meta_info"].contains("output_top_logprobs"));
   BOOST_TEST(j.dump().find("0.30000001") == std::string::npos); // floats print shortest
 
   const json sparse = to_json(samples<GenerateReqOutput>::sparse());

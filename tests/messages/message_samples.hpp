@@ -34,12 +34,12 @@ struct field_count; // no definition: a type without a count here is not compara
 
 // generate.hpp
 RLSERVE_FIELD_COUNT(SamplingParams, 17)
-RLSERVE_FIELD_COUNT(GenerateReqInput, 8)
-RLSERVE_FIELD_COUNT(TokenizedGenerateReqInput, 9)
+RLSERVE_FIELD_COUNT(GenerateReqInput, 9)
+RLSERVE_FIELD_COUNT(TokenizedGenerateReqInput, 10)
 RLSERVE_FIELD_COUNT(FinishReason, 4)
-RLSERVE_FIELD_COUNT(TopLogprob, 2)
-RLSERVE_FIELD_COUNT(GenerateReqOutput, 18)
-RLSERVE_FIELD_COUNT(TokenChunk, 16)
+RLSERVE_FIELD_COUNT(TopLogprob, 3)
+RLSERVE_FIELD_COUNT(GenerateReqOutput, 23)
+RLSERVE_FIELD_COUNT(TokenChunk, 19)
 RLSERVE_FIELD_COUNT(TokenChunks, 1)
 RLSERVE_FIELD_COUNT(WeightVersionSpan, 2)
 RLSERVE_FIELD_COUNT(AbortReq, 3)
@@ -86,9 +86,9 @@ RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 26)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
 RLSERVE_FIELD_COUNT(HealthCheckReqOutput, 2)
 // runner.hpp
-RLSERVE_FIELD_COUNT(SequenceWork, 12)
+RLSERVE_FIELD_COUNT(SequenceWork, 14)
 RLSERVE_FIELD_COUNT(ForwardBatch, 4)
-RLSERVE_FIELD_COUNT(SequenceResult, 7)
+RLSERVE_FIELD_COUNT(SequenceResult, 9)
 RLSERVE_FIELD_COUNT(ForwardBatchOutput, 7)
 RLSERVE_FIELD_COUNT(ReleaseSequences, 1)
 RLSERVE_FIELD_COUNT(TensorSpec, 3)
@@ -369,6 +369,7 @@ struct samples<GenerateReqInput> : simple_samples<GenerateReqInput> {
     x.return_logprob = true;
     x.logprob_start_len = 0;
     x.top_logprobs_num = 5;
+    x.return_text_in_logprobs = true;
     x.stream = true;
     return x;
   }
@@ -393,6 +394,7 @@ struct samples<TokenizedGenerateReqInput> : simple_samples<TokenizedGenerateReqI
     x.return_logprob = true;
     x.logprob_start_len = 1;
     x.top_logprobs_num = 2;
+    x.return_text_in_logprobs = true;
     x.stream = true;
     x.sampling_seed = 42;
     return x;
@@ -423,7 +425,7 @@ struct samples<FinishReason> : simple_samples<FinishReason> {
 
 template <>
 struct samples<TopLogprob> : simple_samples<TopLogprob> {
-  static TopLogprob full() { return TopLogprob{17, -0.5f}; }
+  static TopLogprob full() { return TopLogprob{17, -0.5f, "ab"}; }
 };
 
 template <>
@@ -436,7 +438,14 @@ struct samples<GenerateReqOutput> : simple_samples<GenerateReqOutput> {
     x.text = "Hi there";
     x.output_ids = {10, 11, 12};
     x.output_token_logprobs = {-0.125f, -2.5f, -0.3f};
-    x.output_top_logprobs = {{{10, -0.125f}, {99, -3.0f}}, {}, {{12, -0.3f}}};
+    x.output_top_logprobs = {{{10, -0.125f, "Hi"}, {99, -3.0f, "Ho"}}, {}, {{12, -0.3f, "re"}}};
+    x.output_token_texts = {"Hi", " the", "re"};
+    // The first prompt entry is NaN (null in JSON) in real replies; a number here keeps the
+    // round trip comparable (codec tests check the null).
+    x.input_token_ids = {3, 4};
+    x.input_token_logprobs = {-9.0f, -0.75f};
+    x.input_top_logprobs = {{}, {{4, -0.75f, "x"}, {5, -1.25f, "y"}}};
+    x.input_token_texts = {"a", "b"};
     x.finished = true;
     x.finish_reason = samples<FinishReason>::full();
     x.prompt_tokens = 5;
@@ -455,6 +464,11 @@ struct samples<GenerateReqOutput> : simple_samples<GenerateReqOutput> {
     x.finish_reason.reset();
     x.output_token_logprobs.clear();
     x.output_top_logprobs.clear();
+    x.output_token_texts.clear();
+    x.input_token_ids.clear();
+    x.input_token_logprobs.clear();
+    x.input_top_logprobs.clear();
+    x.input_token_texts.clear();
     return x;
   }
   static std::vector<GenerateReqOutput> json() { return {full(), sparse()}; }
@@ -468,6 +482,9 @@ struct samples<TokenChunk> : simple_samples<TokenChunk> {
     x.output_ids = {7};
     x.output_token_logprobs = {-1.5f};
     x.output_top_logprobs = {{{7, -1.5f}, {8, -2.0f}}};
+    x.input_token_ids = {1, 2};
+    x.input_token_logprobs = {-1.0f, -2.0f};
+    x.input_top_logprobs = {{}, {{2, -2.0f}}};
     x.finished = true;
     x.finish_reason = samples<FinishReason>::full();
     x.prompt_tokens = 4;
@@ -875,7 +892,7 @@ struct samples<HealthCheckReqOutput> : status_samples<HealthCheckReqOutput> {};
 template <>
 struct samples<SequenceWork> : simple_samples<SequenceWork> {
   static SequenceWork full() {
-    return {5, true, {4, 9}, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, 3, 4, {7, 8},
+    return {5, true, {4, 9}, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, {6, 6}, 3, {5}, 4, {7, 8},
             {0.25f, 0.75f}};
   }
 };
@@ -890,8 +907,8 @@ struct samples<ForwardBatch> : simple_samples<ForwardBatch> {
 template <>
 struct samples<SequenceResult> : simple_samples<SequenceResult> {
   static SequenceResult full() {
-    return {5, {42, 7}, {-0.3f, -1.5f}, {{{42, -0.3f}, {43, -1.0f}}, {}}, 1, {0.5f, 0.5f},
-            "sampler failed"};
+    return {5,  {42, 7}, {-0.3f, -1.5f}, {{{42, -0.3f}, {43, -1.0f}}, {}}, {-2.0f}, {{{1, -2.0f}}},
+            1,  {0.5f, 0.5f}, "sampler failed"};
   }
 };
 

@@ -271,4 +271,52 @@ BOOST_AUTO_TEST_CASE(gpu_sampler_reference_equals_the_host_sampler) {
   BOOST_TEST(rows_checked == 120);
 }
 
+// SGLang's penalties over generated tokens, worked by hand: frequency and presence subtract,
+// then repetition divides positive logits and multiplies negative ones; min_new_tokens masks
+// the stop ids until enough tokens are generated.
+BOOST_AUTO_TEST_CASE(penalties_change_only_generated_tokens) {
+  rlserve::model::generation_history h;
+  h.add(1);
+  h.add(1);
+  h.add(2);
+  h.add(7); // outside the vocabulary: ignored
+  sampling_config cfg;
+  cfg.frequency_penalty = 0.5f;
+  cfg.presence_penalty = 0.25f;
+  cfg.repetition_penalty = 2.0f;
+  std::vector<float> logits = {1.0f, 3.0f, -1.0f, 0.5f};
+  rlserve::model::apply_penalties(logits, h, cfg);
+  BOOST_TEST(logits[0] == 1.0f);                         // never generated
+  BOOST_TEST(logits[1] == (3.0f - 2 * 0.5f - 0.25f) / 2); // 0.875
+  BOOST_TEST(logits[2] == (-1.0f - 0.5f - 0.25f) * 2);    // -3.5
+  BOOST_TEST(logits[3] == 0.5f);
+
+  sampling_config none;
+  std::vector<float> same = {1.0f, 3.0f, -1.0f, 0.5f};
+  rlserve::model::apply_penalties(same, h, none);
+  BOOST_TEST((same == std::vector<float>{1.0f, 3.0f, -1.0f, 0.5f}));
+
+  sampling_config min_new;
+  min_new.min_new_tokens = 5;
+  min_new.stop_ids = {3, 0};
+  BOOST_TEST(min_new.uses_history());
+  std::vector<float> masked = {1.0f, 3.0f, -1.0f, 9.0f};
+  rlserve::model::apply_penalties(masked, h, min_new); // 4 generated < 5
+  BOOST_TEST(std::isinf(masked[0]));
+  BOOST_TEST(std::isinf(masked[3]));
+  BOOST_TEST(masked[1] == 3.0f);
+  h.add(0);
+  std::vector<float> open = {1.0f, 3.0f, -1.0f, 9.0f};
+  rlserve::model::apply_penalties(open, h, min_new); // 5 generated: stop ids allowed again
+  BOOST_TEST(open[3] == 9.0f);
+
+  // Greedy over penalized logits picks what the penalty leaves on top.
+  sampler s(1);
+  sampling_config greedy = cfg;
+  greedy.temperature = 0.0f;
+  std::vector<float> row = {2.0f, 3.0f, -1.0f, 1.0f}; // 0.625, 0.875, -3.5, 1.0 after
+  rlserve::model::apply_penalties(row, h, greedy);
+  BOOST_TEST(s.sample(row, greedy).token == 3);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -1018,6 +1018,12 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
       out.running_requests = static_cast<int32_t>(st.running.size());
       out.waiting_requests = static_cast<int32_t>(st.waiting.size());
       out.committed_updates = st.committed_updates;
+      out.max_running_requests = st.options.max_running_requests;
+      if (st.blocks) {
+        out.max_total_num_tokens = st.blocks->capacity_tokens();
+        out.num_used_tokens =
+          (st.blocks->total_blocks() - st.blocks->free_blocks()) * st.blocks->block_size();
+      }
       for (const auto* gone : {&st.target_gone, &st.draft_gone, &st.updater_gone})
         if (!gone->empty()) {
           out.success = false;

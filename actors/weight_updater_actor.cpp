@@ -759,7 +759,7 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
     [self](CheckWeightsReqInput& req) -> caf::result<CheckWeightsReqOutput> {
       auto targets = select(self->state, req.selector);
       if (!targets)
-        return CheckWeightsReqOutput{false, targets.error(), {}, {}, {}};
+        return CheckWeightsReqOutput{false, targets.error(), {}, {}, {}, {}};
       auto rp = self->make_response_promise<CheckWeightsReqOutput>();
       auto action = req.action;
       gather<RunnerCheckOutput>(self, *targets, req,
@@ -799,6 +799,10 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
                                     for (auto& [name, digest] : info.checksums)
                                       all += name + ":" + digest + "\n";
                                     info.per_gpu_checksum = hex16(XXH3_64bits(all.data(), all.size()));
+                                    // Over every GPU's checksum in rank order, as SGLang's engine
+                                    // checksum; one GPU here.
+                                    out.per_engine_checksum = hex16(XXH3_64bits(
+                                      info.per_gpu_checksum.data(), info.per_gpu_checksum.size()));
                                     out.payload.push_back(std::move(info));
                                   }
                                   out.message = messages;

@@ -85,6 +85,11 @@ struct GetServerInfoReqOutput {
   int32_t int4_modules = 0;
   std::string int4_update_recipe;
   std::string int4_quantized_on;
+  // The scheduler's limits and KV use, by SGLang's names (its scheduler_info and /v1/loads):
+  // requests in one batch, tokens the KV pool holds, and tokens its used blocks hold.
+  int32_t max_running_requests = 0;
+  int64_t max_total_num_tokens = 0;
+  int64_t num_used_tokens = 0;
 };
 
 struct HealthCheckReqInput {};
@@ -140,7 +145,8 @@ typename Inspector::result_type inspect(Inspector& f, GetServerInfoReqOutput& x)
            x.scheduler_steps, x.scheduler_cpu_us, x.speculative_num_draft_tokens,
            x.spec_verify_steps, x.spec_accepted_tokens,
            x.spec_accept_length, x.spec_recent_accept_length, x.weight_transports, x.int4_modules,
-           x.int4_update_recipe, x.int4_quantized_on);
+           x.int4_update_recipe, x.int4_quantized_on, x.max_running_requests,
+           x.max_total_num_tokens, x.num_used_tokens);
 }
 
 template <class Inspector>

@@ -244,6 +244,8 @@ nlohmann::json to_json(const ParallelismInfo& x);
 // checksums / role_checksums are JSON objects (name -> hex digest).
 template <> expected<ChecksumInfo> from_json<ChecksumInfo>(const nlohmann::json& j);
 nlohmann::json to_json(const ChecksumInfo& x);
+// payload -> "ranks" (SGLang's HTTP reply names the per-GPU list so; "payload" is read too);
+// "per_engine_checksum" only when set.
 template <>
 expected<CheckWeightsReqOutput> from_json<CheckWeightsReqOutput>(const nlohmann::json& j);
 nlohmann::json to_json(const CheckWeightsReqOutput& x);

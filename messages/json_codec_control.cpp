@@ -131,6 +131,9 @@ expected<GetServerInfoReqOutput> from_json<GetServerInfoReqOutput>(const json& j
       r.field("int4_modules", x.int4_modules, count);
       r.field("int4_update_recipe", x.int4_update_recipe);
       r.field("int4_quantized_on", x.int4_quantized_on);
+      r.field("max_running_requests", x.max_running_requests, count);
+      r.field("max_total_num_tokens", x.max_total_num_tokens, int_rule<int64_t>{.lo = 0});
+      r.field("num_used_tokens", x.num_used_tokens, int_rule<int64_t>{.lo = 0});
     });
 }
 
@@ -160,7 +163,10 @@ json to_json(const GetServerInfoReqOutput& x) {
           {"weight_transports", x.weight_transports},
           {"int4_modules", x.int4_modules},
           {"int4_update_recipe", x.int4_update_recipe},
-          {"int4_quantized_on", x.int4_quantized_on}};
+          {"int4_quantized_on", x.int4_quantized_on},
+          {"max_running_requests", x.max_running_requests},
+          {"max_total_num_tokens", x.max_total_num_tokens},
+          {"num_used_tokens", x.num_used_tokens}};
 }
 
 template <>

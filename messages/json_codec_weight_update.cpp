@@ -638,22 +638,29 @@ expected<CheckWeightsReqOutput> from_json<CheckWeightsReqOutput>(const json& j) 
     j, strictness::lenient, [](object_reader& r, CheckWeightsReqOutput& x) {
       r.field("success", x.success);
       r.field("message", x.message);
-      r.object_list("payload", x.payload,
+      // "payload": what rlserve wrote before it took SGLang's HTTP name.
+      const char* ranks = r.present("ranks") ? "ranks" : "payload";
+      r.object_list(ranks, x.payload,
                     [](object_reader& s, ChecksumInfo& c) { read_fields(s, c); });
+      r.field("per_engine_checksum", x.per_engine_checksum);
       r.field("changed", x.changed);
       r.field("unchanged", x.unchanged);
     });
 }
 
 json to_json(const CheckWeightsReqOutput& x) {
-  auto payload = json::array();
+  auto ranks = json::array();
   for (const auto& c : x.payload)
-    payload.push_back(fields_of(c));
-  return {{"success", x.success},
-          {"message", x.message},
-          {"payload", std::move(payload)},
-          {"changed", x.changed},
-          {"unchanged", x.unchanged}};
+    ranks.push_back(fields_of(c));
+  json out = {{"success", x.success},
+              {"message", x.message},
+              {"ranks", std::move(ranks)},
+              {"changed", x.changed},
+              {"unchanged", x.unchanged}};
+  // SGLang writes it only for a checksum.
+  if (!x.per_engine_checksum.empty())
+    out["per_engine_checksum"] = x.per_engine_checksum;
+  return out;
 }
 
 template <>

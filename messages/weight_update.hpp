@@ -222,7 +222,10 @@ struct ChecksumInfo {
 struct CheckWeightsReqOutput {
   bool success = true;
   std::string message;
-  std::vector<ChecksumInfo> payload; // checksum: one per TP rank
+  // checksum: one per GPU (rlserve runs one). JSON and HTTP: "ranks", SGLang's HTTP name.
+  std::vector<ChecksumInfo> payload;
+  // checksum: XXH3-64 over the ranks' per_gpu_checksum texts in rank order (SGLang: SHA-256).
+  std::string per_engine_checksum;
   std::vector<std::string> changed;   // compare: tensors that differ from the snapshot
   std::vector<std::string> unchanged; // compare: tensors equal to the snapshot
 };
@@ -373,7 +376,7 @@ typename Inspector::result_type inspect(Inspector& f, ChecksumInfo& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, CheckWeightsReqOutput& x) {
   return f(caf::meta::type_name("CheckWeightsReqOutput"), x.success, x.message, x.payload,
-           x.changed, x.unchanged);
+           x.per_engine_checksum, x.changed, x.unchanged);
 }
 
 template <class Inspector>

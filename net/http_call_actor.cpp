@@ -3,6 +3,7 @@
 #include "net/http_call_actor.hpp"
 
 #include <chrono>
+#include <ctime>
 #include <optional>
 #include <unordered_map>
 
@@ -46,6 +47,18 @@ struct http_state {
 };
 
 using http_actor = caf::stateful_actor<http_state>;
+
+// Now in ISO 8601, UTC, to the microsecond (Python's datetime.isoformat, as SGLang writes it).
+std::string utc_timestamp() {
+  auto now = std::chrono::system_clock::now();
+  auto secs = std::chrono::time_point_cast<std::chrono::seconds>(now);
+  auto micros = std::chrono::duration_cast<std::chrono::microseconds>(now - secs).count();
+  std::time_t t = std::chrono::system_clock::to_time_t(secs);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}+00:00", tm.tm_year + 1900, tm.tm_mon + 1,
+                     tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, micros);
+}
 
 std::string json_error(std::string_view message) {
   return dump(json{{"error", {{"message", message}}}});
@@ -110,6 +123,10 @@ http_reply shape_reply(std::string_view route, bool ok, const json& body) {
     r.body = dump(json{{"message", body.value("message", std::string())}, {"status", "ok"}});
   } else if (route == "get_weights_by_name") {
     r.body = dump(body.value("parameter", json::array()));
+  } else if (route == "get_server_info") {
+    // SGLang's /server_info: ServerArgs and scheduler_info beside rlserve's state.
+    auto info = from_json<GetServerInfoReqOutput>(body);
+    r.body = info ? dump(sglang_server_info(*info)) : dump(body);
   } else {
     r.body = dump(body);
   }
@@ -197,33 +214,46 @@ void start_route(http_actor* self, http_call call) {
   });
 }
 
-void start_info(http_actor* self, http_call::kind_t kind) {
+void start_info(http_actor* self, http_call call) {
   auto& s = self->state;
+  const auto kind = call.kind;
+  loads_query loads;
+  if (kind == http_call::loads) {
+    auto q = parse_loads_query(call.query);
+    if (!q) {
+      s.st->stats.protocol_error(to_string(error_code::bad_request));
+      s.st->stats.request_done("http", "v1/loads", request_result::error, seconds_since(s.info.t0));
+      return reply(self, http_reply{400, "application/json", failure_body(q.error()), false});
+    }
+    loads = *q;
+  }
   self->request(s.st->front, std::chrono::seconds(5), GetServerInfoReqInput{})
     .then(
-      [self, kind](GetServerInfoReqOutput& info) {
+      [self, kind, loads](GetServerInfoReqOutput& info) {
         auto& s = self->state;
         if (kind == http_call::metrics) {
           s.st->stats.request_done("http", "metrics", request_result::ok, seconds_since(s.info.t0));
           return reply(self, http_reply{200, "text/plain; version=0.0.4; charset=utf-8",
                                         s.st->stats.render(&info), false});
         }
-        s.st->stats.request_done("http", kind == http_call::model_info ? "model_info" : "get_server_info",
-                                 info.success ? request_result::ok : request_result::failed,
+        const char* name = kind == http_call::model_info       ? "model_info"
+                           : kind == http_call::weight_version ? "get_weight_version"
+                           : kind == http_call::loads          ? "v1/loads"
+                                                               : "get_server_info";
+        s.st->stats.request_done("http", name, info.success ? request_result::ok : request_result::failed,
                                  seconds_since(s.info.t0));
-        if (kind == http_call::server_info)
-          return reply(self, http_reply{info.success ? 200u : 400u, "application/json",
-                                        dump(to_json(info)), false});
-        json j = {{"model_path", info.model_path},
-                  {"tokenizer_path", info.model_path},
-                  {"is_generation", true},
-                  {"weight_version", info.weight_version},
-                  {"draft_model_path", info.draft_model_path.empty() ? json(nullptr) : json(info.draft_model_path)},
-                  {"architecture", info.architecture},
-                  {"device", info.device},
-                  {"vocab_size", info.vocab_size},
-                  {"max_context_length", info.max_context_length}};
-        reply(self, http_reply{200, "application/json", dump(j), false});
+        switch (kind) {
+          case http_call::model_info:
+            return reply(self, http_reply{200, "application/json", dump(sglang_model_info(info)), false});
+          case http_call::weight_version:
+            return reply(self, http_reply{200, "application/json",
+                                          dump(json{{"weight_version", info.weight_version}}), false});
+          case http_call::loads:
+            return reply(self, sglang_loads(info, loads, utc_timestamp()));
+          default:
+            return reply(self, http_reply{info.success ? 200u : 400u, "application/json",
+                                          dump(sglang_server_info(info)), false});
+        }
       },
       [self, kind](caf::error& err) {
         auto& s = self->state;
@@ -234,6 +264,16 @@ void start_info(http_actor* self, http_call::kind_t kind) {
                                failure_body("the engine did not answer: " + self->system().render(err)),
                                false});
       });
+}
+
+// /start_profile, /stop_profile: answered here, after the key check (docs/protocol.md).
+void start_profile_call(http_actor* self, const http_call& call) {
+  auto& s = self->state;
+  auto r = profile_reply(call.kind, call.body, call.query);
+  s.st->stats.request_done("http", call.kind == http_call::start_profile ? "start_profile" : "stop_profile",
+                           r.status == 400 ? request_result::error : request_result::failed,
+                           seconds_since(s.info.t0));
+  reply(self, std::move(r));
 }
 
 void start_health(http_actor* self, bool generate) {
@@ -308,7 +348,11 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
           break;
         case http_call::metrics:
         case http_call::model_info:
-        case http_call::server_info: start_info(self, call.kind); break;
+        case http_call::weight_version:
+        case http_call::loads:
+        case http_call::server_info: start_info(self, std::move(call)); break;
+        case http_call::start_profile:
+        case http_call::stop_profile: start_profile_call(self, call); break;
         case http_call::health: start_health(self, false); break;
         case http_call::health_generate: start_health(self, true); break;
       }

@@ -1,7 +1,8 @@
 // Private to net/: the actor behind one routed HTTP request (http_session makes one per request).
 // It decodes the body through codec_registry, asks the front door, and answers in SGLang's HTTP
 // shapes through link<http_outbound>: one whole reply, or server-sent events for a streamed
-// /generate. /health, /health_generate, /metrics and /model_info are answered here too. A
+// /generate. The HTTP-only routes (/health, /health_generate, /metrics, /model_info,
+// /get_weight_version, /v1/loads, /start_profile, /stop_profile) are answered here too. A
 // client that hangs up (deliver_cancel) has its generate request aborted. Never blocks.
 #pragma once
 
@@ -34,7 +35,18 @@ public:
 
 // What an HTTP call asks for.
 struct http_call {
-  enum kind_t { route, metrics, model_info, server_info, health, health_generate } kind = route;
+  enum kind_t {
+    route,
+    metrics,
+    model_info,
+    server_info,
+    weight_version,
+    loads,
+    start_profile,
+    stop_profile,
+    health,
+    health_generate
+  } kind = route;
   const codec_entry* codec = nullptr; // kind == route
   std::string body;                   // request body (JSON text; empty: {})
   std::map<std::string, std::string> query;

@@ -1,6 +1,9 @@
 #include "net/http_route.hpp"
 
+#include <algorithm>
 #include <cctype>
+
+#include <fmt/format.h>
 
 #include "messages/base64.hpp"
 #include "messages/codec_registry.hpp"
@@ -86,24 +89,44 @@ std::variant<http_routed, http_refusal> route_http_request(http::verb method,
                                              "application/json")};
 
   http_routed out;
-  if (path == "/health" || path == "/health_generate" || path == "/metrics" || path == "/model_info") {
+  // Reads answered from the engine's server info (and probes): GET only.
+  static const std::map<std::string_view, http_call::kind_t> reads = {
+    {"/health", http_call::health},
+    {"/health_generate", http_call::health_generate},
+    {"/metrics", http_call::metrics},
+    {"/model_info", http_call::model_info},
+    {"/get_model_info", http_call::model_info},
+    {"/get_weight_version", http_call::weight_version},
+    {"/v1/loads", http_call::loads},
+  };
+  if (auto read = reads.find(path); read != reads.end()) {
     if (!get)
       return http_refusal{405, json_error_body("Method Not Allowed", "use GET for " + path)};
-    out.call.kind = path == "/health"            ? http_call::health
-                    : path == "/health_generate" ? http_call::health_generate
-                    : path == "/metrics"         ? http_call::metrics
-                                                 : http_call::model_info;
+    out.call.kind = read->second;
+    out.call.query = std::move(query);
     // Probes, load balancers, Prometheus and the trainers' health monitors send no key (SGLang
-    // exempts the same paths); /model_info describes the model and stays at the normal level.
-    if (out.call.kind != http_call::model_info)
-      out.level = route_auth::exempt;
+    // exempts the same paths); the reads of model, version and load stay at the normal level.
+    const bool probe = read->second == http_call::health || read->second == http_call::health_generate ||
+                       read->second == http_call::metrics;
+    out.level = probe ? route_auth::exempt : route_auth::normal;
+  } else if (path == "/start_profile" || path == "/stop_profile") {
+    // SGLang serves both on GET and POST. HEAD runs nothing.
+    if (!(post || (get && !head)))
+      return http_refusal{405, json_error_body("Method Not Allowed", "use POST or GET for " + path)};
+    out.call.kind = path == "/start_profile" ? http_call::start_profile : http_call::stop_profile;
+    out.call.body = std::move(body);
+    out.call.query = std::move(query);
+    out.level = route_auth::admin;
   } else {
     std::string name = path.size() > 1 ? path.substr(1) : "";
     if (name == "server_info")
       name = "get_server_info";
     const codec_entry* c = find_codec(name);
     if (!c) {
-      std::string routes = "/health, /health_generate, /metrics, /model_info";
+      std::string routes;
+      for (const auto& [p, kind] : reads)
+        routes += std::string(routes.empty() ? "" : ", ") + std::string(p);
+      routes += ", /start_profile, /stop_profile, /server_info";
       for (const auto& e : all_codecs())
         routes += ", /" + std::string(e.route);
       return http_refusal{404, json_error_body("Not Found",
@@ -149,6 +172,256 @@ expected<json> http_request_body(const codec_entry& codec, std::string_view text
     body[name] = parsed ? *parsed : json(v);
   }
   return body;
+}
+
+// ---- SGLang's reply shapes ---------------------------------------------------------------------
+
+#ifndef RLSERVE_VERSION
+#define RLSERVE_VERSION "0.0.0"
+#endif
+
+std::string_view server_version() { return RLSERVE_VERSION; }
+
+namespace {
+
+// The device index SGLang calls base_gpu_id: "cuda:3 (NVIDIA H200)" -> 3; the CPU -> 0.
+int device_index(std::string_view device) {
+  if (!device.starts_with("cuda:"))
+    return 0;
+  int n = 0;
+  for (char c : device.substr(5)) {
+    if (c < '0' || c > '9')
+      break;
+    n = n * 10 + (c - '0');
+  }
+  return n;
+}
+
+// Hugging Face's model_type from the architecture class: Qwen3MoeForCausalLM -> qwen3_moe.
+std::string model_type_of(std::string_view architecture) {
+  auto stem = architecture.substr(0, architecture.find("For"));
+  std::string out;
+  for (std::size_t i = 0; i < stem.size(); ++i) {
+    char c = stem[i];
+    if (c >= 'A' && c <= 'Z') {
+      const char prev = i > 0 ? stem[i - 1] : 'A';
+      if ((prev >= 'a' && prev <= 'z') || (prev >= '0' && prev <= '9'))
+        out += '_';
+      c = static_cast<char>(c - 'A' + 'a');
+    }
+    out += c;
+  }
+  return out;
+}
+
+double token_usage(const GetServerInfoReqOutput& info) {
+  return info.max_total_num_tokens > 0
+           ? static_cast<double>(info.num_used_tokens) / static_cast<double>(info.max_total_num_tokens)
+           : 0.0;
+}
+
+} // namespace
+
+json sglang_server_info(const GetServerInfoReqOutput& info) {
+  json j = to_json(info);
+  const bool draft = !info.draft_model_path.empty();
+  // ServerArgs: one engine process on one device.
+  j["tokenizer_path"] = info.model_path;
+  j["served_model_name"] = info.model_path;
+  j["dtype"] = "auto"; // the checkpoint's own, as SGLang's default
+  j["context_length"] = info.max_context_length;
+  for (auto key : {"tp_size", "dp_size", "pp_size", "ep_size", "moe_dp_size", "nnodes", "gpu_id_step"})
+    j[key] = 1;
+  j["node_rank"] = 0;
+  j["base_gpu_id"] = device_index(info.device);
+  j["skip_tokenizer_init"] = false;
+  j["enable_memory_saver"] = false;
+  j["enable_return_routed_experts"] = false;
+  j["disaggregation_mode"] = "null";
+  j["encoder_only"] = false;
+  j["speculative_algorithm"] = draft ? json("STANDALONE") : json(nullptr);
+  j["speculative_draft_model_path"] = draft ? json(info.draft_model_path) : json(nullptr);
+  // scheduler_info and the per-rank internal states.
+  j["max_req_input_len"] = info.max_context_length;
+  json state = {{"weight_version", info.weight_version},
+                {"avg_spec_accept_length", info.spec_accept_length},
+                {"token_usage", token_usage(info)}};
+  j["internal_states"] = json::array({std::move(state)});
+  j["version"] = server_version();
+  return j;
+}
+
+json sglang_model_info(const GetServerInfoReqOutput& info) {
+  return {{"model_path", info.model_path},
+          {"tokenizer_path", info.model_path},
+          {"is_generation", true},
+          {"preferred_sampling_params", nullptr},
+          {"weight_version", info.weight_version},
+          {"has_image_understanding", false},
+          {"has_audio_understanding", false},
+          {"model_type", model_type_of(info.architecture)},
+          {"architectures", json::array({info.architecture})},
+          {"draft_model_path", info.draft_model_path.empty() ? json(nullptr) : json(info.draft_model_path)},
+          {"architecture", info.architecture},
+          {"device", info.device},
+          {"vocab_size", info.vocab_size},
+          {"max_context_length", info.max_context_length}};
+}
+
+expected<loads_query> parse_loads_query(const std::map<std::string, std::string>& query) {
+  loads_query q;
+  for (const auto& [key, value] : query) {
+    if (key == "include") {
+      std::string_view rest = value;
+      while (true) {
+        auto comma = rest.find(',');
+        auto item = rest.substr(0, comma);
+        while (!item.empty() && item.front() == ' ')
+          item.remove_prefix(1);
+        while (!item.empty() && item.back() == ' ')
+          item.remove_suffix(1);
+        static const std::string_view sections[] = {"core", "memory", "spec", "lora", "disagg",
+                                                    "queues", "all"};
+        if (std::find(std::begin(sections), std::end(sections), item) == std::end(sections))
+          return fail("include: \"" + std::string(item) +
+                      "\" is not a section (sections: core, memory, spec, lora, disagg, queues, all)");
+        if (item == "spec" || item == "all")
+          q.speculative = true;
+        if (comma == std::string_view::npos)
+          break;
+        rest = rest.substr(comma + 1);
+      }
+    } else if (key == "dp_rank") {
+      if (value != "0")
+        return fail("dp_rank: expected 0, the only data-parallel rank of this engine, got \"" + value + "\"");
+    } else if (key == "format") {
+      if (value != "json" && value != "prometheus")
+        return fail("format: expected json or prometheus, got \"" + value + "\"");
+      q.prometheus = value == "prometheus";
+    }
+    // Other parameters change nothing here, as FastAPI ignores parameters a route does not name.
+  }
+  return q;
+}
+
+http_reply sglang_loads(const GetServerInfoReqOutput& info, const loads_query& q,
+                        std::string_view timestamp) {
+  const double usage = token_usage(info);
+  const bool draft = !info.draft_model_path.empty();
+  if (q.prometheus) {
+    std::string text;
+    auto metric = [&](std::string_view name, std::string_view help, auto value) {
+      text += fmt::format("# HELP sglang_{0} {1}\n# TYPE sglang_{0} gauge\nsglang_{0}{{dp_rank=\"0\"}} {2}\n",
+                          name, help, value);
+    };
+    metric("num_running_reqs", "Number of running requests", info.running_requests);
+    metric("num_waiting_reqs", "Number of waiting requests", info.waiting_requests);
+    metric("num_used_tokens", "Number of tokens in use", info.num_used_tokens);
+    metric("max_total_num_tokens", "Maximum token capacity", info.max_total_num_tokens);
+    metric("token_usage", "Token pool usage ratio", usage);
+    metric("max_running_requests", "Maximum running requests", info.max_running_requests);
+    if (q.speculative && draft)
+      metric("spec_accept_length", "Accepted tokens per verification step",
+             info.spec_recent_accept_length);
+    return http_reply{200, "text/plain; version=0.0.4; charset=utf-8", std::move(text), false};
+  }
+  json load = {{"dp_rank", 0},
+               {"num_running_reqs", info.running_requests},
+               {"num_waiting_reqs", info.waiting_requests},
+               {"num_total_reqs", info.running_requests + info.waiting_requests},
+               {"num_used_tokens", info.num_used_tokens},
+               {"max_total_num_tokens", info.max_total_num_tokens},
+               {"token_usage", usage},
+               {"max_running_requests", info.max_running_requests}};
+  if (q.speculative && draft && info.speculative_num_draft_tokens > 0)
+    load["speculative"] = {
+      {"accept_length", info.spec_recent_accept_length},
+      {"accept_rate", info.spec_recent_accept_length / (info.speculative_num_draft_tokens + 1)}};
+  json body = {{"timestamp", timestamp},
+               {"version", server_version()},
+               {"dp_rank_count", 1},
+               {"loads", json::array({load})},
+               {"aggregate",
+                {{"total_running_reqs", info.running_requests},
+                 {"total_waiting_reqs", info.waiting_requests},
+                 {"total_reqs", info.running_requests + info.waiting_requests},
+                 {"avg_token_usage", usage}}}};
+  return http_reply{200, "application/json", dump(body), false};
+}
+
+namespace {
+
+// The fields of SGLang's ProfileReqInput, checked by type; unknown keys are ignored as SGLang's
+// request structs ignore them. Empty: well-formed.
+std::string profile_input_error(const json& body) {
+  auto check = [&](const char* key, auto is_ok, const char* expected) -> std::string {
+    auto it = body.find(key);
+    if (it == body.end() || it->is_null() || is_ok(*it))
+      return {};
+    return std::string(key) + ": expected " + expected + ", got " + dump(*it);
+  };
+  auto is_string = [](const json& v) { return v.is_string(); };
+  auto is_bool = [](const json& v) { return v.is_boolean(); };
+  auto is_count = [](const json& v) { return v.is_number_integer() && v.get<int64_t>() >= 0; };
+  auto is_steps = [](const json& v) { return v.is_number_integer() && v.get<int64_t>() >= 1; };
+  auto is_activities = [](const json& v) {
+    if (!v.is_array())
+      return false;
+    for (const auto& a : v)
+      if (!a.is_string() || (a != "CPU" && a != "GPU" && a != "MEM" && a != "RPD" && a != "CUDA_PROFILER"))
+        return false;
+    return true;
+  };
+  for (auto e : {check("output_dir", is_string, "a directory path"),
+                 check("start_step", is_count, "an integer >= 0"),
+                 check("num_steps", is_steps, "an integer >= 1"),
+                 check("activities", is_activities,
+                       "a list of \"CPU\", \"GPU\", \"MEM\", \"RPD\", \"CUDA_PROFILER\""),
+                 check("profile_by_stage", is_bool, "true or false"),
+                 check("with_stack", is_bool, "true or false"),
+                 check("record_shapes", is_bool, "true or false"),
+                 check("merge_profiles", is_bool, "true or false"),
+                 check("profile_prefix", is_string, "a string"),
+                 check("profile_id", is_string, "a string")})
+    if (!e.empty())
+      return e;
+  if (auto it = body.find("output_dir"); it != body.end() && it->is_string() && it->get<std::string>().empty())
+    return "output_dir: empty; name a directory or leave it out";
+  return {};
+}
+
+} // namespace
+
+http_reply profile_reply(http_call::kind_t kind, std::string_view text,
+                         const std::map<std::string, std::string>& query) {
+  auto status = [](unsigned code, std::string message) {
+    return http_reply{code, "application/json",
+                      dump(json{{"success", false}, {"message", std::move(message)}}), false};
+  };
+  json body = json::object();
+  if (!text.empty()) {
+    auto parsed = parse_json(text);
+    if (!parsed)
+      return status(400, parsed.error());
+    if (!parsed->is_null() && !parsed->is_object())
+      return status(400, "the request body must be a JSON object");
+    if (parsed->is_object())
+      body = std::move(*parsed);
+  }
+  for (const auto& [k, v] : query)
+    if (!body.contains(k)) {
+      auto parsed = parse_json(v);
+      body[k] = parsed ? *parsed : json(v);
+    }
+  if (kind == http_call::start_profile) {
+    if (auto e = profile_input_error(body); !e.empty())
+      return status(400, e);
+    return status(501, "rlserve does not profile: /start_profile recorded nothing and no trace will "
+                       "be written; /metrics has the engine's counters and get_server_info the "
+                       "scheduler's step count and CPU time");
+  }
+  return status(501, "rlserve does not profile: there is no profile to stop (/start_profile is "
+                     "not implemented)");
 }
 
 } // namespace rlserve::net::detail

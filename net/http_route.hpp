@@ -16,6 +16,7 @@
 #include <boost/beast/http/verb.hpp>
 #include <nlohmann/json.hpp>
 
+#include "messages/control.hpp"
 #include "messages/expected.hpp"
 #include "net/auth.hpp"
 #include "net/http_call_actor.hpp"
@@ -56,9 +57,11 @@ struct http_routed {
   std::string path;
 };
 
-// GET /health, /health_generate, /metrics, /model_info; POST /<route> for every codec_registry
-// route, GET too where get_allowed (/server_info is get_server_info). `body` moves into the call;
-// `body_is_json` is json_media_type of the request's Content-Type.
+// GET /health, /health_generate, /metrics, /model_info (and SGLang's older /get_model_info),
+// /get_weight_version, /v1/loads; GET or POST /start_profile, /stop_profile (admin); POST
+// /<route> for every codec_registry route, GET too where get_allowed (/server_info is
+// get_server_info). `body` moves into the call; `body_is_json` is json_media_type of the
+// request's Content-Type.
 std::variant<http_routed, http_refusal> route_http_request(boost::beast::http::verb method,
                                                            std::string_view target,
                                                            std::string body, bool body_is_json = true);
@@ -70,5 +73,41 @@ std::variant<http_routed, http_refusal> route_http_request(boost::beast::http::v
 expected<nlohmann::json> http_request_body(const codec_entry& codec, std::string_view body,
                                            const std::map<std::string, std::string>& query,
                                            std::size_t max_input_ids = SIZE_MAX);
+
+// ---- SGLang's reply shapes of the reads trainers make (docs/protocol.md, 'Compatibility') -----
+
+// The project's version, as SGLang's replies carry its own ("version").
+std::string_view server_version();
+
+// /server_info and /get_server_info over HTTP: rlserve's GetServerInfoReqOutput fields plus the
+// ServerArgs and scheduler_info fields trainers read (model_path, tp_size, dp_size, pp_size,
+// ep_size, dtype, context_length, disaggregation_mode, ...), with the values that describe this
+// engine: one process on one device, so every parallel size is 1.
+nlohmann::json sglang_server_info(const GetServerInfoReqOutput& info);
+
+// /model_info: SGLang's fields (model_path, tokenizer_path, is_generation, weight_version,
+// model_type, architectures, ...) plus rlserve's (device, vocab_size, max_context_length, ...).
+nlohmann::json sglang_model_info(const GetServerInfoReqOutput& info);
+
+// What GET /v1/loads asks for: SGLang's query parameters include (comma-separated sections of
+// core, memory, spec, lora, disagg, queues, all), dp_rank (this engine has one: 0) and format
+// (json or prometheus). Errors are the 400 message.
+struct loads_query {
+  bool speculative = false; // the "spec" section (or "all")
+  bool prometheus = false;
+};
+expected<loads_query> parse_loads_query(const std::map<std::string, std::string>& query);
+
+// /v1/loads in SGLang's shape: {timestamp, version, dp_rank_count, loads: [one per data-parallel
+// rank], aggregate}, or Prometheus text; a section without data here (memory, lora, disagg,
+// queues) is left out, as SGLang leaves out what it does not have. `timestamp` is ISO 8601.
+http_reply sglang_loads(const GetServerInfoReqOutput& info, const loads_query& q,
+                        std::string_view timestamp);
+
+// /start_profile and /stop_profile. rlserve records no profile: the body (SGLang's
+// ProfileReqInput for start) is checked first, so a malformed one is a 400 naming the field;
+// a well-formed one is a 501 saying so, never a 404.
+http_reply profile_reply(http_call::kind_t kind, std::string_view body,
+                         const std::map<std::string, std::string>& query);
 
 } // namespace rlserve::net::detail

@@ -71,7 +71,7 @@ RLSERVE_FIELD_COUNT(UpdateWeightVersionReqOutput, 3)
 RLSERVE_FIELD_COUNT(CheckWeightsReqInput, 4)
 RLSERVE_FIELD_COUNT(ParallelismInfo, 9)
 RLSERVE_FIELD_COUNT(ChecksumInfo, 4)
-RLSERVE_FIELD_COUNT(CheckWeightsReqOutput, 5)
+RLSERVE_FIELD_COUNT(CheckWeightsReqOutput, 6)
 RLSERVE_FIELD_COUNT(GetWeightsByNameReqInput, 3)
 RLSERVE_FIELD_COUNT(GetWeightsByNameReqOutput, 5)
 // control.hpp
@@ -82,7 +82,7 @@ RLSERVE_FIELD_COUNT(ContinueGenerationReqOutput, 2)
 RLSERVE_FIELD_COUNT(FlushCacheReqInput, 1)
 RLSERVE_FIELD_COUNT(FlushCacheReqOutput, 2)
 RLSERVE_FIELD_COUNT(GetServerInfoReqInput, 0)
-RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 26)
+RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 29)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
 RLSERVE_FIELD_COUNT(HealthCheckReqOutput, 2)
 // runner.hpp
@@ -203,8 +203,14 @@ auto tie_fields(const T& x) {
   } else if constexpr (N == 28) {
     const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27] = x;
     return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27);
+  } else if constexpr (N == 29) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28);
+  } else if constexpr (N == 30) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29);
   } else {
-    static_assert(N <= 28, "extend tie_fields");
+    static_assert(N <= 30, "extend tie_fields");
   }
 }
 
@@ -798,7 +804,8 @@ struct samples<ChecksumInfo> : simple_samples<ChecksumInfo> {
 template <>
 struct samples<CheckWeightsReqOutput> : simple_samples<CheckWeightsReqOutput> {
   static CheckWeightsReqOutput full() {
-    return {false, "compare found 1 change", {samples<ChecksumInfo>::full()}, {"a"}, {"b", "c"}};
+    return {false, "compare found 1 change", {samples<ChecksumInfo>::full()}, "3333333333333333",
+            {"a"}, {"b", "c"}};
   }
 };
 
@@ -877,6 +884,9 @@ struct samples<GetServerInfoReqOutput> : simple_samples<GetServerInfoReqOutput> 
     x.int4_modules = 96;
     x.int4_update_recipe = "int4-asym g128";
     x.int4_quantized_on = "device";
+    x.max_running_requests = 64;
+    x.max_total_num_tokens = 65536;
+    x.num_used_tokens = 1024;
     return x;
   }
 };

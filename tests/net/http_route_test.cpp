@@ -1,6 +1,7 @@
 // HTTP routing as pure functions (net/http_route.hpp): the target split into path and query,
-// the route and auth level a method and path select, the refusals, and the JSON body a routed
-// call decodes (body plus query parameters). fuzz/http_fuzz.cpp feeds the same functions
+// the route and auth level a method and path select, the refusals, the JSON body a routed
+// call decodes (body plus query parameters), and SGLang's reply shapes of the HTTP-only reads
+// (server info, model info, /v1/loads, the profile refusals). fuzz/http_fuzz.cpp feeds the same functions
 // untrusted requests; these are the cases a reader can check by eye.
 #include <boost/test/unit_test.hpp>
 
@@ -106,6 +107,119 @@ BOOST_AUTO_TEST_CASE(body_and_query_make_the_decoded_object) {
   b = http_request_body(flush, "", {{"timeout", "1e400"}}); // not JSON: kept as a string
   BOOST_REQUIRE_MESSAGE(b, b.error());
   BOOST_TEST((*b)["timeout_s"] == "1e400");
+}
+
+BOOST_AUTO_TEST_CASE(sglang_reads_route_by_path_and_level) {
+  for (const char* path : {"/get_weight_version", "/v1/loads?include=core", "/get_model_info"}) {
+    auto r = routed(route_http_request(http::verb::get, path, ""));
+    BOOST_TEST((r.level == route_auth::normal), path);
+    BOOST_TEST(refusal_status(route_http_request(http::verb::post, path, "{}")) == 405u, path);
+  }
+  BOOST_TEST(routed(route_http_request(http::verb::get, "/get_weight_version", "")).call.kind ==
+             http_call::weight_version);
+  auto loads = routed(route_http_request(http::verb::get, "/v1/loads?include=core", ""));
+  BOOST_TEST(loads.call.kind == http_call::loads);
+  BOOST_TEST(loads.call.query.at("include") == "core");
+  for (const char* path : {"/start_profile", "/stop_profile"}) {
+    auto post = routed(route_http_request(http::verb::post, path, R"({"num_steps": 2})"));
+    BOOST_TEST((post.level == route_auth::admin), path);
+    BOOST_TEST((routed(route_http_request(http::verb::get, path, "")).level == route_auth::admin), path);
+    BOOST_TEST(refusal_status(route_http_request(http::verb::head, path, "")) == 405u, path);
+  }
+}
+
+namespace {
+
+GetServerInfoReqOutput sample_info() {
+  GetServerInfoReqOutput info;
+  info.model_path = "/models/qwen3";
+  info.weight_version = "7";
+  info.device = "cuda:3 (NVIDIA H200)";
+  info.architecture = "Qwen3MoeForCausalLM";
+  info.max_context_length = 4096;
+  info.running_requests = 2;
+  info.waiting_requests = 3;
+  info.max_running_requests = 64;
+  info.max_total_num_tokens = 1000;
+  info.num_used_tokens = 250;
+  return info;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_CASE(server_info_carries_the_server_args_trainers_read) {
+  auto j = sglang_server_info(sample_info());
+  // slime's external-engine discovery and sanity check, miles' get_server_info.
+  for (const char* one : {"tp_size", "dp_size", "pp_size", "ep_size", "moe_dp_size", "nnodes"})
+    BOOST_TEST(j[one] == 1, one);
+  BOOST_TEST(j["model_path"] == "/models/qwen3");
+  BOOST_TEST(j["base_gpu_id"] == 3);
+  BOOST_TEST(j["disaggregation_mode"] == "null");
+  BOOST_TEST(j["enable_memory_saver"] == false);
+  BOOST_TEST(j["encoder_only"] == false);
+  BOOST_TEST(j["context_length"] == 4096);
+  BOOST_TEST(j["max_total_num_tokens"] == 1000);
+  BOOST_TEST(j["speculative_algorithm"].is_null());
+  BOOST_TEST(j["weight_version"] == "7"); // rlserve's own fields stay
+  BOOST_TEST(j["internal_states"].size() == 1u);
+  BOOST_TEST(j["version"] == std::string(server_version()));
+}
+
+BOOST_AUTO_TEST_CASE(model_info_names_the_model_as_sglang_does) {
+  auto j = sglang_model_info(sample_info());
+  BOOST_TEST(j["weight_version"] == "7");
+  BOOST_TEST(j["is_generation"] == true);
+  BOOST_TEST(j["model_type"] == "qwen3_moe");
+  BOOST_TEST(j["architectures"] == json::array({"Qwen3MoeForCausalLM"}));
+  BOOST_TEST(j["tokenizer_path"] == "/models/qwen3");
+}
+
+BOOST_AUTO_TEST_CASE(loads_in_sglang_shape_and_bad_queries_named) {
+  auto q = parse_loads_query({{"include", "core"}});
+  BOOST_REQUIRE(q.has_value());
+  auto r = sglang_loads(sample_info(), *q, "2026-01-02T03:04:05.000006+00:00");
+  BOOST_TEST(r.status == 200u);
+  auto j = json::parse(r.body);
+  BOOST_TEST(j["dp_rank_count"] == 1);
+  BOOST_TEST(j["timestamp"] == "2026-01-02T03:04:05.000006+00:00");
+  const auto& load = j["loads"][0];
+  // slime's num_requests_from_load reads num_total_reqs (or running + waiting).
+  BOOST_TEST(load["num_total_reqs"] == 5);
+  BOOST_TEST(load["num_running_reqs"] == 2);
+  BOOST_TEST(load["num_waiting_reqs"] == 3);
+  BOOST_TEST(load["token_usage"].get<double>() == 0.25);
+  BOOST_TEST(j["aggregate"]["total_reqs"] == 5);
+  BOOST_TEST(!load.contains("speculative")); // no draft
+
+  auto prom = sglang_loads(sample_info(), *parse_loads_query({{"format", "prometheus"}}), "t");
+  BOOST_TEST(prom.content_type.starts_with("text/plain"));
+  BOOST_TEST(prom.body.find("sglang_num_running_reqs{dp_rank=\"0\"} 2\n") != std::string::npos);
+
+  BOOST_TEST(parse_loads_query({{"include", "core, spec"}}).has_value());
+  auto bad_section = parse_loads_query({{"include", "core,gpus"}});
+  BOOST_REQUIRE(!bad_section.has_value());
+  BOOST_TEST(bad_section.error().find("include: \"gpus\"") == 0u);
+  BOOST_TEST(!parse_loads_query({{"dp_rank", "1"}}).has_value());
+  BOOST_TEST(!parse_loads_query({{"format", "xml"}}).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(profile_is_refused_with_a_sentence_after_its_body_is_checked) {
+  auto ok = profile_reply(http_call::start_profile,
+                          R"({"output_dir": "/tmp/p", "num_steps": 5, "activities": ["CPU", "GPU"],
+                              "profile_by_stage": false, "with_stack": null, "record_shapes": null})",
+                          {});
+  BOOST_TEST(ok.status == 501u);
+  BOOST_TEST(json::parse(ok.body)["message"].get<std::string>().find("does not profile") != std::string::npos);
+  auto bad = [](std::string_view body) { return profile_reply(http_call::start_profile, body, {}); };
+  BOOST_TEST(bad(R"({"num_steps": 0})").status == 400u);
+  BOOST_TEST(json::parse(bad(R"({"num_steps": 0})").body)["message"].get<std::string>().starts_with("num_steps"));
+  BOOST_TEST(bad(R"({"activities": ["TPU"]})").status == 400u);
+  BOOST_TEST(bad(R"({"output_dir": 7})").status == 400u);
+  BOOST_TEST(bad(R"({"output_dir": ""})").status == 400u);
+  BOOST_TEST(bad("[1]").status == 400u);
+  BOOST_TEST(bad("{").status == 400u);
+  BOOST_TEST(profile_reply(http_call::start_profile, "", {{"num_steps", "x"}}).status == 400u);
+  BOOST_TEST(profile_reply(http_call::stop_profile, "", {}).status == 501u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -508,7 +508,16 @@ BOOST_AUTO_TEST_CASE(http_routes_in_sglang_shapes) {
   BOOST_TEST(json::parse(end.body)["success"] == false);
   auto check = http_request(s.port(), http::verb::post, "/weights_checker", R"({"action": "checksum"})");
   BOOST_TEST(check.status == 200u);
-  BOOST_TEST(json::parse(check.body)["success"] == true);
+  auto checked = json::parse(check.body);
+  BOOST_TEST(checked["success"] == true);
+  BOOST_TEST(checked["ranks"].size() == 1u); // SGLang's name for the per-GPU list
+  BOOST_TEST(checked["ranks"][0]["checksums"].size() > 0u);
+  BOOST_TEST(checked["per_engine_checksum"].get<std::string>().size() == 16u);
+  auto version = http_request(s.port(), http::verb::get, "/get_weight_version");
+  BOOST_TEST(json::parse(version.body) == json({{"weight_version", "0"}}));
+  auto loads = http_request(s.port(), http::verb::get, "/v1/loads?include=core");
+  BOOST_TEST(loads.status == 200u);
+  BOOST_TEST(json::parse(loads.body)["loads"][0]["num_total_reqs"] == 0);
   auto model = http_request(s.port(), http::verb::get, "/model_info");
   BOOST_TEST(json::parse(model.body)["weight_version"] == "0");
   BOOST_TEST(http_request(s.port(), http::verb::get, "/no_such_route").status == 404u);

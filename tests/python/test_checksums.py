@@ -42,9 +42,9 @@ def check_arch(arch):
         t.run("make-model", "--arch", arch, "--preset", "tiny", "--out", model, "--seed", "77")
         report = json.loads(t.run("check-weights", "--model", model, "--json").stdout)
         t.check(report["success"], report)
-        payload = report["payload"]
-        t.check(len(payload) == 1, "one rank on the CPU")
-        engine = payload[0]["checksums"]
+        ranks = report["ranks"]
+        t.check(len(ranks) == 1, "one rank on the CPU")
+        engine = ranks[0]["checksums"]
         tensors = tensor_bytes(os.path.join(model, "model.safetensors"))
         t.check(set(engine) == set(tensors), f"names differ: {set(engine) ^ set(tensors)}")
         for name, raw in tensors.items():
@@ -52,11 +52,14 @@ def check_arch(arch):
             t.check(engine[name] == mine, f"{name}: engine {engine[name]}, xxhash {mine}")
         stream = "".join(f"{n}:{engine[n]}\n" for n in sorted(engine)).encode()
         role = xxhash.xxh3_64(stream).hexdigest()
-        t.check(payload[0]["role_checksums"]["target"] == role, "role checksum differs")
-        t.check(payload[0]["per_gpu_checksum"] == role, "overall checksum differs (one role)")
+        t.check(ranks[0]["role_checksums"]["target"] == role, "role checksum differs")
+        t.check(ranks[0]["per_gpu_checksum"] == role, "overall checksum differs (one role)")
+        # The engine's checksum: over every GPU's overall checksum in rank order (one GPU here).
+        engine_sum = xxhash.xxh3_64(ranks[0]["per_gpu_checksum"].encode()).hexdigest()
+        t.check(report["per_engine_checksum"] == engine_sum, "per_engine_checksum differs")
         # --skip leaves tensors out by substring, as skip_tensor_list does.
         skipped = json.loads(t.run("check-weights", "--model", model, "--json", "--skip", "norm").stdout)
-        names = skipped["payload"][0]["checksums"]
+        names = skipped["ranks"][0]["checksums"]
         t.check(names and all("norm" not in n for n in names), "skip_tensor_list not honoured")
         print(f"ok: {arch}: {len(tensors)} tensor checksums and the role checksum match xxhash")
 

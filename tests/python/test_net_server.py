@@ -139,7 +139,7 @@ async def websocket_checks(port, model_dir):
         await ws.send(json.dumps({"id": "go", "type": "continue_generation"}))
         t.check((await until_final(ws, "go"))["ok"], "continue")
         await ws.send(json.dumps({"id": "sum", "type": "weights_checker", "body": {"action": "checksum"}}))
-        sums = (await until_final(ws, "sum"))["body"]["payload"][0]["checksums"]
+        sums = (await until_final(ws, "sum"))["body"]["ranks"][0]["checksums"]
         t.check(sums["model.norm.weight"] == xxhash.xxh3_64(new).hexdigest(), "the engine holds other bytes")
         other = "model.embed_tokens.weight"
         t.check(sums[other] == xxhash.xxh3_64(tensors[other][1]).hexdigest(), "an untouched tensor changed")
@@ -248,7 +248,7 @@ def cli_checks(port, env, tmp, model_dir):
     for phase in ("pause_generation", "begin_weight_update", "update_weights_from_tensor", "end_weight_update",
                   "continue_generation"):
         t.check(phase in out, f"update-weights output lacks {phase}:\n{out}")
-    sums = json.loads(t.run(*base, "--json", "weights_checker", env=cenv).stdout)["payload"][0]["checksums"]
+    sums = json.loads(t.run(*base, "--json", "weights_checker", env=cenv).stdout)["ranks"][0]["checksums"]
     t.check(sums["model.norm.weight"] == xxhash.xxh3_64(new).hexdigest(), "the CLI update did not land")
     info = json.loads(t.run(*base, "--json", "get_server_info", env=cenv).stdout)
     t.check(info["weight_version"] == "cli-1" and not info["paused"], info)

@@ -1,0 +1,163 @@
+"""slime's calls for one RL step, replayed against `rlserve serve` as slime sends them.
+
+Read from THUDM/slime at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515:
+  slime/backends/sglang_utils/sglang_engine.py   SGLangEngine: the HTTP calls and their bodies
+                                                 (_make_request POSTs json=payload or {};
+                                                 flush_cache GETs until 200; get_weight_version
+                                                 reads ["weight_version"]; health_generate)
+  slime/backends/sglang_utils/external.py        get_server_info: GET /server_info, then
+                                                 /get_server_info; reads tp_size, pp_size, ep_size,
+                                                 moe_dp_size, num_gpus, disaggregation_mode,
+                                                 encoder_only, disaggregation_bootstrap_port
+  slime/rollout/sglang_rollout.py                generate: the payload and the reply fields read
+                                                 (meta_info.output_token_logprobs, text,
+                                                 finish_reason.type, weight_version, ...)
+  slime/utils/types.py                           Sample._apply_meta_info: meta_info fields read
+  slime/backends/sglang_utils/server_control.py  after a rollout: abort_request {abort_all}, then
+                                                 GET /v1/loads?include=core until no request is left
+  slime/backends/megatron_utils/update_weight/update_weight_from_tensor.py
+                                                 update_weights: pause, flush, buckets, continue
+  slime/ray/actor_group.py                       _reload_rollout_weights_from_disk: pause, flush,
+                                                 update_weights_from_disk, get_weight_version,
+                                                 continue
+  slime/ray/placement_group.py                   --check-weight-update-equal: weights_checker
+                                                 snapshot, then reset_tensors, before training
+  slime/utils/health_monitor.py                  GET /health_generate between steps
+
+What the replay leaves out, and why:
+  - serialized_named_tensors (CUDA IPC pickles of the trainer's GPU tensors): rlserve's CPU
+    engine takes the same request with named_tensors (inline base64, docs/protocol.md); the
+    tensors are the next checkpoint's. load_format "flattened_bucket" describes the pickle, so it
+    is not sent with inline tensors.
+  - return_routed_experts (--use-rollout-routing-replay): owned by the routed-experts work.
+  - post_process_weights(restore / post_process_quantization): slime sends it only for
+    compressed-tensors checkpoints; the tiny model is BF16.
+  - release/resume_memory_occupation (--offload-rollout), pull_weights (slime's patched SGLang),
+    init/destroy_weights_update_group + update_weights_from_distributed (NCCL): not served.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import rlserve_testlib as t  # noqa: E402
+import trainer_replay as r  # noqa: E402
+
+# SGLangEngine._wait_server_healthy sends these headers (api_key None when none is configured).
+HEALTH_HEADERS = {"Content-Type": "application/json; charset=utf-8", "Authorization": "Bearer None"}
+
+
+def slime_sampling_params(max_new_tokens):
+    """GenerateState.sampling_params with slime's defaults (rollout_top_p 1.0: no custom_params),
+    plus sampling_seed as generate_and_rm_group sets it under deterministic inference."""
+    return dict(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=max_new_tokens, stop=None,
+                stop_token_ids=None, skip_special_tokens=True, no_stop_trim=True,
+                spaces_between_special_tokens=False, sampling_seed=1234)
+
+
+def generate(engine, max_new_tokens=6):
+    payload = {"sampling_params": slime_sampling_params(max_new_tokens), "return_logprob": True,
+               "input_ids": r.prompt_ids()}
+    output = engine.post("/generate", payload).raise_for_status("generate").json()
+    meta = output["meta_info"]
+    # sglang_rollout.generate and Sample._apply_meta_info.
+    tokens = [item[1] for item in meta["output_token_logprobs"]]
+    logprobs = [item[0] for item in meta["output_token_logprobs"]]
+    t.check(len(tokens) == len(logprobs) == max_new_tokens, meta)
+    t.check(isinstance(output["text"], str), output)
+    t.check(meta["finish_reason"]["type"] in ("length", "stop", "abort"), meta)
+    for key in ("cached_tokens", "prompt_tokens", "completion_tokens"):
+        t.check(isinstance(meta.get(key, 0), int), f"{key}: {meta}")
+    t.check(meta.get("id"), meta)
+    return meta["weight_version"], tokens
+
+
+def flush_cache(engine):
+    """SGLangEngine.flush_cache: GET until 200, at most 60 tries."""
+    for _ in range(60):
+        if engine.get("/flush_cache").status == 200:
+            return
+    raise AssertionError("flush_cache never answered 200")
+
+
+def main():
+    with t.temp_dir() as tmp:
+        model_a, model_b = r.make_models(tmp)
+        proc, engine = r.start(tmp, model_a)
+        try:
+            # Start-up: the health wait, then (external engines) the server's parallel config.
+            engine.get("/health_generate", headers=HEALTH_HEADERS).raise_for_status("health_generate")
+            info = engine.get("/server_info").raise_for_status("server_info").json()
+            pp = int(info.get("pp_size") or info.get("pipeline_parallel_size") or 1)
+            tp = int(info.get("tp_size") or info.get("tensor_parallel_size") or 1)
+            num_gpus = int(info.get("num_gpus") or info.get("num_gpus_per_engine") or tp * pp)
+            t.check((tp, pp, num_gpus) == (1, 1, 1), info)
+            t.check(int(info.get("ep_size") or 1) == 1 and int(info.get("moe_dp_size") or 1) == 1, info)
+            t.check(not info.get("encoder_only") and info.get("disaggregation_mode") not in ("prefill", "decode"),
+                    info)
+            t.check(info.get("disaggregation_bootstrap_port") is None, info)
+            # _sanity_check_server_args: the fields not skipped must equal what slime would launch.
+            t.check(info.get("enable_memory_saver") is False, "enable_memory_saver (no --offload-rollout)")
+            t.check(engine.get("/get_server_info").status == 200, "the older name answers too")
+
+            # --check-weight-update-equal, before the first rollout.
+            for action in ("snapshot", "reset_tensors"):
+                reply = engine.post("/weights_checker", {"action": action}).raise_for_status(action).json()
+                t.check(reply["success"], reply)
+
+            # Rollout on the initial weights (the reset ones: any tokens will do).
+            version, _ = generate(engine)
+            t.check(version == "0", version)
+
+            # End of the rollout: abort what is left, poll the load until idle.
+            engine.post("/abort_request", {"abort_all": True}).raise_for_status("abort_request")
+            load = engine.get("/v1/loads?include=core").raise_for_status("v1/loads").json()
+            t.check(num_requests_from_load(load) == 0, load)
+
+            # update_weights (tensor transport): pause, flush, the buckets, continue.
+            engine.post("/pause_generation", {}).raise_for_status("pause_generation")
+            flush_cache(engine)
+            for bucket in r.inline_buckets(model_b):
+                payload = {"named_tensors": bucket, "flush_cache": False, "weight_version": "1"}
+                reply = engine.post("/update_weights_from_tensor", payload).raise_for_status("update").json()
+                t.check(reply["success"], reply)
+            engine.post("/continue_generation", {}).raise_for_status("continue_generation")
+            t.check(get_weight_version(engine) == "1", "the tensor update's version")
+            version, _ = generate(engine)
+            t.check(version == "1", f"generation after the update served version {version}")
+            # Every tensor the reset poisoned was rewritten with the next checkpoint's bytes.
+            sums = engine.post("/weights_checker", {"action": "checksum"}).raise_for_status("checksum").json()
+            t.check(sums["ranks"][0]["checksums"] == r.checkpoint_checksums(model_b), "the update did not land")
+
+            # The disk transport (update_weight_transport == "disk"): the same step from a checkpoint.
+            engine.post("/pause_generation", {}).raise_for_status("pause_generation")
+            flush_cache(engine)
+            reply = engine.post("/update_weights_from_disk", {"model_path": model_a, "weight_version": "2"})
+            t.check(reply.raise_for_status("update_weights_from_disk").json()["success"], reply.text)
+            t.check(get_weight_version(engine) == "2", "weight version mismatch after disk reload")
+            engine.post("/continue_generation", {}).raise_for_status("continue_generation")
+            version, _ = generate(engine)
+            t.check(version == "2", f"generation after the disk reload served version {version}")
+
+            # The health monitor between steps.
+            engine.get("/health_generate").raise_for_status("health_generate")
+        finally:
+            r.stop(proc)
+    print("ok: slime's step (tensor and disk transports) against rlserve serve")
+
+
+def get_weight_version(engine):
+    """SGLangEngine.get_weight_version."""
+    return engine.get("/get_weight_version").raise_for_status("get_weight_version").json()["weight_version"]
+
+
+def num_requests_from_load(load):
+    """What server_control.num_requests_from_load takes from a /v1/loads reply: per rank the
+    total (num_total_reqs), else running plus waiting, summed over the ranks."""
+    total = 0
+    for rank in load["loads"]:
+        total += rank.get("num_total_reqs", rank.get("num_running_reqs", 0) + rank.get("num_waiting_reqs", 0))
+    return total
+
+
+if __name__ == "__main__":
+    main()

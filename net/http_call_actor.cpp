@@ -13,19 +13,8 @@
 #include "messages/json_codec.hpp"
 #include "net/http_route.hpp"
 #include "net/log.hpp"
+#include "net/openai_call_actor.hpp"
 #include "net/request_accounting.hpp"
-
-namespace rlserve::net::detail {
-
-namespace {
-
-struct http_cancel_msg {}; // local only: the client hung up
-
-} // namespace
-
-} // namespace rlserve::net::detail
-
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rlserve::net::detail::http_cancel_msg)
 
 namespace rlserve::net::detail {
 
@@ -304,6 +293,9 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
         case http_call::server_info: start_info(self, call.kind); break;
         case http_call::health: start_health(self, false); break;
         case http_call::health_generate: start_health(self, true); break;
+        case http_call::openai_models:
+        case http_call::openai_completions:
+        case http_call::openai_chat: break; // spawn_http_call gives these to spawn_openai_call
       }
     },
     [&](const std::string& what) {
@@ -338,6 +330,9 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
 
 caf::actor spawn_http_call(std::shared_ptr<shared_state> st,
                            std::shared_ptr<link<http_outbound>> out, http_call call) {
+  if (call.kind == http_call::openai_models || call.kind == http_call::openai_completions ||
+      call.kind == http_call::openai_chat)
+    return spawn_openai_call(std::move(st), std::move(out), std::move(call));
   auto id = st->reserve_actor();
   auto a = st->sys.spawn(http_call_actor, st, std::move(out), std::move(call), id);
   st->set_actor(id, a);

@@ -86,7 +86,18 @@ std::variant<http_routed, http_refusal> route_http_request(http::verb method,
                                              "application/json")};
 
   http_routed out;
-  if (path == "/health" || path == "/health_generate" || path == "/metrics" || path == "/model_info") {
+  if (path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions") {
+    // OpenAI's routes (net/openai_call_actor.cpp), at the level of /generate.
+    const bool models = path == "/v1/models";
+    if (models ? !get : !post)
+      return http_refusal{405, json_error_body("Method Not Allowed",
+                                               std::string("use ") + (models ? "GET" : "POST") + " for " + path)};
+    out.call.kind = models ? http_call::openai_models
+                    : path == "/v1/completions" ? http_call::openai_completions
+                                                : http_call::openai_chat;
+    out.call.body = std::move(body);
+    out.level = route_auth::normal;
+  } else if (path == "/health" || path == "/health_generate" || path == "/metrics" || path == "/model_info") {
     if (!get)
       return http_refusal{405, json_error_body("Method Not Allowed", "use GET for " + path)};
     out.call.kind = path == "/health"            ? http_call::health
@@ -103,7 +114,8 @@ std::variant<http_routed, http_refusal> route_http_request(http::verb method,
       name = "get_server_info";
     const codec_entry* c = find_codec(name);
     if (!c) {
-      std::string routes = "/health, /health_generate, /metrics, /model_info";
+      std::string routes = "/health, /health_generate, /metrics, /model_info, /v1/models, /v1/completions, "
+                           "/v1/chat/completions";
       for (const auto& e : all_codecs())
         routes += ", /" + std::string(e.route);
       return http_refusal{404, json_error_body("Not Found",

@@ -56,7 +56,8 @@ struct http_routed {
   std::string path;
 };
 
-// GET /health, /health_generate, /metrics, /model_info; POST /<route> for every codec_registry
+// GET /health, /health_generate, /metrics, /model_info, /v1/models; POST /v1/completions and
+// /v1/chat/completions (OpenAI's, net/openai_call_actor.hpp); POST /<route> for every codec_registry
 // route, GET too where get_allowed (/server_info is get_server_info). `body` moves into the call;
 // `body_is_json` is json_media_type of the request's Content-Type.
 std::variant<http_routed, http_refusal> route_http_request(boost::beast::http::verb method,

@@ -1927,6 +1927,11 @@ struct parser {
           ++at; // at the keyword
           return body;
         }
+        static constexpr std::string_view closers[] = {"elif", "else", "endif", "endfor", "endset", "endmacro",
+                                                       "endgeneration"};
+        if (std::find(std::begin(closers), std::end(closers), kw.text) != std::end(closers))
+          error(kw, ends.size() == 0 ? "unexpected '" + kw.text + "'"
+                                     : fmt::format("expected '{}', got '{}'", *(ends.end() - 1), kw.text));
         ++at;
         parse_statement(body);
       } else {

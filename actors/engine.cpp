@@ -244,6 +244,7 @@ struct Engine::impl {
   scheduler_actor scheduler;
   tokenizer_actor front;
   caf::actor client; // engine_client: every call goes through it
+  std::shared_ptr<const model::bpe_tokenizer> tokenizer;
 };
 
 Engine::Engine(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -452,6 +453,7 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   info.architecture = p->target_manifest.architecture;
   info.vocab_size = p->target_manifest.vocab_size;
   info.max_context_length = p->target_manifest.max_context_length;
+  p->tokenizer = target->tokenizer;
   p->front = spawn_tokenizer(sys, p->scheduler, target->tokenizer, std::move(info));
   p->client = sys.spawn(engine_client, p->front);
   return std::unique_ptr<Engine>(new Engine(std::move(p)));
@@ -527,5 +529,7 @@ const RunnerManifest* Engine::draft_manifest() const {
   return impl_->draft_manifest ? &*impl_->draft_manifest : nullptr;
 }
 const fs::path& Engine::model_path() const { return impl_->model_path; }
+
+std::shared_ptr<const model::bpe_tokenizer> Engine::tokenizer() const { return impl_->tokenizer; }
 
 } // namespace rlserve

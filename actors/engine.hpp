@@ -112,6 +112,8 @@ public:
   // The draft's, when one is loaded.
   const RunnerManifest* draft_manifest() const;
   const std::filesystem::path& model_path() const;
+  // The target model's tokenizer (tokenizer.json), shared; null when the model has none.
+  std::shared_ptr<const model::bpe_tokenizer> tokenizer() const;
 
   // Fault injection for tests: ends one actor as a crash would ("tokenizer", "scheduler",
   // "weight_updater", "runner" (the target's), "draft_runner"). The engine must answer every

@@ -231,6 +231,21 @@ bool torch_pickle_seeds(const fs::path& dir) {
   return true;
 }
 
+// OpenAI request bodies: the first byte picks the completion (0) or the chat (1) reader.
+bool openai_seeds(const fs::path& dir) {
+  write_file(dir / "completion_text",
+             std::string(1, '\0') + R"({"prompt": "Hello", "max_tokens": 4, "logprobs": 2, "stop": ["\n"], "seed": 3})");
+  write_file(dir / "completion_ids", std::string(1, '\0') + R"({"prompt": [[1, 2, 3]], "stream": true, )"
+                                                            R"("stream_options": {"include_usage": true}, "echo": true})");
+  write_file(dir / "chat",
+             std::string(1, '\1') +
+               R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "text", )"
+               R"("text": "Q"}]}, {"role": "assistant", "content": "<think>r</think>A", "tool_calls": [{"function": )"
+               R"({"name": "f", "arguments": {"a": 1}}}]}, {"role": "tool", "content": "x"}], "chat_template_kwargs": )"
+               R"({"enable_thinking": false}, "logprobs": true, "top_logprobs": 2})");
+  return true;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -243,7 +258,7 @@ int main(int argc, char** argv) {
     {"json_codec_fuzz", &json_codec_seeds}, {"config_fuzz", &config_seeds},
     {"tokenizer_fuzz", &tokenizer_seeds},   {"safetensors_fuzz", &safetensors_seeds},
     {"protocol_fuzz", &protocol_seeds},     {"http_fuzz", &http_seeds},
-    {"torch_pickle_fuzz", &torch_pickle_seeds},
+    {"torch_pickle_fuzz", &torch_pickle_seeds}, {"openai_fuzz", &openai_seeds},
   };
   bool ok = true;
   for (const auto& [target, write] : writers) {

@@ -11,22 +11,12 @@
 
 #include "actors/guard.hpp"
 #include "caf/all.hpp"
+#include "messages/generate_fanout.hpp"
 #include "messages/json_codec.hpp"
 #include "net/http_route.hpp"
 #include "net/log.hpp"
+#include "net/openai_call_actor.hpp"
 #include "net/request_accounting.hpp"
-
-namespace rlserve::net::detail {
-
-namespace {
-
-struct http_cancel_msg {}; // local only: the client hung up
-
-} // namespace
-
-} // namespace rlserve::net::detail
-
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rlserve::net::detail::http_cancel_msg)
 
 namespace rlserve::net::detail {
 
@@ -43,6 +33,16 @@ struct http_state {
   bool done = false;
   bool sent = false; // the route's request went to the engine: after_reply is owed
   GenerateReqOutput acc; // SSE: everything so far (SGLang streams cumulative results)
+  // A /generate body with several prompts or n > 1 (messages/generate_fanout.hpp): one engine
+  // request per result, answered together as a list (streamed: events with their "index").
+  struct fanout {
+    std::vector<std::string> rids;                       // by result index
+    std::unordered_map<std::string, std::size_t> index_of;
+    std::vector<GenerateReqOutput> results;              // finals; SSE: everything so far
+    std::size_t pending = 0;
+    std::string failure; // the first failed result's message, "request j (rid): ..."
+  };
+  std::optional<fanout> fan;
   static inline const char* name = "http_call";
 };
 
@@ -133,6 +133,77 @@ http_reply shape_reply(std::string_view route, bool ok, const json& body) {
   return r;
 }
 
+// One finished result of a fan-out; the reply goes when the last is in. A failed one aborts the
+// others (their tokens would be thrown away) and the reply is the failure.
+void fanout_done(http_actor* self, std::size_t j, GenerateReqOutput out, bool answered,
+                 std::string error) {
+  auto& s = self->state;
+  auto& f = *s.fan;
+  if (answered)
+    note_generate(*s.st, out);
+  bool ok = answered && out.success;
+  if (!ok && f.failure.empty()) {
+    f.failure = fmt::format("request {} (rid {}): {}", j, f.rids[j], answered ? out.message : error);
+    for (std::size_t k = 0; k < f.rids.size(); ++k)
+      if (k != j)
+        self->send(s.st->front, cancel_atom_v, f.rids[k],
+                   "aborted: request " + std::to_string(j) + " of the same batch failed");
+  }
+  if (answered && !s.stream)
+    f.results[j] = std::move(out);
+  if (--f.pending > 0)
+    return;
+  after_reply(*s.st, s.info, "http", true, f.failure.empty(), 0);
+  if (s.stream) {
+    if (!f.failure.empty())
+      event(self, json_error(f.failure));
+    return reply(self, http_reply{200, "", "", true});
+  }
+  if (!f.failure.empty())
+    return reply(self, http_reply{400, "application/json", json_error(f.failure), false});
+  auto list = json::array();
+  for (const auto& r : f.results)
+    list.push_back(to_json(r));
+  reply(self, http_reply{200, "application/json", dump(list), false});
+}
+
+// SGLang's batch / parallel-sampling /generate: every expanded request is decoded before any
+// is sent, so a bad one sends nothing.
+void start_fanout(http_actor* self, const codec_entry& c, std::vector<json> bodies) {
+  auto& s = self->state;
+  std::vector<GenerateReqInput> reqs;
+  reqs.reserve(bodies.size());
+  for (std::size_t j = 0; j < bodies.size(); ++j) {
+    auto msg = c.decode(bodies[j]);
+    if (!msg) {
+      s.st->stats.protocol_error(to_string(error_code::bad_request));
+      s.st->stats.request_done("http", c.route, request_result::error, 0);
+      return reply(self, http_reply{400, "application/json",
+                                    json_error(fmt::format("request {}: {}", j, msg.error())), false});
+    }
+    reqs.push_back(std::move(msg->get_mutable_as<GenerateReqInput>(0)));
+  }
+  auto& f = s.fan.emplace();
+  s.stream = !reqs.empty() && reqs.front().stream;
+  f.results.resize(reqs.size());
+  f.pending = reqs.size();
+  for (auto& req : reqs) {
+    if (!req.rid)
+      req.rid = random_rid();
+    f.index_of.emplace(*req.rid, f.rids.size());
+    f.rids.push_back(*req.rid);
+  }
+  s.sent = true;
+  caf::actor sink = s.stream ? caf::actor_cast<caf::actor>(self) : caf::actor{};
+  for (std::size_t j = 0; j < reqs.size(); ++j)
+    self->request(s.st->front, caf::infinite, std::move(reqs[j]), sink)
+      .then([self, j](GenerateReqOutput& out) { fanout_done(self, j, std::move(out), true, {}); },
+            [self, j](caf::error& err) {
+              fanout_done(self, j, GenerateReqOutput{}, false,
+                          "the engine did not answer: " + self->system().render(err));
+            });
+}
+
 void start_route(http_actor* self, http_call call) {
   auto& s = self->state;
   const codec_entry* c = call.codec;
@@ -156,6 +227,13 @@ void start_route(http_actor* self, http_call call) {
   auto body = http_request_body(*c, call.body, call.query, s.st->max_input_ids);
   if (!body)
     return bad(body.error());
+  if (is_generate) {
+    auto fan = expand_generate_request(*body);
+    if (!fan)
+      return bad(fan.error());
+    if (!fan->single)
+      return start_fanout(self, *c, std::move(fan->requests));
+  }
   auto msg = c->decode(*body);
   if (!msg)
     return bad(msg.error());
@@ -355,6 +433,9 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
         case http_call::stop_profile: start_profile_call(self, call); break;
         case http_call::health: start_health(self, false); break;
         case http_call::health_generate: start_health(self, true); break;
+        case http_call::openai_models:
+        case http_call::openai_completions:
+        case http_call::openai_chat: break; // spawn_http_call gives these to spawn_openai_call
       }
     },
     [&](const std::string& what) {
@@ -367,6 +448,17 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
       auto& s = self->state;
       if (s.done || !s.stream)
         return;
+      if (s.fan) {
+        auto it = s.fan->index_of.find(chunk.rid);
+        if (it == s.fan->index_of.end() || !chunk.success)
+          return; // a failure is answered by fanout_done
+        auto& acc = s.fan->results[it->second];
+        accumulate(acc, chunk);
+        s.st->stats.stream_chunk();
+        auto j = to_json(acc);
+        j["index"] = it->second;
+        return event(self, dump(j));
+      }
       if (!chunk.success && !s.events_sent)
         return; // refused at once: the reply answers with 400
       accumulate(s.acc, chunk);
@@ -381,6 +473,11 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
         self->send(s.st->front, cancel_atom_v, s.info.rid, std::string("aborted: the client disconnected"));
         s.st->stats.disconnect_cleanup("abort_request");
       }
+      if (s.fan) {
+        for (const auto& rid : s.fan->rids)
+          self->send(s.st->front, cancel_atom_v, rid, std::string("aborted: the client disconnected"));
+        s.st->stats.disconnect_cleanup("abort_request");
+      }
     },
   };
 }
@@ -389,6 +486,9 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
 
 caf::actor spawn_http_call(std::shared_ptr<shared_state> st,
                            std::shared_ptr<link<http_outbound>> out, http_call call) {
+  if (call.kind == http_call::openai_models || call.kind == http_call::openai_completions ||
+      call.kind == http_call::openai_chat)
+    return spawn_openai_call(std::move(st), std::move(out), std::move(call));
   auto id = st->reserve_actor();
   auto a = st->sys.spawn(http_call_actor, st, std::move(out), std::move(call), id);
   st->set_actor(id, a);

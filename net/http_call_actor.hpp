@@ -11,6 +11,7 @@
 #include <string>
 
 #include "caf/actor.hpp"
+#include "caf/allowed_unsafe_message_type.hpp"
 #include "messages/codec_registry.hpp"
 #include "net/protocol.hpp"
 #include "net/shared_state.hpp"
@@ -45,12 +46,18 @@ struct http_call {
     start_profile,
     stop_profile,
     health,
-    health_generate
+    health_generate,
+    openai_models,      // GET /v1/models
+    openai_completions, // POST /v1/completions
+    openai_chat,        // POST /v1/chat/completions
   } kind = route;
   const codec_entry* codec = nullptr; // kind == route
   std::string body;                   // request body (JSON text; empty: {})
   std::map<std::string, std::string> query;
 };
+
+// The message deliver_cancel sends (local only: never serialized).
+struct http_cancel_msg {};
 
 caf::actor spawn_http_call(std::shared_ptr<shared_state> st,
                            std::shared_ptr<link<http_outbound>> out, http_call call);
@@ -58,3 +65,5 @@ caf::actor spawn_http_call(std::shared_ptr<shared_state> st,
 void deliver_cancel(const caf::actor& call);
 
 } // namespace rlserve::net::detail
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rlserve::net::detail::http_cancel_msg)

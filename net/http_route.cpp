@@ -99,7 +99,18 @@ std::variant<http_routed, http_refusal> route_http_request(http::verb method,
     {"/get_weight_version", http_call::weight_version},
     {"/v1/loads", http_call::loads},
   };
-  if (auto read = reads.find(path); read != reads.end()) {
+  if (path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions") {
+    // OpenAI's routes (net/openai_call_actor.cpp), at the level of /generate.
+    const bool models = path == "/v1/models";
+    if (models ? !get : !post)
+      return http_refusal{405, json_error_body("Method Not Allowed",
+                                               std::string("use ") + (models ? "GET" : "POST") + " for " + path)};
+    out.call.kind = models ? http_call::openai_models
+                    : path == "/v1/completions" ? http_call::openai_completions
+                                                : http_call::openai_chat;
+    out.call.body = std::move(body);
+    out.level = route_auth::normal;
+  } else if (auto read = reads.find(path); read != reads.end()) {
     if (!get)
       return http_refusal{405, json_error_body("Method Not Allowed", "use GET for " + path)};
     out.call.kind = read->second;
@@ -126,7 +137,8 @@ std::variant<http_routed, http_refusal> route_http_request(http::verb method,
       std::string routes;
       for (const auto& [p, kind] : reads)
         routes += std::string(routes.empty() ? "" : ", ") + std::string(p);
-      routes += ", /start_profile, /stop_profile, /server_info";
+      routes += ", /start_profile, /stop_profile, /server_info, /v1/models, /v1/completions, "
+                "/v1/chat/completions";
       for (const auto& e : all_codecs())
         routes += ", /" + std::string(e.route);
       return http_refusal{404, json_error_body("Not Found",

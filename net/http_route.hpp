@@ -58,7 +58,8 @@ struct http_routed {
 };
 
 // GET /health, /health_generate, /metrics, /model_info (and SGLang's older /get_model_info),
-// /get_weight_version, /v1/loads; GET or POST /start_profile, /stop_profile (admin); POST
+// /get_weight_version, /v1/loads, /v1/models; GET or POST /start_profile, /stop_profile (admin);
+// POST /v1/completions and /v1/chat/completions (OpenAI's, net/openai_call_actor.hpp); POST
 // /<route> for every codec_registry route, GET too where get_allowed (/server_info is
 // get_server_info). `body` moves into the call; `body_is_json` is json_media_type of the
 // request's Content-Type.

@@ -3,6 +3,7 @@
 #include "net/server.hpp"
 
 #include <algorithm>
+#include <ctime>
 #include <thread>
 #include <vector>
 
@@ -116,6 +117,21 @@ expected<std::unique_ptr<server>> server::start(Engine& engine, server_options o
   auto context = engine.get_server_info().max_context_length;
   p->st->max_generate_bytes = generate_bytes_limit(context);
   p->st->max_input_ids = static_cast<std::size_t>(std::max<int64_t>(context, 0));
+  p->st->max_context_length = context;
+  p->st->model_name = engine.model_path().string();
+  p->st->started_at = static_cast<int64_t>(std::time(nullptr));
+  p->st->tokenizer = engine.tokenizer();
+  // A model without a usable chat template still serves every other route; chat completions
+  // then answer with the reason.
+  if (auto chat = model::chat_template::load(engine.model_path()); !chat)
+    p->st->chat_template_error = "the model's chat template cannot be used: " + chat.error();
+  else if (!*chat)
+    p->st->chat_template_error = "the model has no chat template (tokenizer_config.json has no chat_template "
+                                 "and there is no chat_template.jinja); use /v1/completions";
+  else
+    p->st->chat = std::move(**chat);
+  if (!p->st->chat_template_error.empty())
+    log_info(p->st->chat_template_error);
   p->lst = std::make_shared<listener>(p->ioc, p->st);
   auto port = p->lst->open(options.host, options.port);
   if (!port)

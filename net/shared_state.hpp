@@ -9,12 +9,14 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
 
 #include "actors/tokenizer_actor.hpp"
 #include "caf/actor.hpp"
+#include "model/chat_template.hpp"
 #include "net/metrics.hpp"
 #include "net/ownership.hpp"
 #include "net/server.hpp"
@@ -36,6 +38,15 @@ struct shared_state {
   std::size_t max_generate_bytes = SIZE_MAX;
   // Most input_ids a request is read with (the model's context length; parse_request_json).
   std::size_t max_input_ids = SIZE_MAX;
+  // The OpenAI routes (net/openai_call_actor.cpp): the model's name in replies and /v1/models
+  // (its path), its context length, tokenizer (token texts of logprobs; null without
+  // tokenizer.json) and chat template (none: chat_template_error says why).
+  std::string model_name;
+  int64_t max_context_length = 0;
+  int64_t started_at = 0; // seconds since the epoch: /v1/models' `created`
+  std::shared_ptr<const model::bpe_tokenizer> tokenizer;
+  std::optional<model::chat_template> chat;
+  std::string chat_template_error;
 
   // Held shared by an actor while it posts to a session, exclusively by stop() when it turns
   // io_alive off: after that no actor touches the I/O side again.

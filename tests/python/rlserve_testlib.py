@@ -1,7 +1,7 @@
 """Shared helpers for rlserve's Python reference tests (run by ctest; see tests/CMakeLists.txt).
 
 The engine under test is the `rlserve` binary named by $RLSERVE_BIN; the references are
-independent Python packages (numpy, tokenizers, safetensors, xxhash, websockets).
+independent Python packages (numpy, tokenizers, safetensors, xxhash, websockets, jinja2).
 """
 import json
 import os

@@ -244,7 +244,55 @@ def main():
 
 
 def test_parallel_samples(port, tok):
-    pass  # filled in below
+    prompt = tok.encode("a b c d").ids
+    other = tok.encode("x y").ids
+    params = {"max_new_tokens": 6, "temperature": 0.9, "ignore_eos": True, "sampling_seed": 40}
+    # n samples of one prompt: a list, rids "{rid}_{i}", sample i seeded 40 + i, each equal to a
+    # single request with that seed.
+    out = generate(port, {"input_ids": prompt, "rid": "grpo", "return_logprob": True,
+                          "sampling_params": {**params, "n": 4}})
+    t.check(isinstance(out, list) and len(out) == 4, f"n=4 gave {type(out).__name__} of {len(out)}")
+    for i, o in enumerate(out):
+        meta = o["meta_info"]
+        t.check(meta["id"] == f"grpo_{i}", f"sample {i}: rid {meta['id']}")
+        t.check(meta["sampling_seed"] == 40 + i, f"sample {i}: seed {meta['sampling_seed']}")
+        alone = generate(port, {"input_ids": prompt, "return_logprob": True,
+                                "sampling_params": {**params, "sampling_seed": 40 + i}})
+        t.check(alone["output_ids"] == o["output_ids"], f"sample {i} differs from its single request")
+        t.check(alone["meta_info"]["output_token_logprobs"] == meta["output_token_logprobs"],
+                f"sample {i}: logprobs differ from its single request")
+    t.check(len({tuple(o["output_ids"]) for o in out}) > 1, "four samples, all the same tokens")
+    # A batch of prompts with n = 2: prompt-major, per-prompt sampling_params, text prompts too.
+    out = generate(port, {"text": ["a b c d", "x y"], "sampling_params": [
+        {**params, "n": 2}, {**params, "n": 2, "max_new_tokens": 3}]})
+    t.check([o["meta_info"]["prompt_tokens"] for o in out] == [len(prompt)] * 2 + [len(other)] * 2,
+            f"batch order {[o['meta_info']['prompt_tokens'] for o in out]}")
+    t.check([o["meta_info"]["completion_tokens"] for o in out] == [6, 6, 3, 3], "per-prompt params")
+    out = generate(port, {"input_ids": [prompt, other], "rid": ["p", "q"],
+                          "sampling_params": {"max_new_tokens": 2}})
+    t.check([o["meta_info"]["id"] for o in out] == ["p", "q"], f"batch rids {[o['meta_info']['id'] for o in out]}")
+    # Streamed: events carry "index"; the last event of each index is that result, whole.
+    events = sse_events(port, {"input_ids": prompt, "stream": True,
+                               "sampling_params": {**params, "n": 3}})
+    last = {}
+    for e in events:
+        last[e["index"]] = e
+    t.check(sorted(last) == [0, 1, 2], f"stream indexes {sorted(last)}")
+    for i in range(3):
+        alone = generate(port, {"input_ids": prompt, "sampling_params": {**params, "sampling_seed": 40 + i}})
+        t.check(last[i]["output_ids"] == alone["output_ids"], f"streamed sample {i} differs")
+    # Bad input: named, nothing runs, the server answers on.
+    refused(port, {"input_ids": prompt, "sampling_params": {"n": 0}}, "n")
+    refused(port, {"input_ids": prompt, "sampling_params": {"n": 1.5}}, "n")
+    refused(port, {"input_ids": [prompt, other], "rid": ["only-one"]}, "rid")
+    refused(port, {"input_ids": [prompt, other], "rid": ["same", "same"]}, "same")
+    refused(port, {"input_ids": [prompt, other], "sampling_params": [{"n": 2}, {"n": 3}]}, "n")
+    refused(port, {"input_ids": [prompt, other], "return_logprob": [True, False],
+                   "sampling_params": {"n": 2}}, "return_logprob")
+    refused(port, {"input_ids": [prompt, [1, 99999]]}, "request 1")
+    refused(port, {"text": []}, "text")
+    refused(port, {"input_ids": prompt, "sampling_params": {"n": 5000}}, "at most")
+    print("n > 1 and batches: ok")
 
 
 if __name__ == "__main__":

@@ -30,9 +30,6 @@ What the replay leaves out, and why:
   - serialized_named_tensors (base64 CUDA IPC pickles) with load_format "flattened_bucket": the
     CPU engine takes the same request with named_tensors (inline base64, docs/protocol.md).
   - return_routed_experts (enable_rollout_routing_replay): owned by the routed-experts work.
-  - verl unpacks output_token_logprobs entries as (logprob, token_id, text); SGLang writes the
-    third element (null unless return_text_in_logprobs), rlserve writes [logprob, token_id]: the
-    replay reads both by index until the return_text_in_logprobs work writes the third.
 """
 import os
 import sys
@@ -49,7 +46,8 @@ def generate(engine, rid, max_new_tokens=6):
                "return_logprob": True}
     output = engine.post("/generate", payload).raise_for_status("generate").json()
     pairs = output["meta_info"]["output_token_logprobs"]
-    log_probs, token_ids = [p[0] for p in pairs], [p[1] for p in pairs]
+    # verl unpacks each entry as (logprob, token_id, text): SGLang's triple.
+    log_probs, token_ids, _ = zip(*pairs)
     t.check(list(token_ids) == output["output_ids"], output)
     t.check(len(log_probs) == max_new_tokens, output)
     return output["meta_info"]["weight_version"]

@@ -1,0 +1,48 @@
+// OpenAI's /v1/completions and /v1/chat/completions requests as rlserve takes them: read from
+// the request body with the codecs' rules (messages/json_codec.hpp: unknown top-level keys
+// ignored and counted, parts strict, fields rlserve does not implement refused naming the
+// field) and mapped onto one GenerateReqInput. They are decoded and used by the HTTP front
+// (net/openai_call_actor.cpp) and never travel between actors, so they have no CAF type ID.
+// Which OpenAI fields map where, and which are refused, is in docs/protocol.md ('OpenAI-compatible
+// routes').
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "messages/expected.hpp"
+#include "messages/generate.hpp"
+
+namespace rlserve {
+
+struct OpenAICompletionRequest {
+  std::string model;               // echoed in the reply; not checked (one model is served)
+  GenerateReqInput generate;       // text or input_ids, sampling_params, logprobs, stream
+  std::optional<int32_t> logprobs; // `logprobs`: alternatives per token (0..20); none: off
+  bool echo = false;               // the prompt's text comes before the completion's
+  bool include_usage = false;      // stream_options.include_usage: a last chunk with usage
+};
+
+struct OpenAIChatRequest {
+  std::string model;
+  nlohmann::ordered_json messages;             // as sent (key order kept), content parts joined
+  nlohmann::ordered_json chat_template_kwargs; // an object (enable_thinking, ...)
+  GenerateReqInput generate;                   // everything but the prompt, rendered later
+  bool max_tokens_set = false;                 // max_tokens or max_completion_tokens was given
+  bool logprobs = false;
+  int32_t top_logprobs = 0;
+  bool include_usage = false;
+};
+
+// The body of POST /v1/completions. `max_input_ids` bounds a token-id prompt as
+// parse_request_json does. Errors start with the path of the faulty field ("prompt: ...").
+expected<OpenAICompletionRequest> parse_openai_completion_request(std::string_view body,
+                                                                  std::size_t max_input_ids = SIZE_MAX);
+// The body of POST /v1/chat/completions.
+expected<OpenAIChatRequest> parse_openai_chat_request(std::string_view body);
+
+} // namespace rlserve

@@ -1,0 +1,78 @@
+// Private to net/: OpenAI's reply shapes as pure functions (no actors, no sockets), so the call
+// actor (net/openai_call_actor.cpp) only sequences them and tests/net/openai_test.cpp checks
+// them whole. docs/protocol.md ('OpenAI-compatible routes') describes what they write.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "messages/generate.hpp"
+
+namespace rlserve::model {
+class bpe_tokenizer;
+}
+
+namespace rlserve::net::detail {
+
+using ojson = nlohmann::ordered_json;
+
+// {"error": {"message", "type", "param", "code"}}. `param` is the field an error names: the
+// codecs' messages start with its path ("messages[0].role: ..."), which becomes `param`.
+std::string openai_error_body(std::string_view message, std::string_view type = "invalid_request_error");
+// The path a codec's message starts with, or "" ("prompt: empty" -> "prompt").
+std::string error_param(std::string_view message);
+
+// What every reply of one request shares.
+struct openai_reply_context {
+  std::string id;      // "cmpl-<rid>" / "chatcmpl-<rid>"
+  int64_t created = 0; // seconds since the epoch
+  std::string model;
+  // Token texts for logprobs; null (a model without tokenizer.json): "token_id:<id>".
+  const model::bpe_tokenizer* tokenizer = nullptr;
+};
+
+// A token as logprobs show it: its bytes decoded (broken UTF-8 as U+FFFD), special tokens by
+// their text.
+std::string token_string(const openai_reply_context& cx, int32_t id);
+
+// OpenAI's finish_reason: "stop", "length", "abort" (rlserve's aborts), or null (not finished).
+ojson finish_reason(const GenerateReqOutput& out);
+// SGLang's matched_stop: the stop token id or stop string that ended the request, or null.
+ojson matched_stop(const GenerateReqOutput& out);
+ojson usage(int32_t prompt_tokens, int32_t completion_tokens);
+
+// Completion logprobs of the tokens of `out`: {tokens, token_logprobs, top_logprobs,
+// text_offset}. text_offset[i] is `offset` plus the length in characters (code points) of
+// tokens[0..i) joined; `offset` is advanced past them (streaming continues from it).
+ojson completion_logprobs(const openai_reply_context& cx, const GenerateReqOutput& out, int64_t& offset);
+// Chat logprobs of the tokens of `out`: {"content": [{token, logprob, bytes, top_logprobs}]}.
+ojson chat_logprobs(const openai_reply_context& cx, const GenerateReqOutput& out);
+
+// POST /v1/completions without streaming. `echo_text` (the prompt's text, for echo) comes
+// before the completion's.
+ojson completion_response(const openai_reply_context& cx, const GenerateReqOutput& out, bool logprobs,
+                          std::string_view echo_text);
+// One streamed chunk: the new text (after `prefix`, the echo on the first chunk), its logprobs,
+// and the finish reason on the last. `include_usage`: a null usage field (OpenAI's shape).
+ojson completion_chunk(const openai_reply_context& cx, const GenerateReqOutput& chunk, bool logprobs,
+                       std::string_view prefix, int64_t& offset, bool include_usage);
+
+// POST /v1/chat/completions without streaming.
+ojson chat_response(const openai_reply_context& cx, const GenerateReqOutput& out, bool logprobs);
+// Streamed chat chunks: the first (role "assistant", empty content), one per engine chunk with
+// new content, and the last (empty delta, finish reason).
+ojson chat_role_chunk(const openai_reply_context& cx, bool include_usage);
+ojson chat_content_chunk(const openai_reply_context& cx, const GenerateReqOutput& chunk, bool logprobs,
+                         bool include_usage);
+ojson chat_finish_chunk(const openai_reply_context& cx, const GenerateReqOutput& last, bool include_usage);
+// The chunk after the last when stream_options.include_usage: no choices, the usage.
+ojson usage_chunk(const openai_reply_context& cx, std::string_view object, int32_t prompt_tokens,
+                  int32_t completion_tokens);
+
+// GET /v1/models: the one served model.
+ojson models_list(std::string_view model, int64_t created);
+
+} // namespace rlserve::net::detail

@@ -1,0 +1,266 @@
+// The OpenAI call actor (see openai_call_actor.hpp). Runs on CAF's worker threads; the only way
+// back to the socket is link<http_outbound>::with(post_...).
+#include "net/openai_call_actor.hpp"
+
+#include <algorithm>
+#include <ctime>
+
+#include <fmt/format.h>
+
+#include "actors/guard.hpp"
+#include "caf/all.hpp"
+#include "messages/openai.hpp"
+#include "model/bpe_tokenizer.hpp"
+#include "net/log.hpp"
+#include "net/openai.hpp"
+#include "net/request_accounting.hpp"
+
+namespace rlserve::net::detail {
+
+namespace {
+
+struct openai_state {
+  openai_state() = default;
+
+  std::shared_ptr<shared_state> st;
+  std::shared_ptr<link<http_outbound>> out;
+  call_info info;
+  http_call::kind_t kind = http_call::openai_completions;
+  openai_reply_context cx;
+  bool stream = false;
+  bool logprobs = false;
+  bool include_usage = false;
+  bool events_sent = false;
+  bool done = false;
+  bool sent = false;          // the request went to the engine: after_reply is owed
+  std::string echo_text;      // completions with echo: the prompt's text
+  int64_t text_offset = 0;    // completions' logprobs text_offset, across chunks
+  static inline const char* name = "openai_call";
+};
+
+using openai_actor = caf::stateful_actor<openai_state>;
+
+void reply(openai_actor* self, http_reply r) {
+  auto& s = self->state;
+  if (s.done)
+    return;
+  s.done = true;
+  s.out->with([&](http_outbound& o) { o.post_reply(std::move(r)); });
+  self->quit();
+}
+
+void reply_json(openai_actor* self, unsigned status, const ojson& body) {
+  reply(self, http_reply{status, "application/json", body.dump(-1, ' ', false, ojson::error_handler_t::replace), false});
+}
+
+void reply_error(openai_actor* self, unsigned status, std::string_view message,
+                 std::string_view type = "invalid_request_error") {
+  reply(self, http_reply{status, "application/json", openai_error_body(message, type), false});
+}
+
+void event(openai_actor* self, const ojson& data) {
+  auto& s = self->state;
+  s.events_sent = true;
+  auto p = std::make_shared<const std::string>(data.dump(-1, ' ', false, ojson::error_handler_t::replace));
+  s.out->with([&](http_outbound& o) { o.post_event(std::move(p)); });
+}
+
+void end_stream(openai_actor* self) { reply(self, http_reply{200, "", "", true}); }
+
+// A request refused before it reached the engine.
+void refuse(openai_actor* self, unsigned status, std::string_view message) {
+  auto& s = self->state;
+  s.st->stats.protocol_error(to_string(status == 413 ? error_code::too_large : error_code::bad_request));
+  s.st->stats.request_done("http", s.info.route, request_result::error, 0);
+  reply_error(self, status, message);
+}
+
+std::string_view chunk_object(http_call::kind_t kind) {
+  return kind == http_call::openai_chat ? "chat.completion.chunk" : "text_completion";
+}
+
+// One streamed engine chunk, as OpenAI's chunks.
+void on_chunk(openai_actor* self, const GenerateReqOutput& chunk) {
+  auto& s = self->state;
+  if (s.done || !s.stream)
+    return;
+  if (!chunk.success) {
+    if (s.events_sent) // refused at once: the reply answers with 400 instead
+      event(self, ojson::parse(openai_error_body(chunk.message)));
+    return;
+  }
+  s.st->stats.stream_chunk();
+  if (s.kind == http_call::openai_completions) {
+    std::string prefix = s.events_sent ? std::string() : s.echo_text;
+    event(self, completion_chunk(s.cx, chunk, s.logprobs, prefix, s.text_offset, s.include_usage));
+    return;
+  }
+  if (!s.events_sent)
+    event(self, chat_role_chunk(s.cx, s.include_usage));
+  if (!chunk.text.empty() || !chunk.output_ids.empty())
+    event(self, chat_content_chunk(s.cx, chunk, s.logprobs, s.include_usage));
+  if (chunk.finished)
+    event(self, chat_finish_chunk(s.cx, chunk, s.include_usage));
+}
+
+void send_generate(openai_actor* self, GenerateReqInput req) {
+  auto& s = self->state;
+  if (!req.rid)
+    req.rid = random_rid();
+  s.info.rid = *req.rid;
+  s.cx.id = (s.kind == http_call::openai_chat ? "chatcmpl-" : "cmpl-") + *req.rid;
+  s.cx.created = static_cast<int64_t>(std::time(nullptr));
+  s.cx.tokenizer = s.st->tokenizer.get();
+  s.stream = req.stream;
+  caf::actor sink = s.stream ? caf::actor_cast<caf::actor>(self) : caf::actor{};
+  s.sent = true;
+  self->request(s.st->front, caf::infinite, std::move(req), sink)
+    .then(
+      [self](GenerateReqOutput& out) {
+        auto& s = self->state;
+        note_generate(*s.st, out);
+        after_reply(*s.st, s.info, "http", true, out.success, 0);
+        if (s.stream && s.events_sent) {
+          if (s.include_usage && out.success)
+            event(self, usage_chunk(s.cx, chunk_object(s.kind), out.prompt_tokens, out.completion_tokens));
+          return end_stream(self);
+        }
+        if (!out.success)
+          return reply_error(self, 400, out.message);
+        if (s.stream) { // nothing streamed (cannot happen: the last chunk always comes)
+          on_chunk(self, out);
+          return end_stream(self);
+        }
+        if (s.kind == http_call::openai_chat)
+          return reply_json(self, 200, chat_response(s.cx, out, s.logprobs));
+        reply_json(self, 200, completion_response(s.cx, out, s.logprobs, s.echo_text));
+      },
+      [self](caf::error& err) {
+        auto& s = self->state;
+        after_reply(*s.st, s.info, "http", false, false, 0);
+        auto m = "the engine did not answer: " + self->system().render(err);
+        if (s.stream && s.events_sent) {
+          event(self, ojson::parse(openai_error_body(m, "server_error")));
+          return end_stream(self);
+        }
+        reply_error(self, 503, m, "server_error");
+      });
+}
+
+void start_completion(openai_actor* self, const http_call& call) {
+  auto& s = self->state;
+  auto req = parse_openai_completion_request(call.body, s.st->max_input_ids);
+  if (!req)
+    return refuse(self, 400, req.error());
+  s.cx.model = req->model.empty() ? s.st->model_name : req->model;
+  s.logprobs = req->logprobs.has_value();
+  s.include_usage = req->include_usage;
+  if (req->echo) {
+    if (req->generate.text) {
+      s.echo_text = *req->generate.text;
+    } else if (s.st->tokenizer) {
+      s.echo_text = s.st->tokenizer->decode(*req->generate.input_ids, /*skip_special_tokens=*/false);
+    } else {
+      return refuse(self, 400, "echo: a token-id prompt is echoed as text, and this model has no tokenizer.json");
+    }
+  }
+  send_generate(self, std::move(req->generate));
+}
+
+void start_chat(openai_actor* self, const http_call& call) {
+  auto& s = self->state;
+  auto req = parse_openai_chat_request(call.body);
+  if (!req)
+    return refuse(self, 400, req.error());
+  if (!s.st->chat)
+    return refuse(self, 400, s.st->chat_template_error);
+  model::chat_render_options options;
+  options.kwargs = req->chat_template_kwargs;
+  auto prompt = s.st->chat->render(req->messages, options);
+  if (!prompt)
+    return refuse(self, 400, "messages: rendering the chat template failed: " + prompt.error());
+  s.cx.model = req->model.empty() ? s.st->model_name : req->model;
+  s.logprobs = req->logprobs;
+  s.include_usage = req->include_usage;
+  req->generate.text = std::move(*prompt);
+  // OpenAI's chat has no default length: the reply may run to the model's context length
+  // (the engine ends it there).
+  if (!req->max_tokens_set)
+    req->generate.sampling_params.max_new_tokens =
+      static_cast<int32_t>(std::clamp<int64_t>(s.st->max_context_length, 1, INT32_MAX));
+  send_generate(self, std::move(req->generate));
+}
+
+caf::behavior openai_call_actor(openai_actor* self, std::shared_ptr<shared_state> st,
+                                std::shared_ptr<link<http_outbound>> out, http_call call, uint64_t registry_id) {
+  auto& s = self->state;
+  s.st = st;
+  s.out = std::move(out);
+  s.kind = call.kind;
+  s.info.route = call.kind == http_call::openai_models        ? "v1/models"
+                 : call.kind == http_call::openai_completions ? "v1/completions"
+                                                              : "v1/chat/completions";
+  self->attach_functor([st, registry_id] { st->remove_actor(registry_id); });
+  // A front door that dies holding this call would never answer it (CAF 0.17 drops the
+  // promises of a dead actor): the client hears 503 instead of waiting forever.
+  self->monitor(st->front);
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& s = self->state;
+    if (s.done)
+      return;
+    auto m = "the engine's front door stopped (" + self->system().render(dm.reason) +
+             "); the server cannot serve until it is restarted";
+    if (s.sent)
+      after_reply(*s.st, s.info, "http", false, false, 0);
+    if (s.stream && s.events_sent) {
+      event(self, ojson::parse(openai_error_body(m, "server_error")));
+      return end_stream(self);
+    }
+    reply_error(self, 503, m, "server_error");
+  });
+  // This runs inside spawn, on the session's I/O thread: an exception here would end the server.
+  guarded(
+    [&] {
+      if (call.kind == http_call::openai_models) {
+        s.st->stats.request_done("http", s.info.route, request_result::ok, 0);
+        return reply_json(self, 200, models_list(s.st->model_name, s.st->started_at));
+      }
+      if (call.body.size() > s.st->max_generate_bytes)
+        return refuse(self, 413,
+                      fmt::format("a request of {} bytes is larger than any this model can serve ({} bytes for "
+                                  "its context length); it was not read",
+                                  call.body.size(), s.st->max_generate_bytes));
+      if (call.kind == http_call::openai_completions)
+        start_completion(self, call);
+      else
+        start_chat(self, call);
+    },
+    [&](const std::string& what) {
+      log_error("HTTP " + s.info.route + ": handling the request failed: " + what);
+      reply_error(self, 500, "the server failed handling this request: " + what, "server_error");
+    });
+  return {
+    [self](GenerateReqOutput& chunk) { on_chunk(self, chunk); },
+    [self](http_cancel_msg&) {
+      auto& s = self->state;
+      if (s.done)
+        return;
+      if (!s.info.rid.empty()) {
+        self->send(s.st->front, cancel_atom_v, s.info.rid, std::string("aborted: the client disconnected"));
+        s.st->stats.disconnect_cleanup("abort_request");
+      }
+    },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_openai_call(std::shared_ptr<shared_state> st, std::shared_ptr<link<http_outbound>> out,
+                             http_call call) {
+  auto id = st->reserve_actor();
+  auto a = st->sys.spawn(openai_call_actor, st, std::move(out), std::move(call), id);
+  st->set_actor(id, a);
+  return a;
+}
+
+} // namespace rlserve::net::detail

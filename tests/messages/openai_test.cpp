@@ -1,0 +1,154 @@
+// OpenAI's requests mapped onto GenerateReqInput (messages/openai.hpp): which field goes where,
+// the defaults OpenAI gives, the batch forms and unimplemented fields refused naming the field,
+// and unknown fields ignored and counted.
+#include <boost/test/unit_test.hpp>
+
+#include "messages/json_codec.hpp"
+#include "messages/openai.hpp"
+
+using namespace rlserve;
+
+namespace {
+
+std::string completion_error(std::string_view body) {
+  auto r = parse_openai_completion_request(body);
+  BOOST_REQUIRE_MESSAGE(!r, "accepted " << body);
+  return r.error();
+}
+
+std::string chat_error(std::string_view body) {
+  auto r = parse_openai_chat_request(body);
+  BOOST_REQUIRE_MESSAGE(!r, "accepted " << body);
+  return r.error();
+}
+
+bool starts(const std::string& s, std::string_view prefix) { return s.rfind(prefix, 0) == 0; }
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(openai_test)
+
+BOOST_AUTO_TEST_CASE(completion_fields_map_onto_generate) {
+  auto r = parse_openai_completion_request(
+    R"({"model": "m", "prompt": "Hi", "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "n": 1,
+        "stop": "\n", "seed": 42, "logprobs": 2, "frequency_penalty": 0.5, "presence_penalty": -0.5,
+        "stream": true, "stream_options": {"include_usage": true}, "top_k": 5, "min_p": 0.1,
+        "repetition_penalty": 1.1, "min_tokens": 1, "stop_token_ids": [3], "ignore_eos": true,
+        "user": "u1"})");
+  BOOST_REQUIRE_MESSAGE(r, r.error());
+  const auto& g = r->generate;
+  const auto& s = g.sampling_params;
+  BOOST_TEST(r->model == "m");
+  BOOST_TEST(*g.text == "Hi");
+  BOOST_TEST(!g.input_ids);
+  BOOST_TEST(s.max_new_tokens == 7);
+  BOOST_TEST(s.temperature == 0.5f);
+  BOOST_TEST(s.top_p == 0.9f);
+  BOOST_TEST(s.stop == std::vector<std::string>{"\n"});
+  BOOST_TEST(*s.sampling_seed == 42u);
+  BOOST_TEST(s.frequency_penalty == 0.5f);
+  BOOST_TEST(s.presence_penalty == -0.5f);
+  BOOST_TEST(s.top_k == 5);
+  BOOST_TEST(s.min_p == 0.1f);
+  BOOST_TEST(s.repetition_penalty == 1.1f);
+  BOOST_TEST(s.min_new_tokens == 1);
+  BOOST_TEST(s.stop_token_ids == std::vector<int32_t>{3});
+  BOOST_TEST(s.ignore_eos);
+  BOOST_TEST(g.return_logprob);
+  BOOST_TEST(g.top_logprobs_num == 2);
+  BOOST_TEST(g.logprob_start_len == -1);
+  BOOST_TEST(g.stream);
+  BOOST_TEST(r->include_usage);
+  BOOST_TEST(*r->logprobs == 2);
+}
+
+BOOST_AUTO_TEST_CASE(completion_defaults_and_prompt_forms) {
+  auto r = parse_openai_completion_request(R"({"prompt": [1, 2, 3]})");
+  BOOST_REQUIRE_MESSAGE(r, r.error());
+  BOOST_TEST(r->generate.sampling_params.max_new_tokens == 16); // OpenAI's default
+  BOOST_TEST(*r->generate.input_ids == (std::vector<int32_t>{1, 2, 3}));
+  BOOST_TEST(!r->generate.return_logprob);
+  BOOST_TEST(!r->logprobs);
+  BOOST_TEST(r->generate.sampling_params.n == 1);
+  auto one = parse_openai_completion_request(R"({"prompt": ["text"]})");
+  BOOST_REQUIRE(one);
+  BOOST_TEST(*one->generate.text == "text");
+  auto ids = parse_openai_completion_request(R"({"prompt": [[4, 5]], "logprobs": 0})");
+  BOOST_REQUIRE(ids);
+  BOOST_TEST(*ids->generate.input_ids == (std::vector<int32_t>{4, 5}));
+  BOOST_TEST(ids->generate.return_logprob); // logprobs: 0 is the sampled token's only
+  BOOST_TEST(ids->generate.top_logprobs_num == 0);
+  // n goes to the engine, which answers for it.
+  auto n = parse_openai_completion_request(R"({"prompt": "x", "n": 3})");
+  BOOST_REQUIRE(n);
+  BOOST_TEST(n->generate.sampling_params.n == 3);
+}
+
+BOOST_AUTO_TEST_CASE(completion_refusals_name_the_field) {
+  BOOST_TEST(starts(completion_error(R"({})"), "prompt: required field is missing"));
+  BOOST_TEST(starts(completion_error(R"({"prompt": ""})"), "prompt: "));
+  BOOST_TEST(starts(completion_error(R"({"prompt": ["a", "b"]})"), "prompt: a list of 2 prompts is a batch"));
+  BOOST_TEST(starts(completion_error(R"({"prompt": [[1], [2]]})"), "prompt: a list of 2 prompts is a batch"));
+  BOOST_TEST(starts(completion_error(R"({"prompt": [-1]})"), "prompt[0]: "));
+  BOOST_TEST(starts(completion_error(R"({"prompt": {"a": 1}})"), "prompt: expected a string or a list of token ids"));
+  BOOST_TEST(starts(completion_error(R"({"prompt": "x", "temperature": 3})"), "temperature: "));
+  BOOST_TEST(starts(completion_error(R"({"prompt": "x", "logprobs": 21})"), "logprobs: "));
+  BOOST_TEST(starts(completion_error(R"({"prompt": "x", "seed": -1})"), "seed: "));
+  BOOST_TEST(starts(completion_error(R"({"prompt": "x", "logit_bias": {"1": 5}})"), "logit_bias: not supported"));
+  BOOST_TEST(starts(completion_error(R"({"prompt": "x", "best_of": 2})"), "best_of: not supported"));
+  BOOST_TEST(starts(completion_error(R"({"prompt": "x", "echo": true, "logprobs": 1})"), "echo: "));
+  BOOST_TEST(starts(completion_error(R"({"prompt": "x", "stream_options": {"bogus": 1}})"),
+                    "stream_options.bogus: unknown field"));
+  BOOST_TEST(starts(completion_error(R"([1])"), "the request body must be a JSON object"));
+  // Inert values of unimplemented fields pass; unknown top-level fields are ignored and counted.
+  auto before = ignored_request_fields();
+  auto ok = parse_openai_completion_request(R"({"prompt": "x", "logit_bias": {}, "best_of": 1, "brand_new": 1})");
+  BOOST_REQUIRE_MESSAGE(ok, ok.error());
+  BOOST_TEST(ignored_request_fields() == before + 1);
+}
+
+BOOST_AUTO_TEST_CASE(chat_fields_and_messages) {
+  auto r = parse_openai_chat_request(
+    R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                      "zeta": 1, "alpha": 2},
+                     {"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f"}}]}],
+        "max_completion_tokens": 9, "max_tokens": 3, "logprobs": true, "top_logprobs": 4,
+        "chat_template_kwargs": {"enable_thinking": false}, "tool_choice": "none"})");
+  BOOST_REQUIRE_MESSAGE(r, r.error());
+  BOOST_TEST(r->generate.sampling_params.max_new_tokens == 9); // max_completion_tokens wins
+  BOOST_TEST(r->max_tokens_set);
+  BOOST_TEST(r->generate.return_logprob);
+  BOOST_TEST(r->generate.top_logprobs_num == 4);
+  BOOST_TEST(!r->generate.text); // rendered later, by the front
+  BOOST_TEST(r->messages[0]["content"] == "a\nb");
+  BOOST_TEST(r->messages[0].dump() == R"({"role":"user","content":"a\nb","zeta":1,"alpha":2})"); // order kept
+  BOOST_TEST(r->messages[1]["tool_calls"][0]["function"]["name"] == "f");
+  BOOST_TEST(r->chat_template_kwargs["enable_thinking"] == false);
+  auto bare = parse_openai_chat_request(R"({"messages": [{"role": "user", "content": "x"}]})");
+  BOOST_REQUIRE(bare);
+  BOOST_TEST(!bare->max_tokens_set);
+  BOOST_TEST(bare->chat_template_kwargs.is_object());
+}
+
+BOOST_AUTO_TEST_CASE(chat_refusals_name_the_field) {
+  BOOST_TEST(starts(chat_error(R"({})"), "messages: required field is missing"));
+  BOOST_TEST(starts(chat_error(R"({"messages": []})"), "messages: empty"));
+  BOOST_TEST(starts(chat_error(R"({"messages": "hi"})"), "messages: expected a list"));
+  BOOST_TEST(starts(chat_error(R"({"messages": [5]})"), "messages[0]: expected a message object"));
+  BOOST_TEST(starts(chat_error(R"({"messages": [{"content": "x"}]})"), "messages[0].role: required"));
+  BOOST_TEST(starts(chat_error(R"({"messages": [{"role": 1}]})"), "messages[0].role: expected a non-empty string"));
+  BOOST_TEST(starts(chat_error(R"({"messages": [{"role": "user", "content": 3}]})"), "messages[0].content: expected"));
+  BOOST_TEST(starts(chat_error(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
+                    "messages[0].content[0].type: \"image_url\" parts are not supported"));
+  const auto hi = std::string(R"("messages": [{"role": "user", "content": "x"}])");
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "tools": [{"type": "function"}]})"), "tools: not supported"));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "tool_choice": "required"})"), "tool_choice: not supported"));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "top_logprobs": 1})"), "top_logprobs: needs logprobs"));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "top_logprobs": 21, "logprobs": true})"), "top_logprobs: "));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "chat_template_kwargs": 1})"), "chat_template_kwargs: expected an object"));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "response_format": {"type": "json_object"}})"), "response_format: "));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "continue_final_message": true})"), "continue_final_message: "));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "max_tokens": "many"})"), "max_tokens: "));
+}
+
+BOOST_AUTO_TEST_SUITE_END()

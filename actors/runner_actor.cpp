@@ -153,10 +153,12 @@ RunnerManifest make_manifest(const runner_options& options, const model::qwen3_m
 // Runs `items` as one batch. When the batch as a whole is refused (the forward checks every
 // item before running any), the items at fault are found by trying each alone on a copy of its
 // KV, marked failed in `errors`, and the rest run without them. `items` and `owners` (the index of
-// each item's work) shrink to what ran; `row_of` gets each remaining item's first logits row.
+// each item's work) shrink to what ran; `row_of` gets each remaining item's first logits row;
+// `routed_experts` (CPU runner), when given, the routing of every token that ran, item after item.
 status run_items(runner_state& st, std::vector<model::forward_item>& items,
                  std::vector<std::size_t>& owners, std::vector<std::string>& errors,
-                 std::vector<float>& logits, std::vector<std::size_t>& row_of) {
+                 std::vector<float>& logits, std::vector<std::size_t>& row_of,
+                 std::vector<int32_t>* routed_experts = nullptr) {
   auto rows = [&] {
     row_of.assign(items.size(), 0);
     std::size_t row = 0;
@@ -169,7 +171,7 @@ status run_items(runner_state& st, std::vector<model::forward_item>& items,
   if (items.empty())
     return {};
   auto forward = [&](std::span<model::forward_item> batch, std::vector<float>& out) {
-    return st.gpu ? st.gpu->forward(batch, out) : st.model->forward(*st.pool, batch, out);
+    return st.gpu ? st.gpu->forward(batch, out) : st.model->forward(*st.pool, batch, out, routed_experts);
   };
   if (auto ok = forward(items, logits); ok)
     return ok;
@@ -179,7 +181,9 @@ status run_items(runner_state& st, std::vector<model::forward_item>& items,
   for (std::size_t j = 0; j < items.size(); ++j) {
     auto probe = *items[j].kv; // a copy: checking must not advance the sequence
     model::forward_item single{&probe, items[j].tokens, items[j].logit_rows};
-    if (auto s = forward(std::span(&single, 1), scratch); !s) {
+    auto s = st.gpu ? st.gpu->forward(std::span(&single, 1), scratch)
+                    : st.model->forward(*st.pool, std::span(&single, 1), scratch);
+    if (!s) {
       errors[owners[j]] = s.error();
     } else {
       good.push_back(items[j]);
@@ -309,6 +313,11 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
       errors[i] = "sequence " + std::to_string(work.seq_id) + ": no tokens to run";
       continue;
     }
+    if (work.return_routed_experts && st.gpu) {
+      errors[i] = "return_routed_experts: the GPU runner does not record the router's choices yet "
+                  "(the CPU runner does)";
+      continue;
+    }
     if ((!work.draft_tokens.empty() || work.propose > 0) && it->second.sampling.uses_history()) {
       // The scheduler never speculates for these: each position's distribution would depend on
       // the proposals before it.
@@ -358,10 +367,29 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
 
   std::vector<float> logits;
   std::vector<std::size_t> row_of;
-  if (auto ok = run_items(st, items, owners, errors, logits, row_of); !ok) {
+  const bool routing = std::any_of(batch.work.begin(), batch.work.end(),
+                                   [](const SequenceWork& w) { return w.return_routed_experts; });
+  std::vector<int32_t> routed; // [tokens of all items, layers, top_k] when some work asks
+  if (auto ok = run_items(st, items, owners, errors, logits, row_of, routing ? &routed : nullptr);
+      !ok) {
     out.success = false;
     out.message = ok.error();
     return out;
+  }
+  if (routing) {
+    std::size_t tokens = 0;
+    for (const auto& item : items)
+      tokens += item.tokens.size();
+    const std::size_t per_token = tokens > 0 ? routed.size() / tokens : 0;
+    std::size_t first = 0;
+    for (std::size_t j = 0; j < items.size(); ++j) {
+      const auto n = items[j].tokens.size();
+      if (owners[j] < W && batch.work[owners[j]].return_routed_experts)
+        out.results[owners[j]].routed_experts.assign(
+          routed.begin() + static_cast<std::ptrdiff_t>(first * per_token),
+          routed.begin() + static_cast<std::ptrdiff_t>((first + n) * per_token));
+      first += n;
+    }
   }
   // Sequences still proposing after the first forward: (work index, proposals so far).
   std::vector<std::size_t> proposing;

@@ -63,10 +63,18 @@ struct request_state {
   std::vector<float> input_logprobs;
   std::vector<std::vector<TopLogprob>> input_top_logprobs;
   bool input_logprobs_sent = false;
+  // Routing replay (return_routed_experts): the routing of every position run so far, rows of
+  // routed_row ids (layers x top_k); a position run again (after a retract) takes its new row.
+  std::vector<int32_t> routed;
+  std::size_t routed_row = 0;
 };
 
 int64_t prompt_length(const request_state& r) {
   return static_cast<int64_t>(r.req.input_ids.size());
+}
+
+int64_t sequence_length(const request_state& r) {
+  return static_cast<int64_t>(r.req.input_ids.size() + r.output_ids.size());
 }
 
 // Adds the CPU time of the current thread between construction and destruction to `total_ns`:
@@ -234,6 +242,15 @@ void emit(scheduler_pointer self, request_state& r, std::optional<FinishReason> 
         c.input_top_logprobs.push_back(std::move(row));
     }
   }
+  if (finished && r.req.return_routed_experts) {
+    // Every position that ran but the last token (never run): prompt + outputs - 1.
+    auto rows = std::min<int64_t>(r.kv_tokens, sequence_length(r) - 1);
+    auto from = std::min<int64_t>(r.req.routed_experts_start_len, rows);
+    auto row = static_cast<int64_t>(r.routed_row);
+    rows = std::min<int64_t>(rows, static_cast<int64_t>(r.routed.size()) / std::max<int64_t>(row, 1));
+    c.routed_experts.emplace(r.routed.begin() + from * row, r.routed.begin() + std::max(rows, from) * row);
+    c.routed_experts_start_len = static_cast<int32_t>(from);
+  }
   c.finished = finished;
   c.finish_reason = std::move(finish);
   c.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
@@ -346,10 +363,6 @@ int32_t token_at(const request_state& r, int64_t i) {
                     : r.output_ids[static_cast<std::size_t>(i - prompt)];
 }
 
-int64_t sequence_length(const request_state& r) {
-  return static_cast<int64_t>(r.req.input_ids.size() + r.output_ids.size());
-}
-
 void record_acceptance(scheduler_state& st, request_state& r, int32_t accepted) {
   ++r.spec_verify_ct;
   r.spec_accepted += accepted;
@@ -368,6 +381,25 @@ bool apply_scores(scheduler_pointer self, SequenceResult& res) {
   if (seq == st.by_seq.end())
     return true;
   auto& r = *seq->second;
+  // Routing replay: the rows of the positions this batch ran (from kv_tokens on; apply_result
+  // advances kv_tokens after this).
+  if (r.req.return_routed_experts && res.error.empty() && r.in_batch_tokens > 0 &&
+      r.in_batch_proposals == 0 && !res.routed_experts.empty()) {
+    auto ran = static_cast<std::size_t>(r.in_batch_tokens);
+    if (res.routed_experts.size() % ran != 0 ||
+        (r.routed_row != 0 && res.routed_experts.size() / ran != r.routed_row)) {
+      auto m = "internal error: the runner returned " + std::to_string(res.routed_experts.size()) +
+               " routed expert ids for " + std::to_string(ran) + " positions";
+      finish(self, std::string(r.req.rid), FinishReason{"abort", std::nullopt, std::nullopt, m},
+             false, m);
+      return false;
+    }
+    r.routed_row = res.routed_experts.size() / ran;
+    auto first = static_cast<std::size_t>(r.kv_tokens) * r.routed_row;
+    r.routed.resize(std::max(r.routed.size(), first + res.routed_experts.size()));
+    std::copy(res.routed_experts.begin(), res.routed_experts.end(),
+              r.routed.begin() + static_cast<std::ptrdiff_t>(first));
+  }
   auto asked = r.in_batch_scored;
   r.in_batch_scored = 0;
   if (asked == 0 || !res.error.empty())
@@ -502,6 +534,7 @@ bool reads_generated_tokens(const SamplingParams& p) {
 int64_t proposals_for(const scheduler_state& st, const request_state& r) {
   if (!st.draft || !st.draft_gone.empty() || st.options.speculative_num_draft_tokens <= 0 ||
       r.prefill_left > 0 || reads_generated_tokens(r.req.sampling_params) ||
+      r.req.return_routed_experts || // the rows of rejected proposals would need undoing
       r.draft_failed || r.output_ids.empty())
     return 0;
   auto out_len = static_cast<int64_t>(r.output_ids.size());
@@ -630,7 +663,7 @@ void step(scheduler_pointer self) {
   for (const auto& w : plan.work) {
     auto& r = *st.by_seq.at(w.id);
     if (!w.admitted && r.prefill_left == 0 && w.tokens == 1 && w.new_blocks == 0 &&
-        !(r.req.return_logprob && r.req.top_logprobs_num > 0)) {
+        !(r.req.return_logprob && r.req.top_logprobs_num > 0) && !r.req.return_routed_experts) {
       // A plain decode: flat arrays, no allocation per sequence.
       batch.decode_seq_ids.push_back(r.seq_id);
       batch.decode_tokens.push_back(r.output_ids.back());
@@ -703,6 +736,7 @@ void step(scheduler_pointer self) {
       }
     }
     work.sample = w.samples;
+    work.return_routed_experts = r.req.return_routed_experts;
     work.top_logprobs_num = r.req.return_logprob ? r.req.top_logprobs_num : 0;
     if (w.samples && r.version_start.empty())
       r.version_start = st.version;

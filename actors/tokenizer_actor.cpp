@@ -217,6 +217,11 @@ expected<TokenizedGenerateReqInput> finish_prepare(tokenizer_state& st, Generate
     return fail(fmt::format("logprob_start_len: {} is not a position of the prompt, which has {} "
                             "tokens (use 0 .. {}, or -1 for output logprobs only)",
                             req.logprob_start_len, out.input_ids.size(), out.input_ids.size() - 1));
+  if (req.return_routed_experts &&
+      (req.routed_experts_start_len < 0 ||
+       req.routed_experts_start_len > static_cast<int32_t>(out.input_ids.size())))
+    return fail(fmt::format("routed_experts_start_len: {} is outside the prompt's 0 .. {} tokens",
+                            req.routed_experts_start_len, out.input_ids.size()));
   out.rid = req.rid ? *req.rid : fmt::format("{:016x}{:016x}", st.rng(), st.rng());
   if (st.active.count(out.rid) || st.queued.count(out.rid))
     return fail("rid: a request with rid \"" + out.rid + "\" is already in flight");
@@ -226,6 +231,8 @@ expected<TokenizedGenerateReqInput> finish_prepare(tokenizer_state& st, Generate
   out.logprob_start_len = req.logprob_start_len;
   out.top_logprobs_num = req.top_logprobs_num;
   out.return_text_in_logprobs = req.return_text_in_logprobs;
+  out.return_routed_experts = req.return_routed_experts;
+  out.routed_experts_start_len = req.routed_experts_start_len;
   out.stream = req.stream;
   return out;
 }
@@ -286,9 +293,15 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
   auto& a = it->second;
   GenerateReqOutput delta;
   delta.rid = c.rid;
-  for (auto id : c.output_ids)
+  // SGLang leaves a matched stop token out of the text (not out of output_ids) unless
+  // no_stop_trim; tokens after a stop are dropped, so it is the last one.
+  auto decoded = c.output_ids.size();
+  if (c.finished && c.finish_reason && c.finish_reason->matched_token && !a.no_stop_trim &&
+      decoded > 0 && c.output_ids.back() == *c.finish_reason->matched_token)
+    --decoded;
+  for (std::size_t i = 0; i < decoded; ++i)
     if (a.decoder)
-      delta.text += a.decoder->push(id);
+      delta.text += a.decoder->push(c.output_ids[i]);
   if (c.finished && a.decoder)
     delta.text += a.decoder->finish();
   delta.output_ids = c.output_ids;
@@ -297,6 +310,8 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
   delta.input_token_ids = c.input_token_ids;
   delta.input_token_logprobs = c.input_token_logprobs;
   delta.input_top_logprobs = c.input_top_logprobs;
+  delta.routed_experts = c.routed_experts;
+  delta.routed_experts_start_len = c.routed_experts_start_len;
   if (a.texts_in_logprobs)
     add_token_texts(*st.tokenizer, delta);
   delta.finished = c.finished;
@@ -323,6 +338,10 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
                                delta.output_top_logprobs.end());
   r.output_token_texts.insert(r.output_token_texts.end(), delta.output_token_texts.begin(),
                               delta.output_token_texts.end());
+  if (c.routed_experts) {
+    r.routed_experts = std::move(c.routed_experts);
+    r.routed_experts_start_len = c.routed_experts_start_len;
+  }
   if (!delta.input_token_ids.empty()) {
     r.input_token_ids = delta.input_token_ids;
     r.input_token_logprobs = delta.input_token_logprobs;
@@ -345,10 +364,11 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
     caf::anon_send(a.sink, std::move(delta));
   if (!c.finished)
     return;
-  // SGLang drops a matched stop string from the text unless no_stop_trim.
-  if (r.finish_reason && r.finish_reason->matched_str && !a.no_stop_trim)
+  // SGLang ends the text before a matched stop string, or with no_stop_trim right after it
+  // (text the last token carried past the match is dropped either way).
+  if (r.finish_reason && r.finish_reason->matched_str)
     if (auto pos = r.text.find(*r.finish_reason->matched_str); pos != std::string::npos)
-      r.text.resize(pos);
+      r.text.resize(a.no_stop_trim ? pos + r.finish_reason->matched_str->size() : pos);
   a.promise.deliver(std::move(r));
   st.active.erase(it);
   st.gate.finished(gate_op::generate);

@@ -45,6 +45,10 @@ struct GenerateReqInput {
   int32_t logprob_start_len = -1; // -1: logprobs of output tokens only
   int32_t top_logprobs_num = 0;
   bool return_text_in_logprobs = false; // each logprob entry carries its token's text
+  // Routing replay: the router's top-k expert ids of every layer for every position the model
+  // ran, from position routed_experts_start_len on (0 .. prompt length).
+  bool return_routed_experts = false;
+  int32_t routed_experts_start_len = 0;
   bool stream = false;
 };
 
@@ -58,6 +62,8 @@ struct TokenizedGenerateReqInput {
   int32_t logprob_start_len = -1;
   int32_t top_logprobs_num = 0;
   bool return_text_in_logprobs = false;
+  bool return_routed_experts = false;
+  int32_t routed_experts_start_len = 0;
   bool stream = false;
   uint64_t sampling_seed = 0; // resolved: from sampling_params or chosen by the front door
 };
@@ -107,6 +113,12 @@ struct GenerateReqOutput {
   // return_text_in_logprobs: the text of each output_ids / input_token_ids entry.
   std::vector<std::string> output_token_texts;
   std::vector<std::string> input_token_texts;
+  // return_routed_experts (with the finished result): [positions, num_hidden_layers, top_k]
+  // expert ids of positions routed_experts_start_len .. prompt + output tokens - 2 (every
+  // position the model ran; the last token never ran), -1 in dense layers. SGLang's
+  // meta_info.routed_experts, there as base64 of little-endian int32.
+  std::optional<std::vector<int32_t>> routed_experts;
+  int32_t routed_experts_start_len = 0;
   bool finished = false;
   std::optional<FinishReason> finish_reason;
   int32_t prompt_tokens = 0;
@@ -133,6 +145,8 @@ struct TokenChunk {
   std::vector<int32_t> input_token_ids;
   std::vector<float> input_token_logprobs;
   std::vector<std::vector<TopLogprob>> input_top_logprobs;
+  std::optional<std::vector<int32_t>> routed_experts; // with the last chunk (GenerateReqOutput)
+  int32_t routed_experts_start_len = 0;
   bool finished = false;
   std::optional<FinishReason> finish_reason;
   int32_t prompt_tokens = 0;
@@ -179,14 +193,16 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, GenerateReqInput& x) {
   return f(caf::meta::type_name("GenerateReqInput"), x.rid, x.text, x.input_ids,
            x.sampling_params, x.return_logprob, x.logprob_start_len, x.top_logprobs_num,
-           x.return_text_in_logprobs, x.stream);
+           x.return_text_in_logprobs, x.return_routed_experts, x.routed_experts_start_len,
+           x.stream);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TokenizedGenerateReqInput& x) {
   return f(caf::meta::type_name("TokenizedGenerateReqInput"), x.rid, x.input_text, x.input_ids,
            x.sampling_params, x.return_logprob, x.logprob_start_len, x.top_logprobs_num,
-           x.return_text_in_logprobs, x.stream, x.sampling_seed);
+           x.return_text_in_logprobs, x.return_routed_experts, x.routed_experts_start_len,
+           x.stream, x.sampling_seed);
 }
 
 template <class Inspector>
@@ -210,7 +226,8 @@ typename Inspector::result_type inspect(Inspector& f, GenerateReqOutput& x) {
   return f(caf::meta::type_name("GenerateReqOutput"), x.success, x.message, x.rid, x.text,
            x.output_ids, x.output_token_logprobs, x.output_top_logprobs, x.input_token_ids,
            x.input_token_logprobs, x.input_top_logprobs, x.output_token_texts,
-           x.input_token_texts, x.finished, x.finish_reason, x.prompt_tokens,
+           x.input_token_texts, x.routed_experts, x.routed_experts_start_len, x.finished,
+           x.finish_reason, x.prompt_tokens,
            x.completion_tokens, x.cached_tokens, x.weight_version_start, x.weight_version,
            x.weight_version_spans, x.sampling_seed, x.spec_verify_ct, x.spec_accepted_tokens);
 }
@@ -219,8 +236,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TokenChunk& x) {
   return f(caf::meta::type_name("TokenChunk"), x.rid, x.output_ids, x.output_token_logprobs,
            x.output_top_logprobs, x.input_token_ids, x.input_token_logprobs,
-           x.input_top_logprobs, x.finished, x.finish_reason, x.prompt_tokens,
-           x.completion_tokens, x.cached_tokens, x.weight_version_start, x.weight_version,
+           x.input_top_logprobs, x.routed_experts, x.routed_experts_start_len, x.finished,
+           x.finish_reason, x.prompt_tokens, x.completion_tokens, x.cached_tokens, x.weight_version_start, x.weight_version,
            x.weight_version_spans, x.success, x.message, x.spec_verify_ct,
            x.spec_accepted_tokens);
 }

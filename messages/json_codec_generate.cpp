@@ -1,5 +1,6 @@
 // JSON codecs of generate.hpp: SamplingParams, GenerateReqInput, GenerateReqOutput (SGLang's
 // /generate response shape), FinishReason, TopLogprob, AbortReq and AbortReqOutput.
+#include "messages/base64.hpp"
 #include "messages/json_codec.hpp"
 #include "messages/json_codec_detail.hpp"
 #include "messages/validate.hpp"
@@ -188,12 +189,14 @@ void read_fields(object_reader& r, GenerateReqInput& x) {
   r.field("logprob_start_len", x.logprob_start_len, int_rule<int32_t>{.lo = -1});
   r.field("top_logprobs_num", x.top_logprobs_num, k_count);
   r.field("return_text_in_logprobs", x.return_text_in_logprobs);
+  r.field("return_routed_experts", x.return_routed_experts);
+  r.field("routed_experts_start_len", x.routed_experts_start_len, k_count);
   r.field("stream", x.stream);
   r.unsupported("input_embeds", nullptr, "send text or input_ids");
   // Would change what comes back (other inputs, adapters, sessions, extra outputs, a
   // disaggregated prefill elsewhere): refused when set.
   for (auto key : {"image_data", "video_data", "audio_data", "return_hidden_states",
-                   "return_routed_experts", "lora_path", "lora_id", "session_params",
+                   "lora_path", "lora_id", "session_params",
                    "custom_logit_processor", "token_ids_logprob",
                    "bootstrap_host", "bootstrap_port", "bootstrap_room"})
     r.unsupported(key);
@@ -270,6 +273,26 @@ void read_fields(object_reader& r, GenerateReqOutput& x) {
     read_logprob_list(m, "input_token_logprobs", x.input_token_logprobs, x.input_token_ids,
                       x.input_token_texts);
     read_top_rows(m, "input_top_logprobs", x.input_top_logprobs);
+    m.field("routed_experts_start_len", x.routed_experts_start_len, k_count);
+    if (auto v = m.get("routed_experts")) {
+      std::string text;
+      if (parse(m.cx(), *v, m.at("routed_experts"), text, text_rule{})) {
+        auto bytes = base64_decode(text);
+        if (!bytes || bytes->size() % 4 != 0) {
+          m.fail("routed_experts", bytes ? "is not a whole number of int32 values"
+                                         : "is not base64: " + bytes.error());
+        } else {
+          std::vector<int32_t> ids(bytes->size() / 4);
+          for (std::size_t i = 0; i < ids.size(); ++i) {
+            uint32_t u = 0;
+            for (int b = 0; b < 4; ++b)
+              u |= static_cast<uint32_t>((*bytes)[i * 4 + b]) << (8 * b);
+            ids[i] = static_cast<int32_t>(u);
+          }
+          x.routed_experts = std::move(ids);
+        }
+      }
+    }
     if (!m.ok() || logprob_ids.empty())
       return;
     if (logprob_ids.size() != x.output_ids.size()) {
@@ -351,6 +374,8 @@ json to_json(const GenerateReqInput& x) {
     {"logprob_start_len", x.logprob_start_len},
     {"top_logprobs_num", x.top_logprobs_num},
     {"return_text_in_logprobs", x.return_text_in_logprobs},
+    {"return_routed_experts", x.return_routed_experts},
+    {"routed_experts_start_len", x.routed_experts_start_len},
     {"stream", x.stream},
   };
 }
@@ -414,6 +439,17 @@ json to_json(const GenerateReqOutput& x) {
       logprob_list(x.output_token_logprobs, x.output_ids, x.output_token_texts);
     meta["input_token_logprobs"] =
       logprob_list(x.input_token_logprobs, x.input_token_ids, x.input_token_texts);
+  }
+  if (x.routed_experts) {
+    // SGLang's routing replay payload: base64 of the little-endian int32 array.
+    std::vector<std::byte> bytes(x.routed_experts->size() * 4);
+    for (std::size_t i = 0; i < x.routed_experts->size(); ++i) {
+      auto v = static_cast<uint32_t>((*x.routed_experts)[i]);
+      for (int b = 0; b < 4; ++b)
+        bytes[i * 4 + b] = static_cast<std::byte>((v >> (8 * b)) & 0xff);
+    }
+    meta["routed_experts"] = base64_encode(bytes);
+    meta["routed_experts_start_len"] = x.routed_experts_start_len;
   }
   // Top logprobs only when asked for: output rows without alternatives are placeholders, and the
   // prompt rows exist only when top_logprobs_num > 0.

@@ -44,6 +44,9 @@ struct SequenceWork {
   // before the sampled one (when `sample` is set, the last position is sampled, not scored).
   // The runner returns the logprob of each (and its top logprobs when top_logprobs_num > 0).
   std::vector<int32_t> scored_tokens;
+  // Routing replay: return the router's top-k expert ids of every layer for every position of
+  // `tokens` (SequenceResult::routed_experts).
+  bool return_routed_experts = false;
   int32_t propose = 0;                // draft: tokens to propose after `tokens`
   std::vector<int32_t> draft_tokens;  // target: proposals to verify
   std::vector<float> draft_probs;     // target: [k, vocab] draft distributions (empty if greedy)
@@ -69,6 +72,9 @@ struct SequenceResult {
   std::vector<std::vector<TopLogprob>> top_logprobs; // one list per token when asked
   std::vector<float> scored_logprobs;                       // one per SequenceWork::scored_tokens
   std::vector<std::vector<TopLogprob>> scored_top_logprobs; // one list each when asked
+  // return_routed_experts: [tokens run, num_hidden_layers, num_experts_per_tok] expert ids, -1
+  // in dense layers (empty for a model without experts).
+  std::vector<int32_t> routed_experts;
   int32_t accepted = 0;          // verification: proposals accepted
   std::vector<float> draft_probs; // proposal: [k, vocab] distributions the proposals came from
                                   // (empty for greedy requests)
@@ -192,7 +198,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SequenceWork& x) {
   return f(caf::meta::type_name("SequenceWork"), x.seq_id, x.new_sequence, x.new_blocks,
            x.kv_length, x.tokens, x.sample, x.sampling_params, x.sampling_seed,
-           x.generated_tokens, x.top_logprobs_num, x.scored_tokens, x.propose, x.draft_tokens, x.draft_probs);
+           x.generated_tokens, x.top_logprobs_num, x.scored_tokens, x.return_routed_experts, x.propose, x.draft_tokens, x.draft_probs);
 }
 
 template <class Inspector>
@@ -204,8 +210,8 @@ typename Inspector::result_type inspect(Inspector& f, ForwardBatch& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SequenceResult& x) {
   return f(caf::meta::type_name("SequenceResult"), x.seq_id, x.tokens, x.logprobs,
-           x.top_logprobs, x.scored_logprobs, x.scored_top_logprobs, x.accepted, x.draft_probs,
-           x.error);
+           x.top_logprobs, x.scored_logprobs, x.scored_top_logprobs, x.routed_experts,
+           x.accepted, x.draft_probs, x.error);
 }
 
 template <class Inspector>

@@ -869,7 +869,7 @@ status qwen3_model::moe_block(const layer_weights& L, int64_t layer, const float
 }
 
 status qwen3_model::forward(kv_pool& pool, std::span<forward_item> items,
-                            std::vector<float>& logits) const {
+                            std::vector<float>& logits, std::vector<int32_t>* routed_experts) const {
   const model_config& c = config_;
   const int64_t H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_size;
   const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads;
@@ -928,6 +928,10 @@ status qwen3_model::forward(kv_pool& pool, std::span<forward_item> items,
   std::vector<float> act(T * I);         // [T, intermediate]
   std::vector<float> k_seq, v_seq;       // [past + n, nkv, head_dim] one sequence's keys/values
   moe_scratch moe;                       // sparse layers' buffers, sized on first use
+  const int64_t K = c.num_experts > 0 ? c.num_experts_per_tok : 0;
+  if (routed_experts) {
+    routed_experts->assign(static_cast<std::size_t>(T * c.num_hidden_layers * K), -1);
+  }
 
   for (std::size_t i = 0; i < items.size(); ++i)
     for (std::size_t t = 0; t < items[i].tokens.size(); ++t)
@@ -1008,6 +1012,10 @@ status qwen3_model::forward(kv_pool& pool, std::span<forward_item> items,
     if (L.sparse) {
       if (auto s = moe_block(L, l, h.data(), T, proj.data(), moe); !s)
         return s;
+      if (routed_experts)
+        for (int64_t t = 0; t < T; ++t)
+          std::copy_n(moe.ids.data() + t * K, K,
+                      routed_experts->data() + (t * c.num_hidden_layers + l) * K);
     } else {
       if (auto s = kernels::matmul_cpu({h.data(), w(L.gate_up), gate_up.data(), T, 2 * I, H});
           s != kernel_status::ok)

@@ -193,7 +193,13 @@ public:
   // the vocabulary, blocks that do not cover the new positions or lie outside the pool, a pool
   // shaped for another config, or a sequence longer than max_position_embeddings. Results do not
   // depend on how sequences are batched: every row is computed by the same float operations.
-  status forward(kv_pool& pool, std::span<forward_item> items, std::vector<float>& logits) const;
+  //
+  // `routed_experts` (optional): the router's choices for routing replay (SGLang's
+  // return_routed_experts), [tokens of all items in order, num_hidden_layers, num_experts_per_tok]:
+  // each position's top-k expert ids per layer, by descending weight; -1 in dense layers. Left
+  // empty for a model without experts.
+  status forward(kv_pool& pool, std::span<forward_item> items, std::vector<float>& logits,
+                 std::vector<int32_t>* routed_experts = nullptr) const;
   // One sequence in its own growing cache: runs `tokens` after what `cache` holds and writes the
   // logits of the LAST position into `logits` (vocab_size).
   status forward(kv_cache& cache, std::span<const int32_t> tokens, std::vector<float>& logits) const;

@@ -22,6 +22,16 @@ namespace rlserve::net::detail {
 
 namespace {
 
+// A /generate body with several prompts or n > 1 (messages/generate_fanout.hpp): one engine
+// request per result, answered together as a list (streamed: events with their "index").
+struct http_fanout {
+  std::vector<std::string> rids; // by result index
+  std::unordered_map<std::string, std::size_t> index_of;
+  std::vector<GenerateReqOutput> results; // finals; SSE: everything so far
+  std::size_t pending = 0;
+  std::string failure; // the first failed result's message, "request j (rid): ..."
+};
+
 struct http_state {
   http_state() = default;
 
@@ -33,16 +43,7 @@ struct http_state {
   bool done = false;
   bool sent = false; // the route's request went to the engine: after_reply is owed
   GenerateReqOutput acc; // SSE: everything so far (SGLang streams cumulative results)
-  // A /generate body with several prompts or n > 1 (messages/generate_fanout.hpp): one engine
-  // request per result, answered together as a list (streamed: events with their "index").
-  struct fanout {
-    std::vector<std::string> rids;                       // by result index
-    std::unordered_map<std::string, std::size_t> index_of;
-    std::vector<GenerateReqOutput> results;              // finals; SSE: everything so far
-    std::size_t pending = 0;
-    std::string failure; // the first failed result's message, "request j (rid): ..."
-  };
-  std::optional<fanout> fan;
+  std::optional<http_fanout> fan; // a /generate body with several prompts or n > 1
   static inline const char* name = "http_call";
 };
 

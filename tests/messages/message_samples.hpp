@@ -34,12 +34,12 @@ struct field_count; // no definition: a type without a count here is not compara
 
 // generate.hpp
 RLSERVE_FIELD_COUNT(SamplingParams, 17)
-RLSERVE_FIELD_COUNT(GenerateReqInput, 9)
-RLSERVE_FIELD_COUNT(TokenizedGenerateReqInput, 10)
+RLSERVE_FIELD_COUNT(GenerateReqInput, 11)
+RLSERVE_FIELD_COUNT(TokenizedGenerateReqInput, 12)
 RLSERVE_FIELD_COUNT(FinishReason, 4)
 RLSERVE_FIELD_COUNT(TopLogprob, 3)
-RLSERVE_FIELD_COUNT(GenerateReqOutput, 23)
-RLSERVE_FIELD_COUNT(TokenChunk, 19)
+RLSERVE_FIELD_COUNT(GenerateReqOutput, 25)
+RLSERVE_FIELD_COUNT(TokenChunk, 21)
 RLSERVE_FIELD_COUNT(TokenChunks, 1)
 RLSERVE_FIELD_COUNT(WeightVersionSpan, 2)
 RLSERVE_FIELD_COUNT(AbortReq, 3)
@@ -86,9 +86,9 @@ RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 29)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
 RLSERVE_FIELD_COUNT(HealthCheckReqOutput, 2)
 // runner.hpp
-RLSERVE_FIELD_COUNT(SequenceWork, 14)
+RLSERVE_FIELD_COUNT(SequenceWork, 15)
 RLSERVE_FIELD_COUNT(ForwardBatch, 4)
-RLSERVE_FIELD_COUNT(SequenceResult, 9)
+RLSERVE_FIELD_COUNT(SequenceResult, 10)
 RLSERVE_FIELD_COUNT(ForwardBatchOutput, 7)
 RLSERVE_FIELD_COUNT(ReleaseSequences, 1)
 RLSERVE_FIELD_COUNT(TensorSpec, 3)
@@ -376,6 +376,8 @@ struct samples<GenerateReqInput> : simple_samples<GenerateReqInput> {
     x.logprob_start_len = 0;
     x.top_logprobs_num = 5;
     x.return_text_in_logprobs = true;
+    x.return_routed_experts = true;
+    x.routed_experts_start_len = 3;
     x.stream = true;
     return x;
   }
@@ -401,6 +403,8 @@ struct samples<TokenizedGenerateReqInput> : simple_samples<TokenizedGenerateReqI
     x.logprob_start_len = 1;
     x.top_logprobs_num = 2;
     x.return_text_in_logprobs = true;
+    x.return_routed_experts = true;
+    x.routed_experts_start_len = 1;
     x.stream = true;
     x.sampling_seed = 42;
     return x;
@@ -452,6 +456,8 @@ struct samples<GenerateReqOutput> : simple_samples<GenerateReqOutput> {
     x.input_token_logprobs = {-9.0f, -0.75f};
     x.input_top_logprobs = {{}, {{4, -0.75f, "x"}, {5, -1.25f, "y"}}};
     x.input_token_texts = {"a", "b"};
+    x.routed_experts = std::vector<int32_t>{0, 3, -1, 2, 1, -1};
+    x.routed_experts_start_len = 1;
     x.finished = true;
     x.finish_reason = samples<FinishReason>::full();
     x.prompt_tokens = 5;
@@ -475,6 +481,8 @@ struct samples<GenerateReqOutput> : simple_samples<GenerateReqOutput> {
     x.input_token_logprobs.clear();
     x.input_top_logprobs.clear();
     x.input_token_texts.clear();
+    x.routed_experts.reset();
+    x.routed_experts_start_len = 0;
     return x;
   }
   static std::vector<GenerateReqOutput> json() { return {full(), sparse()}; }
@@ -491,6 +499,8 @@ struct samples<TokenChunk> : simple_samples<TokenChunk> {
     x.input_token_ids = {1, 2};
     x.input_token_logprobs = {-1.0f, -2.0f};
     x.input_top_logprobs = {{}, {{2, -2.0f}}};
+    x.routed_experts = std::vector<int32_t>{4, 5};
+    x.routed_experts_start_len = 2;
     x.finished = true;
     x.finish_reason = samples<FinishReason>::full();
     x.prompt_tokens = 4;
@@ -902,7 +912,7 @@ struct samples<HealthCheckReqOutput> : status_samples<HealthCheckReqOutput> {};
 template <>
 struct samples<SequenceWork> : simple_samples<SequenceWork> {
   static SequenceWork full() {
-    return {5, true, {4, 9}, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, {6, 6}, 3, {5}, 4, {7, 8},
+    return {5, true, {4, 9}, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, {6, 6}, 3, {5}, true, 4, {7, 8},
             {0.25f, 0.75f}};
   }
 };
@@ -918,7 +928,7 @@ template <>
 struct samples<SequenceResult> : simple_samples<SequenceResult> {
   static SequenceResult full() {
     return {5,  {42, 7}, {-0.3f, -1.5f}, {{{42, -0.3f}, {43, -1.0f}}, {}}, {-2.0f}, {{{1, -2.0f}}},
-            1,  {0.5f, 0.5f}, "sampler failed"};
+            {3, 1, -1, -1}, 1, {0.5f, 0.5f}, "sampler failed"};
   }
 };
 

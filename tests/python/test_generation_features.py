@@ -8,6 +8,9 @@ independent numpy Qwen3 (test_qwen3_parity.py's reference, float64) and the `tok
   the tokens before it, the first entry null (SGLang's shape), top alternatives in order;
   max_new_tokens 0 scores the prompt without generating;
 - return_text_in_logprobs: every entry's text is the token decoded alone by `tokenizers`;
+- stop_token_ids / stop strings / no_stop_trim: SGLang's trimming of the text;
+- routing replay (return_routed_experts) on a Qwen3-MoE model with a dense layer: the
+  reference router's top-k for every position that ran, SGLang's base64 int32 layout;
 - n > 1 and batches (SGLang's fan-out): one result per prompt and sample, prompt-major, rids
   "{rid}_{i}", sample i seeded sampling_seed + i, each equal to a single request with its seed;
   streamed events carry "index";
@@ -160,6 +163,39 @@ def test_penalties(port, cfg, w, tok):
     print("penalties: ok")
 
 
+def test_stops(port, tok):
+    """stop_token_ids, stop strings and no_stop_trim as SGLang trims them: a matched stop token
+    stays in output_ids but not in the text; a stop string ends the text before it (with
+    no_stop_trim, right after it)."""
+    prompt = tok.encode("the cat sat on").ids
+    params = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+    free = generate(port, {"input_ids": prompt, "sampling_params": params})["output_ids"]
+    k = next((i for i in range(1, len(free)) if free[i] not in free[:i]), None)
+    t.check(k is not None, f"no fresh token to stop on in {free}")
+    for trim in (False, True):
+        out = generate(port, {"input_ids": prompt, "sampling_params": {
+            **params, "stop_token_ids": [free[k]], "no_stop_trim": trim}})
+        t.check(out["output_ids"] == free[:k + 1], f"stop token: {out['output_ids']} vs {free[:k + 1]}")
+        t.check(out["meta_info"]["finish_reason"] == {"type": "stop", "matched": free[k]},
+                f"finish_reason {out['meta_info']['finish_reason']}")
+        want = tok.decode(free[:k + 1] if trim else free[:k])
+        t.check(out["text"] == want, f"stop token, no_stop_trim {trim}: {out['text']!r} vs {want!r}")
+    text = tok.decode(free)
+    stop = next((text[i:i + 2] for i in range(1, len(text) - 2) if text[i:i + 2].strip()
+                 and text.find(text[i:i + 2]) == i), None)
+    if stop:
+        pos = text.find(stop)
+        for trim in (False, True):
+            out = generate(port, {"input_ids": prompt, "sampling_params": {
+                **params, "stop": stop, "no_stop_trim": trim}})
+            want = text[:pos + len(stop)] if trim else text[:pos]
+            t.check(out["text"] == want, f"stop {stop!r}, no_stop_trim {trim}: {out['text']!r} vs {want!r}")
+            t.check(out["meta_info"]["finish_reason"]["matched"] == stop, "matched stop string")
+    refused(port, {"input_ids": prompt, "sampling_params": {"stop_token_ids": [-1]}}, "stop_token_ids")
+    refused(port, {"input_ids": prompt, "sampling_params": {"no_stop_trim": 1}}, "no_stop_trim")
+    print("stop tokens and strings: ok")
+
+
 def test_prompt_logprobs(port, cfg, w, tok):
     prompt = tok.encode("one two three four five six seven").ids
     L = len(prompt)
@@ -222,6 +258,82 @@ def test_prompt_logprobs(port, cfg, w, tok):
     print("prompt logprobs and texts: ok")
 
 
+def test_routed_experts(tmp):
+    """Routing replay on a Qwen3-MoE model with a dense layer: rows for every position that ran
+    (prompt + outputs - 1), [rows, layers, top_k] little-endian int32 in base64 as SGLang, the
+    reference router's top-k by descending weight, -1 in the dense layer."""
+    import base64
+    import safetensors.numpy
+    from safetensors import safe_open
+    model = os.path.join(tmp, "moe")
+    t.run("make-model", "--arch", "qwen3-moe", "--preset", "tiny", "--out", model, "--seed", "5",
+          "--dtype", "float32")
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    # Layer 1 becomes dense (mlp_only_layers): a random MLP in place of its router and experts.
+    path = os.path.join(model, "model.safetensors")
+    with safe_open(path, framework="numpy") as f:
+        arrays = {k: f.get_tensor(k) for k in f.keys()}
+    rng = np.random.RandomState(5)
+    H, I = cfg["hidden_size"], cfg["intermediate_size"]
+    p = "model.layers.1.mlp."
+    arrays = {k: v for k, v in arrays.items() if not k.startswith(p)}
+    arrays[p + "gate_proj.weight"] = (rng.randn(I, H) / np.sqrt(H)).astype(np.float32)
+    arrays[p + "up_proj.weight"] = (rng.randn(I, H) / np.sqrt(H)).astype(np.float32)
+    arrays[p + "down_proj.weight"] = (rng.randn(H, I) / np.sqrt(I)).astype(np.float32)
+    safetensors.numpy.save_file(arrays, path, metadata={"format": "pt"})
+    cfg["mlp_only_layers"] = [1]
+    with open(os.path.join(model, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    w = load_weights(model)
+    L, K = cfg["num_hidden_layers"], cfg["num_experts_per_tok"]
+    proc, port = t.start_server(dict(os.environ), "--model", model, "--device", "cpu")
+    try:
+        prompt = [5, 17, 2, 9, 30, 4, 11]
+        out = generate(port, {"input_ids": prompt, "return_routed_experts": True,
+                              "sampling_params": {"max_new_tokens": 5, "temperature": 0,
+                                                  "ignore_eos": True}})
+        meta = out["meta_info"]
+        tokens = prompt + out["output_ids"]
+        ids = np.frombuffer(base64.b64decode(meta["routed_experts"]), dtype="<i4")
+        t.check(ids.size == (len(tokens) - 1) * L * K,
+                f"{ids.size} ids for {len(tokens) - 1} positions x {L} layers x {K}")
+        ids = ids.reshape(len(tokens) - 1, L, K)
+        routing = {}
+        reference_logits(cfg, w, tokens[:-1], routing)
+        t.check(set(routing) == {l for l in range(L) if l != 1}, f"sparse layers {sorted(routing)}")
+        t.check((ids[:, 1, :] == -1).all(), "the dense layer should be -1")
+        for layer, (chosen, probs) in routing.items():
+            for pos in range(len(tokens) - 1):
+                got, want = list(ids[pos, layer]), [int(e) for e in chosen[pos]]
+                if got != want:  # allowed only where the reference's choice is a near-tie
+                    p = np.sort(probs[pos])[::-1]
+                    t.check(np.min(np.abs(np.diff(p[:K + 1]))) < 1e-5,
+                            f"position {pos} layer {layer}: {got}, reference {want}")
+        # routed_experts_start_len: the rows from there on, and streaming gives them at the end.
+        part = generate(port, {"input_ids": prompt, "return_routed_experts": True,
+                               "routed_experts_start_len": 3,
+                               "sampling_params": {"max_new_tokens": 5, "temperature": 0,
+                                                   "ignore_eos": True}})["meta_info"]
+        tail = np.frombuffer(base64.b64decode(part["routed_experts"]), dtype="<i4").reshape(-1, L, K)
+        t.check(part["routed_experts_start_len"] == 3 and (tail == ids[3:]).all(),
+                "routed_experts_start_len 3 should give the rows from 3 on")
+        events = sse_events(port, {"input_ids": prompt, "return_routed_experts": True, "stream": True,
+                                   "sampling_params": {"max_new_tokens": 5, "temperature": 0,
+                                                       "ignore_eos": True}})
+        last = np.frombuffer(base64.b64decode(events[-1]["meta_info"]["routed_experts"]), dtype="<i4")
+        t.check((last.reshape(-1, L, K) == ids).all(), "streamed routing differs")
+        plain = generate(port, {"input_ids": prompt, "sampling_params": {"max_new_tokens": 2}})
+        t.check("routed_experts" not in plain["meta_info"], "routing without asking")
+        refused(port, {"input_ids": prompt, "return_routed_experts": True,
+                       "routed_experts_start_len": 8}, "routed_experts_start_len")
+        refused(port, {"input_ids": prompt, "return_routed_experts": "yes"}, "return_routed_experts")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    print("routed experts: ok")
+
+
 def main():
     with t.temp_dir() as tmp:
         model = os.path.join(tmp, "model")
@@ -235,11 +347,12 @@ def main():
         try:
             test_penalties(port, cfg, w, tok)
             test_prompt_logprobs(port, cfg, w, tok)
-            if "--only-engine" not in sys.argv:
-                test_parallel_samples(port, tok)
+            test_stops(port, tok)
+            test_parallel_samples(port, tok)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+        test_routed_experts(tmp)
     print("test_generation_features: all passed")
 
 

@@ -96,7 +96,7 @@ def layer_is_sparse(cfg, layer):
             and (layer + 1) % cfg.get("decoder_sparse_step", 1) == 0)
 
 
-def sparse_moe_block(cfg, w, prefix, h):
+def sparse_moe_block(cfg, w, prefix, h, chosen_out=None):
     # Qwen3MoeSparseMoeBlock: softmax over all router logits, top-k (stable sort: ties to the
     # lower expert id), renormalized iff norm_topk_prob, weighted sum of the chosen experts.
     k = cfg["num_experts_per_tok"]
@@ -105,6 +105,8 @@ def sparse_moe_block(cfg, w, prefix, h):
     probs = np.exp(logits)
     probs /= probs.sum(axis=-1, keepdims=True)
     chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :k]  # [T, k]
+    if chosen_out is not None:  # routing replay: the choices and the probabilities they came from
+        chosen_out.append((chosen, probs))
     weights = np.take_along_axis(probs, chosen, axis=-1)
     if cfg.get("norm_topk_prob", False):
         weights = weights / weights.sum(axis=-1, keepdims=True)
@@ -116,7 +118,9 @@ def sparse_moe_block(cfg, w, prefix, h):
     return out
 
 
-def reference_logits(cfg, w, ids):
+def reference_logits(cfg, w, ids, routing=None):
+    """Logits of every position; `routing` (a dict), when given, gets layer -> (chosen [T, k],
+    router probabilities [T, experts]) of every sparse layer."""
     T = len(ids)
     nq, nkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
@@ -145,7 +149,10 @@ def reference_logits(cfg, w, ids):
         x = x + attn @ w[p + "self_attn.o_proj.weight"].T
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
         if layer_is_sparse(cfg, layer):
-            x = x + sparse_moe_block(cfg, w, p + "mlp.", h)
+            chosen = [] if routing is not None else None
+            x = x + sparse_moe_block(cfg, w, p + "mlp.", h, chosen)
+            if routing is not None:
+                routing[layer] = chosen[0]
         else:
             x = x + swiglu(w, p + "mlp.", h)
     x = rms_norm(x, w["model.norm.weight"], eps)

@@ -210,7 +210,7 @@ bool run_gpu_decodes(runner_state& st, ForwardBatch& batch, ForwardBatchOutput& 
   for (const auto& w : batch.work)
     if (w.new_sequence || w.tokens.size() != 1 || !w.sample || w.propose > 0 ||
         !w.draft_tokens.empty() || w.top_logprobs_num > 0 || w.kv_length >= 0 ||
-        !w.scored_tokens.empty() ||
+        !w.scored_tokens.empty() || w.return_routed_experts ||
         st.sequences.count(w.seq_id) == 0 || st.sequences.at(w.seq_id).sampling.uses_history())
       return false;
   for (auto id : batch.decode_seq_ids) {

@@ -4,6 +4,8 @@
 // here over the bytes a "trainer" sends.
 #include <boost/test/unit_test.hpp>
 
+#include <cmath>
+
 #include <chrono>
 #include <filesystem>
 #include <future>
@@ -613,6 +615,63 @@ BOOST_AUTO_TEST_CASE(retract_resumes_greedy_requests_exactly) {
     auto out = fs[i].get();
     BOOST_REQUIRE(out.success);
     BOOST_TEST(out.output_ids == uninterrupted[i]);
+  }
+}
+
+// What a request carries besides its tokens survives a retract: the penalties' history (the
+// runner gets the generated tokens back), the prompt logprobs (scored once), the routing rows
+// (one per position run).
+BOOST_AUTO_TEST_CASE(retract_keeps_penalties_prompt_logprobs_and_routing) {
+  auto dir = scratch_dir("moe");
+  if (!fs::exists(dir / "config.json")) {
+    model::make_model_options o;
+    o.arch = "qwen3-moe";
+    o.out = dir;
+    o.seed = 11;
+    BOOST_REQUIRE(model::make_model(o).has_value());
+  }
+  auto e = start(dir);
+  std::vector<GenerateReqInput> reqs;
+  for (int i = 0; i < 6; ++i) {
+    auto r = greedy({3, 1, 4, 1, 5 + i, 9, 2}, 150);
+    r.sampling_params.repetition_penalty = 1.3f;
+    r.sampling_params.frequency_penalty = 0.2f;
+    r.sampling_params.min_new_tokens = 20;
+    r.return_logprob = true;
+    r.logprob_start_len = 1;
+    r.top_logprobs_num = 2;
+    r.return_routed_experts = true;
+    reqs.push_back(r);
+  }
+  std::vector<GenerateReqOutput> uninterrupted;
+  for (auto& r : reqs)
+    uninterrupted.push_back(e->generate(r));
+  std::vector<std::future<GenerateReqOutput>> fs;
+  for (auto& r : reqs)
+    fs.push_back(e->generate_async(r));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  BOOST_REQUIRE(e->pause_generation({pause_mode::retract}).success);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  BOOST_REQUIRE(e->continue_generation({}).success);
+  for (std::size_t i = 0; i < fs.size(); ++i) {
+    auto out = fs[i].get();
+    const auto& want = uninterrupted[i];
+    BOOST_REQUIRE_MESSAGE(out.success, out.message);
+    BOOST_TEST(out.output_ids == want.output_ids);
+    BOOST_TEST(out.output_token_logprobs == want.output_token_logprobs);
+    BOOST_TEST(out.input_token_ids == want.input_token_ids);
+    BOOST_TEST(out.input_token_ids.size() == 6u); // prompt from position 1
+    BOOST_TEST(out.input_token_logprobs.size() == 6u);
+    BOOST_TEST(std::isnan(out.input_token_logprobs[0]));
+    BOOST_TEST(out.input_token_logprobs[5] == want.input_token_logprobs[5]);
+    BOOST_TEST(out.input_top_logprobs.size() == 6u);
+    // One row (layers x top_k) per position that ran: prompt + outputs - 1.
+    BOOST_REQUIRE(out.routed_experts.has_value());
+    BOOST_REQUIRE(want.routed_experts.has_value());
+    const auto positions = 7 + out.output_ids.size() - 1;
+    BOOST_TEST(out.routed_experts->size() % positions == 0u);
+    BOOST_TEST(out.routed_experts->size() > 0u);
+    BOOST_TEST(*out.routed_experts == *want.routed_experts);
   }
 }
 

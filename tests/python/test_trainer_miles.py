@@ -36,7 +36,8 @@ What the replay leaves out, and why:
     CPU engine takes the same request with named_tensors (inline base64, docs/protocol.md); the
     load format describes the pickle and is not sent with inline tensors.
   - return_routed_experts / return_indexer_topk are sent false, as miles does without routing
-    replay; true needs the routed-experts work.
+    replay (the replay's model is dense); tests/python/test_generation_features.py checks the
+    routing payload on a Qwen3-MoE in the layout miles' _decode_topk_buffer reads.
   - release/resume_memory_occupation, pull_weights, the NCCL group calls, LoRA adapters, and
     miles' p2p transfer (/parallelism_config, /get_remote_instance_transfer_engine_info): not
     served.

@@ -29,7 +29,9 @@ What the replay leaves out, and why:
     engine takes the same request with named_tensors (inline base64, docs/protocol.md); the
     tensors are the next checkpoint's. load_format "flattened_bucket" describes the pickle, so it
     is not sent with inline tensors.
-  - return_routed_experts (--use-rollout-routing-replay): owned by the routed-experts work.
+  - return_routed_experts (routing replay): the replay's model is dense, so it would return no
+    rows; tests/python/test_generation_features.py checks the payload on a Qwen3-MoE in the
+    layout the trainers' decoders read ([len(tokens) - 1 - start, layers, top_k] int32, base64).
   - post_process_weights(restore / post_process_quantization): slime sends it only for
     compressed-tensors checkpoints; the tiny model is BF16.
   - release/resume_memory_occupation (--offload-rollout), pull_weights (slime's patched SGLang),

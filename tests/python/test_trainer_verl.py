@@ -29,7 +29,9 @@ What the replay leaves out, and why:
   - release/resume_memory_occupation (sleep / wake_up): not served.
   - serialized_named_tensors (base64 CUDA IPC pickles) with load_format "flattened_bucket": the
     CPU engine takes the same request with named_tensors (inline base64, docs/protocol.md).
-  - return_routed_experts (enable_rollout_routing_replay): owned by the routed-experts work.
+  - return_routed_experts (routing replay): the replay's model is dense, so it would return no
+    rows; tests/python/test_generation_features.py checks the payload on a Qwen3-MoE in the
+    layout the trainers' decoders read ([len(tokens) - 1 - start, layers, top_k] int32, base64).
 """
 import os
 import sys

@@ -9,6 +9,7 @@
 
 #include "actors/guard.hpp"
 #include "caf/all.hpp"
+#include "messages/generate_fanout.hpp"
 #include "messages/openai.hpp"
 #include "model/bpe_tokenizer.hpp"
 #include "net/log.hpp"
@@ -35,6 +36,11 @@ struct openai_state {
   bool sent = false;          // the request went to the engine: after_reply is owed
   std::string echo_text;      // completions with echo: the prompt's text
   int64_t text_offset = 0;    // completions' logprobs text_offset, across chunks
+  // n > 1: one engine request per choice (sample s seeded seed + s, as /generate's fan-out).
+  std::vector<std::string> sample_rids;
+  std::vector<GenerateReqOutput> samples;
+  std::size_t samples_pending = 0;
+  std::string sample_failure;
   static inline const char* name = "openai_call";
 };
 
@@ -103,8 +109,75 @@ void on_chunk(openai_actor* self, const GenerateReqOutput& chunk) {
     event(self, chat_finish_chunk(s.cx, chunk, s.include_usage));
 }
 
+// One choice of an n > 1 request came back; the reply goes with the last.
+void sample_done(openai_actor* self, std::size_t index, GenerateReqOutput out, std::string error) {
+  auto& s = self->state;
+  if (error.empty())
+    note_generate(*s.st, out);
+  if ((!error.empty() || !out.success) && s.sample_failure.empty()) {
+    s.sample_failure = fmt::format("choice {}: {}", index, error.empty() ? out.message : error);
+    for (std::size_t k = 0; k < s.sample_rids.size(); ++k)
+      if (k != index)
+        self->send(s.st->front, cancel_atom_v, s.sample_rids[k],
+                   "aborted: choice " + std::to_string(index) + " of the same request failed");
+  }
+  s.samples[index] = std::move(out);
+  if (--s.samples_pending > 0)
+    return;
+  after_reply(*s.st, s.info, "http", true, s.sample_failure.empty(), 0);
+  if (!s.sample_failure.empty())
+    return reply_error(self, 400, s.sample_failure);
+  auto build = [&](const GenerateReqOutput& o) {
+    return s.kind == http_call::openai_chat ? chat_response(s.cx, o, s.logprobs)
+                                            : completion_response(s.cx, o, s.logprobs, s.echo_text);
+  };
+  auto body = build(s.samples[0]);
+  int32_t completion = s.samples[0].completion_tokens;
+  for (std::size_t k = 1; k < s.samples.size(); ++k) {
+    auto choice = build(s.samples[k])["choices"][0];
+    choice["index"] = k;
+    body["choices"].push_back(std::move(choice));
+    completion += s.samples[k].completion_tokens;
+  }
+  body["usage"] = usage(s.samples[0].prompt_tokens, completion);
+  reply_json(self, 200, body);
+}
+
+// OpenAI's n > 1 (not streamed): n engine requests, answered as one reply with n choices.
+void send_samples(openai_actor* self, GenerateReqInput req) {
+  auto& s = self->state;
+  const auto n = static_cast<std::size_t>(req.sampling_params.n);
+  if (req.stream)
+    return refuse(self, 400, "n: " + std::to_string(n) + " choices cannot be streamed yet (send "
+                             "\"stream\": false, or n requests)");
+  if (n > k_max_fanout)
+    return refuse(self, 400, fmt::format("n: {} choices; at most {} per request", n, k_max_fanout));
+  const std::string base = req.rid ? *req.rid : random_rid();
+  s.cx.id = (s.kind == http_call::openai_chat ? "chatcmpl-" : "cmpl-") + base;
+  s.cx.created = static_cast<int64_t>(std::time(nullptr));
+  s.cx.tokenizer = s.st->tokenizer.get();
+  s.samples.resize(n);
+  s.samples_pending = n;
+  s.sent = true;
+  for (std::size_t k = 0; k < n; ++k) {
+    auto one = req;
+    one.sampling_params.n = 1;
+    one.rid = base + "_" + std::to_string(k);
+    if (one.sampling_params.sampling_seed)
+      *one.sampling_params.sampling_seed += k;
+    s.sample_rids.push_back(*one.rid);
+    self->request(s.st->front, caf::infinite, std::move(one), caf::actor{})
+      .then([self, k](GenerateReqOutput& out) { sample_done(self, k, std::move(out), {}); },
+            [self, k](caf::error& err) {
+              sample_done(self, k, GenerateReqOutput{}, "the engine did not answer: " + self->system().render(err));
+            });
+  }
+}
+
 void send_generate(openai_actor* self, GenerateReqInput req) {
   auto& s = self->state;
+  if (req.sampling_params.n > 1)
+    return send_samples(self, std::move(req));
   if (!req.rid)
     req.rid = random_rid();
   s.info.rid = *req.rid;
@@ -249,6 +322,8 @@ caf::behavior openai_call_actor(openai_actor* self, std::shared_ptr<shared_state
         self->send(s.st->front, cancel_atom_v, s.info.rid, std::string("aborted: the client disconnected"));
         s.st->stats.disconnect_cleanup("abort_request");
       }
+      for (const auto& rid : s.sample_rids)
+        self->send(s.st->front, cancel_atom_v, rid, std::string("aborted: the client disconnected"));
     },
   };
 }

@@ -240,10 +240,19 @@ def error_checks(port):
                 ["set by the request itself"])
     check_error(port, CHAT, {"messages": hi, "response_format": {"type": "json_object"}}, 400, "response_format",
                 ["not supported by rlserve"])
-    # The engine's own refusals keep their words, in OpenAI's shape.
-    code, _, text = http(port, "POST", C, {"prompt": "x", "n": 2, "max_tokens": 2})
-    if code != 200:
-        t.check(code == 400 and "n" in json.loads(text)["error"]["message"], (code, text))
+    # n > 1: n choices, choice k seeded seed + k (each equal to /generate with that seed);
+    # streamed n > 1 is refused naming n.
+    out = post(port, C, {"prompt": "x y", "n": 3, "max_tokens": 4, "temperature": 0.9, "seed": 7})
+    t.check([c["index"] for c in out["choices"]] == [0, 1, 2], out)
+    for k, choice in enumerate(out["choices"]):
+        ref = generate(port, {"text": "x y", "sampling_params": {"max_new_tokens": 4, "temperature": 0.9,
+                                                                 "sampling_seed": 7 + k}})
+        t.check(choice["text"] == ref["text"], (k, choice, ref["text"]))
+    t.check(out["usage"]["completion_tokens"] == 12 and
+            out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + 12, out["usage"])
+    chat = post(port, CHAT, {"messages": hi, "n": 2, "max_tokens": 3, "seed": 1, "temperature": 0.9})
+    t.check([c["index"] for c in chat["choices"]] == [0, 1], chat)
+    check_error(port, C, {"prompt": "x", "n": 2, "stream": True}, 400, "n", ["cannot be streamed"])
     # Unknown fields are ignored; any model name is taken (one model is served) and echoed.
     out = post(port, C, {"prompt": "x", "max_tokens": 1, "model": "not-a-model", "frobnicate": 1})
     t.check(out["model"] == "not-a-model", out)

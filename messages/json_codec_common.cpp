@@ -414,6 +414,21 @@ void note_ignored_request_field(std::string_view field) {
     hook(field);
 }
 
+void read_stop(object_reader& r, std::vector<std::string>& out) {
+  auto v = r.get("stop");
+  if (v == nullptr)
+    return;
+  if (v->is_string()) {
+    std::string s;
+    if (parse(r.cx(), *v, r.at("stop"), s, text_rule{.non_empty = true}))
+      out = {std::move(s)};
+  } else if (v->is_array()) {
+    parse(r.cx(), *v, r.at("stop"), out, list_rule<text_rule>{.elem = {.non_empty = true}});
+  } else {
+    r.cx().expected_but_got(r.at("stop"), "a string or a list of strings", *v);
+  }
+}
+
 } // namespace json_codec_detail
 
 uint64_t ignored_request_fields() {

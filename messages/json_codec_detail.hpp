@@ -412,6 +412,10 @@ void read_fields(object_reader& r, NamedDeviceTensor& x);
 void write_fields(json& j, const HostTensor& x);
 void write_fields(json& j, const DeviceTensorRef& x);
 
+// `stop` (SGLang's and OpenAI's): one string or a list of them, none empty (an empty stop
+// string would end every request at its first token).
+void read_stop(object_reader& r, std::vector<std::string>& out);
+
 // Numbers of elements and bytes of a shape that passed shape_rule, or nullopt when the byte
 // count overflows int64.
 std::optional<int64_t> byte_count(const std::vector<int64_t>& shape, dtype t);

@@ -18,22 +18,6 @@ namespace {
 const int_rule<int32_t> k_token_id{.lo = 0};
 const int_rule<int32_t> k_count{.lo = 0};
 
-// `stop`: SGLang takes one string or a list of them. An empty stop string would end every
-// request at its first token, so it is refused.
-void read_stop(object_reader& r, std::vector<std::string>& out) {
-  auto v = r.get("stop");
-  if (v == nullptr)
-    return;
-  if (v->is_string()) {
-    std::string s;
-    if (parse(r.cx(), *v, r.at("stop"), s, text_rule{.non_empty = true}))
-      out = {std::move(s)};
-  } else if (v->is_array()) {
-    parse(r.cx(), *v, r.at("stop"), out, list_rule<text_rule>{.elem = {.non_empty = true}});
-  } else {
-    r.cx().expected_but_got(r.at("stop"), "a string or a list of strings", *v);
-  }
-}
 
 // SGLang's logprob entry [logprob, token_id, token_text]: the logprob null where none was
 // computed (the first scored prompt token; NaN here), the text null unless

@@ -17,20 +17,6 @@ const int_rule<int32_t> k_token_id{.lo = 0};
 const int_rule<int32_t> k_count{.lo = 0};
 constexpr int32_t k_max_top_logprobs = 20; // OpenAI's bound for chat's top_logprobs
 
-void read_stop(object_reader& r, std::vector<std::string>& out) {
-  auto v = r.get("stop");
-  if (v == nullptr)
-    return;
-  if (v->is_string()) {
-    std::string s;
-    if (parse(r.cx(), *v, r.at("stop"), s, text_rule{.non_empty = true}))
-      out = {std::move(s)};
-  } else if (v->is_array()) {
-    parse(r.cx(), *v, r.at("stop"), out, list_rule<text_rule>{.elem = {.non_empty = true}});
-  } else {
-    r.cx().expected_but_got(r.at("stop"), "a string or a list of strings", *v);
-  }
-}
 
 // The fields both routes share: sampling, stop, seed, penalties, n, stream and its options,
 // SGLang's sampling extensions; refusals of what would change the result and is not

@@ -8,7 +8,8 @@ independent numpy Qwen3 (test_qwen3_parity.py's reference, float64) and the `tok
   the tokens before it, the first entry null (SGLang's shape), top alternatives in order;
   max_new_tokens 0 scores the prompt without generating;
 - return_text_in_logprobs: every entry's text is the token decoded alone by `tokenizers`;
-- stop_token_ids / stop strings / no_stop_trim: SGLang's trimming of the text;
+- stop_token_ids / stop strings / no_stop_trim: SGLang's trimming of the text; skip_special_tokens
+  against `tokenizers`' decode;
 - routing replay (return_routed_experts) on a Qwen3-MoE model with a dense layer: the
   reference router's top-k for every position that ran, SGLang's base64 int32 layout;
 - n > 1 and batches (SGLang's fan-out): one result per prompt and sample, prompt-major, rids
@@ -191,6 +192,21 @@ def test_stops(port, tok):
             want = text[:pos + len(stop)] if trim else text[:pos]
             t.check(out["text"] == want, f"stop {stop!r}, no_stop_trim {trim}: {out['text']!r} vs {want!r}")
             t.check(out["meta_info"]["finish_reason"]["matched"] == stop, "matched stop string")
+    # skip_special_tokens: the text with and without the special tokens, as `tokenizers` decodes
+    # the same ids (a hot sampler over the tiny vocabulary soon draws one; ignore_eos keeps going).
+    special = {i for i, added in tok.get_added_tokens_decoder().items() if added.special}
+    hot = {"max_new_tokens": 200, "temperature": 5.0, "ignore_eos": True}
+    for seed in range(20):
+        ids = generate(port, {"input_ids": prompt, "sampling_params": {**hot, "sampling_seed": seed}})["output_ids"]
+        if special & set(ids):
+            for skip in (True, False):
+                out = generate(port, {"input_ids": prompt, "sampling_params": {
+                    **hot, "sampling_seed": seed, "skip_special_tokens": skip}})
+                t.check(out["text"] == tok.decode(ids, skip_special_tokens=skip),
+                        f"skip_special_tokens {skip}: {out['text']!r}")
+            break
+    else:
+        raise AssertionError("no special token in 20 hot samples")
     refused(port, {"input_ids": prompt, "sampling_params": {"stop_token_ids": [-1]}}, "stop_token_ids")
     refused(port, {"input_ids": prompt, "sampling_params": {"no_stop_trim": 1}}, "no_stop_trim")
     print("stop tokens and strings: ok")

@@ -242,6 +242,7 @@ struct Engine::impl {
   std::optional<RunnerManifest> draft_manifest;
   weight_updater_actor updater;
   scheduler_actor scheduler;
+  std::shared_ptr<profiler> profile = std::make_shared<profiler>();
   tokenizer_actor front;
   caf::actor client; // engine_client: every call goes through it
   std::shared_ptr<const model::bpe_tokenizer> tokenizer;
@@ -408,7 +409,7 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   auto spawn = [&](const char* role, const fs::path& dir, std::shared_ptr<model::qwen3_model> m,
                    std::shared_ptr<model::qwen3_gpu_model> gpu) {
     runner_options o{role, 0, 1, dir, config.kv_block_size, kv_blocks, config.allow_non_finite_weights,
-                     true};
+                     true, p->profile};
     return gpu ? spawn_gpu_runner(sys, std::move(o), std::move(m), std::move(gpu))
                : spawn_cpu_runner(sys, std::move(o), std::move(m));
   };
@@ -437,7 +438,7 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   p->scheduler = spawn_scheduler(sys,
                                  scheduler_options{config.max_running_requests,
                                                    config.max_batch_tokens,
-                                                   config.speculative_num_draft_tokens},
+                                                   config.speculative_num_draft_tokens, p->profile},
                                  p->runners.front(), draft ? p->runners.back() : runner_actor{},
                                  p->target_manifest, p->updater, config.initial_weight_version,
                                  target->tokenizer);
@@ -531,5 +532,7 @@ const RunnerManifest* Engine::draft_manifest() const {
 const fs::path& Engine::model_path() const { return impl_->model_path; }
 
 std::shared_ptr<const model::bpe_tokenizer> Engine::tokenizer() const { return impl_->tokenizer; }
+
+std::shared_ptr<profiler> Engine::profile() const { return impl_->profile; }
 
 } // namespace rlserve

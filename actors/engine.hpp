@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 
+#include "actors/profiler.hpp"
 #include "actors/runner_actor.hpp"
 #include "actors/tokenizer_actor.hpp"
 #include "messages/all.hpp"
@@ -114,6 +115,9 @@ public:
   const std::filesystem::path& model_path() const;
   // The target model's tokenizer (tokenizer.json), shared; null when the model has none.
   std::shared_ptr<const model::bpe_tokenizer> tokenizer() const;
+  // The recorder of /start_profile and /stop_profile: start() it, run work, stop() it for a
+  // Chrome trace of the scheduler's and runners' steps (actors/profiler.hpp).
+  std::shared_ptr<profiler> profile() const;
 
   // Fault injection for tests: ends one actor as a crash would ("tokenizer", "scheduler",
   // "weight_updater", "runner" (the target's), "draft_runner"). The engine must answer every

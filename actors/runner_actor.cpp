@@ -263,7 +263,27 @@ bool run_gpu_decodes(runner_state& st, ForwardBatch& batch, ForwardBatchOutput& 
   return true;
 }
 
+ForwardBatchOutput run_batch_untraced(runner_state& st, ForwardBatch& batch);
+
+// One forward batch, traced on the runner's timeline while a profile runs (forward and sampling
+// together; on the GPU the host waits for the device inside it).
 ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
+  const auto& profile = st.options.profile;
+  if (!profile || !profile->active())
+    return run_batch_untraced(st, batch);
+  const auto begin = profiler::clock::now();
+  auto out = run_batch_untraced(st, batch);
+  int64_t tokens = static_cast<int64_t>(batch.decode_seq_ids.size());
+  for (const auto& w : batch.work)
+    tokens += static_cast<int64_t>(w.tokens.size());
+  profile->record("runner " + st.options.role, "run_batch", begin, profiler::clock::now(),
+                  "{\"step\":" + std::to_string(batch.step) + ",\"sequences\":" +
+                    std::to_string(batch.work.size() + batch.decode_seq_ids.size()) +
+                    ",\"tokens\":" + std::to_string(tokens) + "}");
+  return out;
+}
+
+ForwardBatchOutput run_batch_untraced(runner_state& st, ForwardBatch& batch) {
   ForwardBatchOutput out;
   out.step = batch.step;
   out.results.resize(batch.work.size());

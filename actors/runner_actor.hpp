@@ -15,6 +15,7 @@
 #include "caf/fwd.hpp"
 #include "caf/replies_to.hpp"
 #include "caf/typed_actor.hpp"
+#include "actors/profiler.hpp"
 #include "messages/all.hpp"
 
 namespace rlserve {
@@ -58,6 +59,8 @@ struct runner_options {
   // deterministic test coordinator (tests/support/actor_sim.hpp), which must schedule every
   // actor itself for a run to be replayable from its seed.
   bool detached = true;
+  // Where forward batches are traced while a profile runs (/start_profile); may be null.
+  std::shared_ptr<profiler> profile;
 };
 
 namespace model {

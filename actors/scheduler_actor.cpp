@@ -8,6 +8,8 @@
 #include <optional>
 #include <unordered_map>
 
+#include <fmt/format.h>
+
 #include "actors/guard.hpp"
 #include "actors/policy/batch_planner.hpp"
 #include "actors/policy/block_manager.hpp"
@@ -115,6 +117,7 @@ struct scheduler_state {
   uint64_t next_step = 1;
 
   bool forward_in_flight = false;
+  profiler::clock::time_point forward_sent; // when the batch in flight went out (profiles)
   std::vector<policy::running_view> running_views; // step()'s scratch
   std::vector<policy::waiting_view> waiting_views;
   std::vector<uint64_t> decode_in_flight; // the plain decodes of the batch in flight, in order
@@ -483,9 +486,18 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32
     emit(self, r, std::nullopt);
 }
 
+// Traces one span of the scheduler's timeline when a profile runs.
+void trace(const scheduler_state& st, std::string_view name, profiler::clock::time_point begin,
+           std::string args = {}) {
+  if (st.options.profile && st.options.profile->active())
+    st.options.profile->record("scheduler", name, begin, profiler::clock::now(), std::move(args));
+}
+
 void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
   auto& st = self->state;
   thread_cpu_meter meter{st.busy_ns};
+  const auto results_begin = profiler::clock::now();
+  trace(st, "forward", st.forward_sent, "{\"step\":" + std::to_string(out.step) + "}");
   st.forward_in_flight = false;
   static const std::string no_error;
   if (!out.success) { // nothing of it ran: results, if any, are not to be applied
@@ -518,6 +530,9 @@ void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
              out.message);
   }
   flush_outbox(self);
+  trace(st, "results", results_begin);
+  if (st.options.profile)
+    st.options.profile->step_done();
   run_controls(self);
 }
 
@@ -620,6 +635,7 @@ void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBa
 void step(scheduler_pointer self) {
   auto& st = self->state;
   thread_cpu_meter meter{st.busy_ns};
+  const auto plan_begin = profiler::clock::now();
   st.step_scheduled = false;
   check_flushes(self);
   if (st.paused || st.forward_in_flight || st.control_busy || !st.control_queue.empty())
@@ -747,6 +763,16 @@ void step(scheduler_pointer self) {
   flush_outbox(self);
   if (batch.work.empty() && batch.decode_seq_ids.empty())
     return;
+  if (st.options.profile && st.options.profile->active()) {
+    int64_t tokens = static_cast<int64_t>(batch.decode_seq_ids.size());
+    for (const auto& w : batch.work)
+      tokens += static_cast<int64_t>(w.tokens.size());
+    trace(st, "plan", plan_begin,
+          fmt::format(R"({{"step":{},"decodes":{},"other":{},"tokens":{},"running":{},"waiting":{}}})",
+                      batch.step, batch.decode_seq_ids.size(), batch.work.size(), tokens,
+                      st.running.size(), st.waiting.size()));
+  }
+  st.forward_sent = profiler::clock::now();
   st.forward_in_flight = true;
   st.decode_in_flight = batch.decode_seq_ids;
   if (draft_batch.work.empty())

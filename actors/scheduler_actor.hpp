@@ -15,6 +15,7 @@
 #include "caf/fwd.hpp"
 #include "caf/replies_to.hpp"
 #include "caf/typed_actor.hpp"
+#include "actors/profiler.hpp"
 #include "messages/all.hpp"
 
 namespace rlserve {
@@ -49,6 +50,8 @@ struct scheduler_options {
   int64_t max_batch_tokens = 2048; // tokens per forward batch; longer prompts are prefilled in chunks
   // Draft tokens proposed and verified per decode step when a draft runner is given; 0: off.
   int32_t speculative_num_draft_tokens = 4;
+  // Where steps are traced while a profile runs (/start_profile); may be null.
+  std::shared_ptr<profiler> profile;
 };
 
 // `target`: the runner that generates; `draft`: the speculative draft runner or a null handle;

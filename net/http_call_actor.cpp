@@ -3,6 +3,7 @@
 #include "net/http_call_actor.hpp"
 
 #include <chrono>
+#include <filesystem>
 #include <ctime>
 #include <optional>
 #include <unordered_map>
@@ -346,13 +347,39 @@ void start_info(http_actor* self, http_call call) {
 }
 
 // /start_profile, /stop_profile: answered here, after the key check (docs/protocol.md).
+// SGLang answers both with a line of text; refusals are rlserve's {success, message}. A trace
+// with num_steps is written by the scheduler's last step; /stop_profile ends one early.
 void start_profile_call(http_actor* self, const http_call& call) {
   auto& s = self->state;
-  auto r = profile_reply(call.kind, call.body, call.query);
-  s.st->stats.request_done("http", call.kind == http_call::start_profile ? "start_profile" : "stop_profile",
-                           r.status == 400 ? request_result::error : request_result::failed,
-                           seconds_since(s.info.t0));
-  reply(self, std::move(r));
+  const bool start = call.kind == http_call::start_profile;
+  auto done = [&](bool ok, std::string text) {
+    s.st->stats.request_done("http", start ? "start_profile" : "stop_profile",
+                             ok ? request_result::ok : request_result::failed, seconds_since(s.info.t0));
+    reply(self, ok ? http_reply{200, "text/plain; charset=utf-8", std::move(text), false}
+                   : http_reply{400, "application/json", failure_body(text), false});
+  };
+  if (!s.st->profile)
+    return done(false, "this server has no profiler");
+  if (!start) {
+    auto path = s.st->profile->stop();
+    if (!path)
+      return done(false, path.error());
+    return done(true, "Stop profiling. The trace is " + *path + "\n");
+  }
+  auto req = parse_profile_request(call.body, call.query);
+  if (!req)
+    return done(false, req.error());
+  profile_options o;
+  o.output_dir = !req->output_dir.empty() ? std::filesystem::path(req->output_dir)
+                                          : std::filesystem::temp_directory_path();
+  o.num_steps = req->num_steps;
+  o.file_prefix = req->file_prefix;
+  auto dir = o.output_dir.string();
+  if (auto ok = s.st->profile->start(std::move(o)); !ok)
+    return done(false, ok.error());
+  done(true, "Start profiling. The trace will be written to " + dir +
+               (req->num_steps ? " after " + std::to_string(*req->num_steps) + " steps" : " at /stop_profile") +
+               ".\n");
 }
 
 void start_health(http_actor* self, bool generate) {

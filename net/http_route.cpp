@@ -404,19 +404,15 @@ std::string profile_input_error(const json& body) {
 
 } // namespace
 
-http_reply profile_reply(http_call::kind_t kind, std::string_view text,
-                         const std::map<std::string, std::string>& query) {
-  auto status = [](unsigned code, std::string message) {
-    return http_reply{code, "application/json",
-                      dump(json{{"success", false}, {"message", std::move(message)}}), false};
-  };
+expected<profile_request> parse_profile_request(std::string_view text,
+                                                const std::map<std::string, std::string>& query) {
   json body = json::object();
   if (!text.empty()) {
     auto parsed = parse_json(text);
     if (!parsed)
-      return status(400, parsed.error());
+      return fail(parsed.error());
     if (!parsed->is_null() && !parsed->is_object())
-      return status(400, "the request body must be a JSON object");
+      return fail("the request body must be a JSON object");
     if (parsed->is_object())
       body = std::move(*parsed);
   }
@@ -425,15 +421,35 @@ http_reply profile_reply(http_call::kind_t kind, std::string_view text,
       auto parsed = parse_json(v);
       body[k] = parsed ? *parsed : json(v);
     }
-  if (kind == http_call::start_profile) {
-    if (auto e = profile_input_error(body); !e.empty())
-      return status(400, e);
-    return status(501, "rlserve does not profile: /start_profile recorded nothing and no trace will "
-                       "be written; /metrics has the engine's counters and get_server_info the "
-                       "scheduler's step count and CPU time");
+  if (auto e = profile_input_error(body); !e.empty())
+    return fail(e);
+  profile_request out;
+  auto text_of = [&](const char* key) {
+    auto it = body.find(key);
+    return it != body.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  out.output_dir = text_of("output_dir");
+  if (auto it = body.find("num_steps"); it != body.end() && it->is_number_integer()) {
+    if (it->get<int64_t>() > INT32_MAX)
+      return fail("num_steps: " + dump(*it) + " is too large");
+    out.num_steps = static_cast<int32_t>(it->get<int64_t>());
   }
-  return status(501, "rlserve does not profile: there is no profile to stop (/start_profile is "
-                     "not implemented)");
+  if (auto it = body.find("start_step"); it != body.end() && it->is_number_integer() &&
+                                         it->get<int64_t>() > 0)
+    return fail("start_step: " + dump(*it) + " is not supported; a profile starts at once (leave "
+                "it out or send 0)");
+  if (auto it = body.find("activities"); it != body.end() && it->is_array())
+    for (const auto& a : *it)
+      if (a != "CPU" && a != "GPU")
+        return fail("activities: " + dump(a) + " is not recorded; rlserve records the scheduler's "
+                    "and runners' step timings (\"CPU\", \"GPU\")");
+  for (const char* key : {"profile_prefix", "profile_id"})
+    if (auto part = text_of(key); !part.empty()) {
+      if (part.find('/') != std::string::npos || part.find('\0') != std::string::npos || part == "..")
+        return fail(std::string(key) + ": " + dump(body[key]) + " would leave output_dir; use a plain name");
+      out.file_prefix = key == std::string_view("profile_prefix") ? part : out.file_prefix + "-" + part;
+    }
+  return out;
 }
 
 } // namespace rlserve::net::detail

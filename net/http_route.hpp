@@ -105,10 +105,16 @@ expected<loads_query> parse_loads_query(const std::map<std::string, std::string>
 http_reply sglang_loads(const GetServerInfoReqOutput& info, const loads_query& q,
                         std::string_view timestamp);
 
-// /start_profile and /stop_profile. rlserve records no profile: the body (SGLang's
-// ProfileReqInput for start) is checked first, so a malformed one is a 400 naming the field;
-// a well-formed one is a 501 saying so, never a 404.
-http_reply profile_reply(http_call::kind_t kind, std::string_view body,
-                         const std::map<std::string, std::string>& query);
+// /start_profile's body (SGLang's ProfileReqInput) with the query filling missing fields.
+// Checked by type, naming the field; activities other than CPU and GPU and a start_step other
+// than 0 are refused (rlserve records its steps' timings from the moment it starts);
+// with_stack, record_shapes, profile_by_stage and merge_profiles change nothing and are taken.
+struct profile_request {
+  std::string output_dir;            // empty: the server's default
+  std::optional<int32_t> num_steps;  // write the trace after that many scheduler steps
+  std::string file_prefix = "rlserve"; // profile_prefix, then profile_id, joined by '-'
+};
+expected<profile_request> parse_profile_request(std::string_view body,
+                                                const std::map<std::string, std::string>& query);
 
 } // namespace rlserve::net::detail

@@ -121,6 +121,7 @@ expected<std::unique_ptr<server>> server::start(Engine& engine, server_options o
   p->st->model_name = engine.model_path().string();
   p->st->started_at = static_cast<int64_t>(std::time(nullptr));
   p->st->tokenizer = engine.tokenizer();
+  p->st->profile = engine.profile();
   // A model without a usable chat template still serves every other route; chat completions
   // then answer with the reason.
   if (auto chat = model::chat_template::load(engine.model_path()); !chat)

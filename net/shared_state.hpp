@@ -14,6 +14,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "actors/profiler.hpp"
 #include "actors/tokenizer_actor.hpp"
 #include "caf/actor.hpp"
 #include "model/chat_template.hpp"
@@ -45,6 +46,8 @@ struct shared_state {
   int64_t max_context_length = 0;
   int64_t started_at = 0; // seconds since the epoch: /v1/models' `created`
   std::shared_ptr<const model::bpe_tokenizer> tokenizer;
+  // /start_profile, /stop_profile: the engine's recorder.
+  std::shared_ptr<profiler> profile;
   std::optional<model::chat_template> chat;
   std::string chat_template_error;
 

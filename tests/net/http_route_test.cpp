@@ -203,23 +203,35 @@ BOOST_AUTO_TEST_CASE(loads_in_sglang_shape_and_bad_queries_named) {
   BOOST_TEST(!parse_loads_query({{"format", "xml"}}).has_value());
 }
 
-BOOST_AUTO_TEST_CASE(profile_is_refused_with_a_sentence_after_its_body_is_checked) {
-  auto ok = profile_reply(http_call::start_profile,
-                          R"({"output_dir": "/tmp/p", "num_steps": 5, "activities": ["CPU", "GPU"],
-                              "profile_by_stage": false, "with_stack": null, "record_shapes": null})",
-                          {});
-  BOOST_TEST(ok.status == 501u);
-  BOOST_TEST(json::parse(ok.body)["message"].get<std::string>().find("does not profile") != std::string::npos);
-  auto bad = [](std::string_view body) { return profile_reply(http_call::start_profile, body, {}); };
-  BOOST_TEST(bad(R"({"num_steps": 0})").status == 400u);
-  BOOST_TEST(json::parse(bad(R"({"num_steps": 0})").body)["message"].get<std::string>().starts_with("num_steps"));
-  BOOST_TEST(bad(R"({"activities": ["TPU"]})").status == 400u);
-  BOOST_TEST(bad(R"({"output_dir": 7})").status == 400u);
-  BOOST_TEST(bad(R"({"output_dir": ""})").status == 400u);
-  BOOST_TEST(bad("[1]").status == 400u);
-  BOOST_TEST(bad("{").status == 400u);
-  BOOST_TEST(profile_reply(http_call::start_profile, "", {{"num_steps", "x"}}).status == 400u);
-  BOOST_TEST(profile_reply(http_call::stop_profile, "", {}).status == 501u);
+BOOST_AUTO_TEST_CASE(profile_requests_are_read_as_sglang_sends_them) {
+  auto ok = parse_profile_request(
+    R"({"output_dir": "/tmp/p", "num_steps": 5, "activities": ["CPU", "GPU"],
+        "profile_by_stage": false, "with_stack": null, "record_shapes": null, "start_step": 0,
+        "profile_prefix": "step", "profile_id": "7"})",
+    {});
+  BOOST_REQUIRE(ok.has_value());
+  BOOST_TEST(ok->output_dir == "/tmp/p");
+  BOOST_TEST((ok->num_steps == std::optional<int32_t>(5)));
+  BOOST_TEST(ok->file_prefix == "step-7");
+  auto from_query = parse_profile_request("", {{"num_steps", "3"}, {"output_dir", "/x"}});
+  BOOST_REQUIRE(from_query.has_value());
+  BOOST_TEST((from_query->num_steps == std::optional<int32_t>(3)));
+  BOOST_TEST(from_query->output_dir == "/x");
+  BOOST_TEST(parse_profile_request("", {}).has_value()); // every field defaults
+  auto error = [](std::string_view body) {
+    auto r = parse_profile_request(body, {});
+    return r ? std::string() : r.error();
+  };
+  BOOST_TEST(error(R"({"num_steps": 0})").starts_with("num_steps"));
+  BOOST_TEST(error(R"({"activities": ["TPU"]})").starts_with("activities"));
+  BOOST_TEST(error(R"({"activities": ["MEM"]})").find("is not recorded") != std::string::npos);
+  BOOST_TEST(error(R"({"start_step": 4})").starts_with("start_step"));
+  BOOST_TEST(error(R"({"output_dir": 7})").starts_with("output_dir"));
+  BOOST_TEST(error(R"({"output_dir": ""})").starts_with("output_dir"));
+  BOOST_TEST(error(R"({"profile_id": "../x"})").starts_with("profile_id"));
+  BOOST_TEST(!error("[1]").empty());
+  BOOST_TEST(!error("{").empty());
+  BOOST_TEST(!parse_profile_request("", {{"num_steps", "x"}}).has_value());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

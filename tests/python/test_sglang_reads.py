@@ -59,24 +59,53 @@ def main():
             t.check(info["disaggregation_mode"] == "null" and info["version"], info)
             refused(engine.post("/get_server_info", [1], headers=bearer(USER)), 400, "the request body")
 
-            # Profiles: admin only; a checked body, then a refusal that says why (never 404).
-            start = {"output_dir": os.path.join(tmp, "trace"), "start_step": None, "num_steps": 3,
-                     "activities": ["CPU", "GPU"], "profile_by_stage": False, "with_stack": None,
-                     "record_shapes": None}
+            # Profiles: admin only; the body checked naming the field; a real Chrome trace of the
+            # scheduler's and runner's steps, written at /stop_profile or after num_steps.
+            trace_dir = os.path.join(tmp, "trace")
+            os.makedirs(trace_dir)
+            start = {"output_dir": trace_dir, "start_step": None, "activities": ["CPU", "GPU"],
+                     "profile_by_stage": False, "with_stack": None, "record_shapes": None}
             t.check(engine.post("/start_profile", start).status == 401, "start_profile without a key")
             t.check(engine.post("/start_profile", start, headers=bearer(USER)).status == 401,
                     "start_profile with the user key")
-            refused(engine.post("/start_profile", start, headers=bearer(ADMIN)), 501, "rlserve does not profile")
-            t.check(not os.path.exists(start["output_dir"]), "a refused profile wrote something")
-            refused(engine.get("/start_profile", headers=bearer(ADMIN)), 501, "rlserve does not profile")
-            refused(engine.post("/stop_profile", {}, headers=bearer(ADMIN)), 501, "rlserve does not profile")
+            refused(engine.post("/stop_profile", {}, headers=bearer(ADMIN)), 400, "no profile is running")
+            reply = engine.post("/start_profile", start, headers=bearer(ADMIN))
+            t.check(reply.status == 200 and reply.text.startswith("Start profiling."), reply.text)
+            refused(engine.post("/start_profile", start, headers=bearer(ADMIN)), 400, "a profile is already running")
+            engine.post("/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}},
+                        headers=bearer(USER)).raise_for_status("generate while profiling")
+            reply = engine.post("/stop_profile", {}, headers=bearer(ADMIN))
+            t.check(reply.status == 200 and reply.text.startswith("Stop profiling."), reply.text)
+            traces = [os.path.join(trace_dir, f) for f in os.listdir(trace_dir)]
+            t.check(len(traces) == 1 and traces[0].endswith(".trace.json"), traces)
+            with open(traces[0]) as f:
+                events = json.load(f)["traceEvents"]
+            names = {(e.get("args", {}).get("name") if e["ph"] == "M" else e["name"]) for e in events}
+            for name in ("scheduler", "runner target", "plan", "forward", "results", "run_batch"):
+                t.check(name in names, f"the trace lacks {name!r}: {sorted(n for n in names if n)}")
+            t.check(all(e["dur"] >= 0 and e["ts"] >= 0 for e in events if e["ph"] == "X"), "negative times")
+            # num_steps: the trace is written by itself after that many steps.
+            steps_dir = os.path.join(tmp, "steps")
+            os.makedirs(steps_dir)
+            reply = engine.get(f"/start_profile?num_steps=2&output_dir={steps_dir}&profile_prefix=grpo",
+                               headers=bearer(ADMIN))
+            t.check(reply.status == 200, reply.text)
+            engine.post("/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}},
+                        headers=bearer(USER)).raise_for_status("generate while profiling")
+            written = os.listdir(steps_dir)
+            t.check(len(written) == 1 and written[0].startswith("grpo-"), written)
+            refused(engine.post("/stop_profile", {}, headers=bearer(ADMIN)), 400, "no profile is running")
             for field, value, name in (("num_steps", 0, "num_steps"), ("num_steps", "3", "num_steps"),
                                        ("activities", ["TPU"], "activities"), ("activities", "CPU", "activities"),
+                                       ("activities", ["MEM"], "activities"),
                                        ("output_dir", 5, "output_dir"), ("output_dir", "", "output_dir"),
-                                       ("start_step", -1, "start_step"), ("with_stack", "yes", "with_stack")):
+                                       ("output_dir", os.path.join(tmp, "missing"), "output_dir"),
+                                       ("start_step", -1, "start_step"), ("start_step", 5, "start_step"),
+                                       ("with_stack", "yes", "with_stack"), ("profile_id", "../up", "profile_id")):
                 refused(engine.post("/start_profile", dict(start, **{field: value}), headers=bearer(ADMIN)), 400, name)
             refused(engine.request("POST", "/start_profile", [1], headers=bearer(ADMIN)), 400, "the request body")
             t.check(engine.request("HEAD", "/start_profile", headers=bearer(ADMIN)).status == 405, "HEAD")
+            t.check(not os.path.exists(os.path.join(tmp, "missing")), "a refused profile made a directory")
 
             # weights_checker in SGLang's shape: "ranks", and the engine checksum.
             body = engine.post("/weights_checker", {"action": "checksum"}, headers=bearer(ADMIN)).json()

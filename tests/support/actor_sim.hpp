@@ -88,7 +88,7 @@ public:
     BOOST_REQUIRE(run_until([&] { return manifest->has_value(); }));
     manifest_ = **manifest;
     updater_ = spawn_weight_updater(*sys_, {{runner_, manifest_}}, "0");
-    scheduler_ = spawn_scheduler(*sys_, scheduler_options{o.max_running_requests, o.max_batch_tokens, 0},
+    scheduler_ = spawn_scheduler(*sys_, scheduler_options{o.max_running_requests, o.max_batch_tokens, 0, nullptr},
                                  runner_, runner_actor{}, manifest_, updater_, "0", tokenizer);
     front_door_info info;
     info.model_path = model_dir.string();

@@ -675,6 +675,40 @@ BOOST_AUTO_TEST_CASE(retract_keeps_penalties_prompt_logprobs_and_routing) {
   }
 }
 
+// Prompt logprobs over a prefill split into chunks (of 7 tokens here): every position from
+// logprob_start_len is scored once, with the same values as an unchunked prefill, and the sampled
+// position's row is not mistaken for a score.
+BOOST_AUTO_TEST_CASE(prompt_logprobs_over_chunked_prefill_match_one_chunk) {
+  auto dir = tiny_model("target", 11);
+  engine_config chunked;
+  chunked.max_batch_tokens = 7;
+  auto small = start(dir, {}, chunked);
+  auto whole = start(dir);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 30; ++i)
+    prompt.push_back(1 + (i * 37) % 500);
+  for (int32_t from : {0, 3, 6, 7, 13, 28, 29}) {
+    auto r = greedy(prompt, 3);
+    r.return_logprob = true;
+    r.logprob_start_len = from;
+    r.top_logprobs_num = 3;
+    auto a = small->generate(r);
+    auto b = whole->generate(r);
+    BOOST_REQUIRE_MESSAGE(a.success, a.message);
+    BOOST_REQUIRE_MESSAGE(b.success, b.message);
+    BOOST_TEST_CONTEXT("logprob_start_len " << from) {
+      BOOST_TEST(a.input_token_ids.size() == 30u - from);
+      BOOST_TEST(a.input_token_ids == b.input_token_ids);
+      BOOST_TEST(std::isnan(a.input_token_logprobs[0]));
+      BOOST_REQUIRE(a.input_token_logprobs.size() == b.input_token_logprobs.size());
+      for (std::size_t k = 1; k < a.input_token_logprobs.size(); ++k)
+        BOOST_TEST(a.input_token_logprobs[k] == b.input_token_logprobs[k]);
+      BOOST_TEST(a.input_top_logprobs.size() == a.input_token_ids.size());
+      BOOST_TEST(a.output_ids == b.output_ids);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(in_place_pause_update_continue_spans_two_versions) {
   auto dir = tiny_model("target", 11);
   auto e = start(dir);

@@ -283,24 +283,39 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
   return out;
 }
 
-ForwardBatchOutput run_batch_untraced(runner_state& st, ForwardBatch& batch) {
-  ForwardBatchOutput out;
-  out.step = batch.step;
-  out.results.resize(batch.work.size());
-  if (st.gpu && (!batch.work.empty() || !batch.decode_seq_ids.empty()) &&
-      run_gpu_decodes(st, batch, out))
-    return out;
-  const auto vocab = static_cast<std::size_t>(st.model->config().vocab_size);
-  // Entries 0 .. W - 1 are batch.work, W .. W + D - 1 the plain decodes.
-  const auto W = batch.work.size();
-  const auto D = batch.decode_seq_ids.size();
-  std::vector<std::string> errors(W + D);
-  std::vector<std::vector<int32_t>> verify_tokens(batch.work.size()); // pending + proposals
+// One forward batch on the general path (logits on the host), in its phases: every sequence's
+// work is checked and becomes a forward item (prepare_work, prepare_decodes); one forward runs
+// them all (forward_all); each item's rows are then scored, verified, proposed from or sampled
+// (use_rows); draft proposals continue one forward per proposal (continue_proposals). Entries
+// 0 .. W - 1 of `errors` are batch.work, W .. W + D - 1 the plain decodes.
+struct batch_run {
+  runner_state& st;
+  ForwardBatch& batch;
+  ForwardBatchOutput& out;
+  const std::size_t vocab;
+  const std::size_t W, D;
+  std::vector<std::string> errors;
+  std::vector<std::vector<int32_t>> verify_tokens; // per work: pending token + proposals
   std::vector<model::forward_item> items;
-  std::vector<std::size_t> owners; // items[j] runs batch.work[owners[j]]
-  for (std::size_t i = 0; i < batch.work.size(); ++i) {
+  std::vector<std::size_t> owners; // items[j] runs work or decode owners[j]
+  std::vector<float> logits;
+  std::vector<std::size_t> row_of;
+  std::vector<std::size_t> proposing; // works still proposing after a forward
+  std::vector<float> probs;           // a draft's distribution (scratch)
+  std::vector<float> penalized;       // sampling_row's scratch
+
+  batch_run(runner_state& s, ForwardBatch& b, ForwardBatchOutput& o)
+      : st(s), batch(b), out(o), vocab(static_cast<std::size_t>(s.model->config().vocab_size)),
+        W(b.work.size()), D(b.decode_seq_ids.size()), errors(W + D), verify_tokens(W) {}
+
+  std::span<const float> row(std::size_t j, std::size_t n) const {
+    return std::span<const float>(logits.data() + (row_of[j] + n) * vocab, vocab);
+  }
+
+  // Work i: its sequence (new or known), its KV cut and blocks, and its forward item; or why not.
+  std::string prepare_work(std::size_t i) {
     auto& work = batch.work[i];
-    out.results[i].seq_id = work.seq_id;
+    const auto id = std::to_string(work.seq_id);
     if (work.new_sequence) {
       st.sequences.erase(work.seq_id);
       auto& seq = st.sequences
@@ -314,89 +329,71 @@ ForwardBatchOutput run_batch_untraced(runner_state& st, ForwardBatch& batch) {
         seq.history.add(t);
     }
     auto it = st.sequences.find(work.seq_id);
-    if (it == st.sequences.end()) {
-      errors[i] = "sequence " + std::to_string(work.seq_id) + " is unknown to the " +
-                  st.options.role + " runner (released, or never started)";
-      continue;
-    }
-    auto& kv = it->second.kv;
+    if (it == st.sequences.end())
+      return "sequence " + id + " is unknown to the " + st.options.role +
+             " runner (released, or never started)";
+    auto& seq = it->second;
+    auto& kv = seq.kv;
     kv.blocks.insert(kv.blocks.end(), work.new_blocks.begin(), work.new_blocks.end());
-    if (work.kv_length > kv.length) {
-      errors[i] = "sequence " + std::to_string(work.seq_id) + ": asked to keep " +
-                  std::to_string(work.kv_length) + " KV positions but holds only " +
-                  std::to_string(kv.length);
-      continue;
-    }
+    if (work.kv_length > kv.length)
+      return "sequence " + id + ": asked to keep " + std::to_string(work.kv_length) +
+             " KV positions but holds only " + std::to_string(kv.length);
     if (work.kv_length >= 0)
       kv.length = work.kv_length; // drop rejected or stale positions; their blocks stay
-    if (work.tokens.empty()) {
-      errors[i] = "sequence " + std::to_string(work.seq_id) + ": no tokens to run";
-      continue;
-    }
-    if (work.return_routed_experts && st.gpu) {
-      errors[i] = "return_routed_experts: the GPU runner does not record the router's choices yet "
-                  "(the CPU runner does)";
-      continue;
-    }
-    if ((!work.draft_tokens.empty() || work.propose > 0) && it->second.sampling.uses_history()) {
-      // The scheduler never speculates for these: each position's distribution would depend on
-      // the proposals before it.
-      errors[i] = "sequence " + std::to_string(work.seq_id) +
-                  ": penalties and min_new_tokens are not speculated";
-      continue;
-    }
+    if (work.tokens.empty())
+      return "sequence " + id + ": no tokens to run";
+    if (work.return_routed_experts && st.gpu)
+      return "return_routed_experts: the GPU runner does not record the router's choices yet "
+             "(the CPU runner does)";
+    // The scheduler never speculates for these: each position's distribution would depend on
+    // the proposals before it.
+    if ((!work.draft_tokens.empty() || work.propose > 0) && seq.sampling.uses_history())
+      return "sequence " + id + ": penalties and min_new_tokens are not speculated";
     if (!work.draft_tokens.empty()) {
       const auto k = work.draft_tokens.size();
-      bool greedy = model::is_greedy(it->second.sampling);
-      if (work.tokens.size() != 1 || (!greedy && work.draft_probs.size() != k * vocab)) {
-        errors[i] = "sequence " + std::to_string(work.seq_id) +
-                    ": a verification needs one pending token and, when sampling, " +
-                    std::to_string(k) + " draft distributions of " + std::to_string(vocab) +
-                    " entries";
-        continue;
-      }
+      if (work.tokens.size() != 1 ||
+          (!model::is_greedy(seq.sampling) && work.draft_probs.size() != k * vocab))
+        return "sequence " + id + ": a verification needs one pending token and, when sampling, " +
+               std::to_string(k) + " draft distributions of " + std::to_string(vocab) + " entries";
       auto& all = verify_tokens[i];
       all = work.tokens;
       all.insert(all.end(), work.draft_tokens.begin(), work.draft_tokens.end());
       items.push_back({&kv, all, static_cast<int64_t>(all.size())});
     } else {
       const auto sampled_rows = (work.sample || work.propose > 0) ? 1 : 0;
-      if (work.scored_tokens.size() + sampled_rows > work.tokens.size()) {
-        errors[i] = "sequence " + std::to_string(work.seq_id) + ": asked to score " +
-                    std::to_string(work.scored_tokens.size()) + " positions of a chunk of " +
-                    std::to_string(work.tokens.size()) + " tokens";
-        continue;
-      }
-      items.push_back({&kv, work.tokens,
-                       static_cast<int64_t>(work.scored_tokens.size()) + sampled_rows});
+      if (work.scored_tokens.size() + sampled_rows > work.tokens.size())
+        return "sequence " + id + ": asked to score " + std::to_string(work.scored_tokens.size()) +
+               " positions of a chunk of " + std::to_string(work.tokens.size()) + " tokens";
+      items.push_back({&kv, work.tokens, static_cast<int64_t>(work.scored_tokens.size()) + sampled_rows});
     }
     owners.push_back(i);
-  }
-  out.decode_tokens.assign(D, -1);
-  out.decode_logprobs.assign(D, 0.0f);
-  for (std::size_t d = 0; d < D; ++d) {
-    auto it = st.sequences.find(batch.decode_seq_ids[d]);
-    if (it == st.sequences.end()) {
-      errors[W + d] = "sequence " + std::to_string(batch.decode_seq_ids[d]) + " is unknown to the " +
-                      st.options.role + " runner (released, or never started)";
-      continue;
-    }
-    items.push_back({&it->second.kv, std::span<const int32_t>(&batch.decode_tokens[d], 1), 1});
-    owners.push_back(W + d);
+    return {};
   }
 
-  std::vector<float> logits;
-  std::vector<std::size_t> row_of;
-  const bool routing = std::any_of(batch.work.begin(), batch.work.end(),
-                                   [](const SequenceWork& w) { return w.return_routed_experts; });
-  std::vector<int32_t> routed; // [tokens of all items, layers, top_k] when some work asks
-  if (auto ok = run_items(st, items, owners, errors, logits, row_of, routing ? &routed : nullptr);
-      !ok) {
-    out.success = false;
-    out.message = ok.error();
-    return out;
+  void prepare_decodes() {
+    out.decode_tokens.assign(D, -1);
+    out.decode_logprobs.assign(D, 0.0f);
+    for (std::size_t d = 0; d < D; ++d) {
+      auto it = st.sequences.find(batch.decode_seq_ids[d]);
+      if (it == st.sequences.end()) {
+        errors[W + d] = "sequence " + std::to_string(batch.decode_seq_ids[d]) + " is unknown to the " +
+                        st.options.role + " runner (released, or never started)";
+        continue;
+      }
+      items.push_back({&it->second.kv, std::span<const int32_t>(&batch.decode_tokens[d], 1), 1});
+      owners.push_back(W + d);
+    }
   }
-  if (routing) {
+
+  // The one forward of the batch; the routing of the works that ask for it.
+  status forward_all() {
+    const bool routing = std::any_of(batch.work.begin(), batch.work.end(),
+                                     [](const SequenceWork& w) { return w.return_routed_experts; });
+    std::vector<int32_t> routed; // [tokens of all items, layers, top_k] when some work asks
+    if (auto ok = run_items(st, items, owners, errors, logits, row_of, routing ? &routed : nullptr); !ok)
+      return ok;
+    if (!routing)
+      return {};
     std::size_t tokens = 0;
     for (const auto& item : items)
       tokens += item.tokens.size();
@@ -410,117 +407,155 @@ ForwardBatchOutput run_batch_untraced(runner_state& st, ForwardBatch& batch) {
           routed.begin() + static_cast<std::ptrdiff_t>((first + n) * per_token));
       first += n;
     }
+    return {};
   }
-  // Sequences still proposing after the first forward: (work index, proposals so far).
-  std::vector<std::size_t> proposing;
-  std::vector<float> probs;
-  std::vector<float> penalized; // sampling_row's scratch
-  for (std::size_t j = 0; j < items.size(); ++j) {
-    auto i = owners[j];
-    if (i >= W) { // a plain decode
-      auto& seq = st.sequences.at(batch.decode_seq_ids[i - W]);
-      auto sampled = seq.sampler.sample(
-        sampling_row(seq, std::span<const float>(logits.data() + row_of[j] * vocab, vocab),
-                     penalized),
-        seq.sampling);
-      if (seq.sampling.uses_history())
-        seq.history.add(sampled.token);
-      out.decode_tokens[i - W] = sampled.token;
-      out.decode_logprobs[i - W] = sampled.logprob;
-      continue;
-    }
-    auto& work = batch.work[i];
-    auto& seq = st.sequences.at(work.seq_id);
-    auto& r = out.results[i];
-    auto row = [&](std::size_t n) {
-      return std::span<const float>(logits.data() + (row_of[j] + n) * vocab, vocab);
-    };
-    // Prompt logprobs: the rows before the sampled one score the tokens that follow them.
-    const auto scored = work.draft_tokens.empty() ? work.scored_tokens.size() : 0;
-    for (std::size_t n = 0; n < scored; ++n) {
-      r.scored_logprobs.push_back(
-        model::token_logprob(row(n), seq.sampling.temperature, work.scored_tokens[n]));
+
+  void sample_decode(std::size_t j, std::size_t d) {
+    auto& seq = st.sequences.at(batch.decode_seq_ids[d]);
+    auto sampled = seq.sampler.sample(sampling_row(seq, row(j, 0), penalized), seq.sampling);
+    if (seq.sampling.uses_history())
+      seq.history.add(sampled.token);
+    out.decode_tokens[d] = sampled.token;
+    out.decode_logprobs[d] = sampled.logprob;
+  }
+
+  // Prompt logprobs: the rows before the sampled one score the tokens that follow them.
+  void score_prompt(std::size_t j, const SequenceWork& work, const sequence_state& seq, SequenceResult& r) {
+    for (std::size_t n = 0; n < work.scored_tokens.size(); ++n) {
+      r.scored_logprobs.push_back(model::token_logprob(row(j, n), seq.sampling.temperature, work.scored_tokens[n]));
       if (work.top_logprobs_num > 0)
-        r.scored_top_logprobs.push_back(
-          top_logprobs(row(n), seq.sampling.temperature, work.top_logprobs_num));
-    }
-    if (!work.draft_tokens.empty()) {
-      auto k = work.draft_tokens.size();
-      auto v = model::verify_draft(seq.sampler, seq.sampling,
-                                   std::span<const float>(logits.data() + row_of[j] * vocab, (k + 1) * vocab),
-                                   static_cast<int64_t>(vocab), work.draft_tokens, work.draft_probs);
-      // The forward stored all k + 1 positions; keep the pending token and the accepted ones.
-      seq.kv.length -= static_cast<int64_t>(k) - v.accepted;
-      r.accepted = v.accepted;
-      if (work.top_logprobs_num > 0)
-        for (std::size_t n = 0; n < v.tokens.size(); ++n)
-          r.top_logprobs.push_back(top_logprobs(row(n), seq.sampling.temperature, work.top_logprobs_num));
-      r.tokens = std::move(v.tokens);
-      r.logprobs = std::move(v.logprobs);
-    } else if (work.propose > 0) {
-      bool greedy = model::is_greedy(seq.sampling);
-      seq.sampler.distribution(row(scored), seq.sampling, probs);
-      int32_t d = seq.sampler.draw(probs);
-      r.tokens.push_back(d);
-      r.logprobs.push_back(model::token_logprob(row(scored), seq.sampling.temperature, d));
-      if (!greedy)
-        r.draft_probs.insert(r.draft_probs.end(), probs.begin(), probs.end());
-      if (work.propose > 1)
-        proposing.push_back(i);
-    } else if (work.sample) {
-      auto logits_row = sampling_row(seq, row(scored), penalized);
-      auto sampled = seq.sampler.sample(logits_row, seq.sampling);
-      if (seq.sampling.uses_history())
-        seq.history.add(sampled.token);
-      r.tokens.push_back(sampled.token);
-      r.logprobs.push_back(sampled.logprob);
-      if (work.top_logprobs_num > 0)
-        r.top_logprobs.push_back(top_logprobs(logits_row, seq.sampling.temperature, work.top_logprobs_num));
+        r.scored_top_logprobs.push_back(top_logprobs(row(j, n), seq.sampling.temperature, work.top_logprobs_num));
     }
   }
-  // Draft proposals: one more forward per proposal, every proposing sequence in one batch.
-  while (!proposing.empty()) {
-    items.clear();
-    owners.clear();
-    for (auto i : proposing) {
-      auto& seq = st.sequences.at(batch.work[i].seq_id);
-      items.push_back({&seq.kv, std::span<const int32_t>(&out.results[i].tokens.back(), 1), 1});
-      owners.push_back(i);
-    }
-    if (auto ok = run_items(st, items, owners, errors, logits, row_of); !ok) {
-      for (auto i : owners)
-        errors[i] = ok.error();
-      break;
-    }
-    std::vector<std::size_t> still;
+
+  void verify(std::size_t j, const SequenceWork& work, sequence_state& seq, SequenceResult& r) {
+    const auto k = work.draft_tokens.size();
+    auto v = model::verify_draft(seq.sampler, seq.sampling,
+                                 std::span<const float>(logits.data() + row_of[j] * vocab, (k + 1) * vocab),
+                                 static_cast<int64_t>(vocab), work.draft_tokens, work.draft_probs);
+    // The forward stored all k + 1 positions; keep the pending token and the accepted ones.
+    seq.kv.length -= static_cast<int64_t>(k) - v.accepted;
+    r.accepted = v.accepted;
+    if (work.top_logprobs_num > 0)
+      for (std::size_t n = 0; n < v.tokens.size(); ++n)
+        r.top_logprobs.push_back(top_logprobs(row(j, n), seq.sampling.temperature, work.top_logprobs_num));
+    r.tokens = std::move(v.tokens);
+    r.logprobs = std::move(v.logprobs);
+  }
+
+  // A draft's proposal from `logits_row`, with the distribution it came from (sampling only).
+  void propose(std::span<const float> logits_row, sequence_state& seq, SequenceResult& r) {
+    seq.sampler.distribution(logits_row, seq.sampling, probs);
+    int32_t d = seq.sampler.draw(probs);
+    r.tokens.push_back(d);
+    r.logprobs.push_back(model::token_logprob(logits_row, seq.sampling.temperature, d));
+    if (!model::is_greedy(seq.sampling))
+      r.draft_probs.insert(r.draft_probs.end(), probs.begin(), probs.end());
+  }
+
+  void sample(std::span<const float> logits_row, const SequenceWork& work, sequence_state& seq,
+              SequenceResult& r) {
+    auto row_used = sampling_row(seq, logits_row, penalized);
+    auto sampled = seq.sampler.sample(row_used, seq.sampling);
+    if (seq.sampling.uses_history())
+      seq.history.add(sampled.token);
+    r.tokens.push_back(sampled.token);
+    r.logprobs.push_back(sampled.logprob);
+    if (work.top_logprobs_num > 0)
+      r.top_logprobs.push_back(top_logprobs(row_used, seq.sampling.temperature, work.top_logprobs_num));
+  }
+
+  void use_rows() {
     for (std::size_t j = 0; j < items.size(); ++j) {
-      auto i = owners[j];
-      auto& seq = st.sequences.at(batch.work[i].seq_id);
+      const auto i = owners[j];
+      if (i >= W) {
+        sample_decode(j, i - W);
+        continue;
+      }
+      auto& work = batch.work[i];
+      auto& seq = st.sequences.at(work.seq_id);
       auto& r = out.results[i];
-      std::span<const float> row(logits.data() + row_of[j] * vocab, vocab);
-      seq.sampler.distribution(row, seq.sampling, probs);
-      int32_t d = seq.sampler.draw(probs);
-      r.tokens.push_back(d);
-      r.logprobs.push_back(model::token_logprob(row, seq.sampling.temperature, d));
-      if (!model::is_greedy(seq.sampling))
-        r.draft_probs.insert(r.draft_probs.end(), probs.begin(), probs.end());
-      if (static_cast<int32_t>(r.tokens.size()) < batch.work[i].propose)
-        still.push_back(i);
+      if (!work.draft_tokens.empty()) {
+        verify(j, work, seq, r);
+        continue;
+      }
+      score_prompt(j, work, seq, r);
+      const auto sampled_row = row(j, work.scored_tokens.size());
+      if (work.propose > 0) {
+        propose(sampled_row, seq, r);
+        if (work.propose > 1)
+          proposing.push_back(i);
+      } else if (work.sample) {
+        sample(sampled_row, work, seq, r);
+      }
     }
-    proposing = std::move(still);
   }
-  for (std::size_t i = 0; i < W; ++i)
-    if (!errors[i].empty()) {
-      out.results[i] = SequenceResult{};
-      out.results[i].seq_id = batch.work[i].seq_id;
-      out.results[i].error = std::move(errors[i]);
+
+  // Draft proposals after the first: one forward per proposal, every proposing sequence in it.
+  void continue_proposals() {
+    while (!proposing.empty()) {
+      items.clear();
+      owners.clear();
+      for (auto i : proposing) {
+        auto& seq = st.sequences.at(batch.work[i].seq_id);
+        items.push_back({&seq.kv, std::span<const int32_t>(&out.results[i].tokens.back(), 1), 1});
+        owners.push_back(i);
+      }
+      if (auto ok = run_items(st, items, owners, errors, logits, row_of); !ok) {
+        for (auto i : owners)
+          errors[i] = ok.error();
+        return;
+      }
+      std::vector<std::size_t> still;
+      for (std::size_t j = 0; j < items.size(); ++j) {
+        const auto i = owners[j];
+        auto& r = out.results[i];
+        propose(row(j, 0), st.sequences.at(batch.work[i].seq_id), r);
+        if (static_cast<int32_t>(r.tokens.size()) < batch.work[i].propose)
+          still.push_back(i);
+      }
+      proposing = std::move(still);
     }
-  for (std::size_t d = 0; d < D; ++d)
-    if (!errors[W + d].empty()) {
-      out.decode_errors.resize(D);
-      out.decode_errors[d] = std::move(errors[W + d]);
-      out.decode_tokens[d] = -1;
-    }
+  }
+
+  // Failed sequences answer with their error and nothing else; the others stand.
+  void report_errors() {
+    for (std::size_t i = 0; i < W; ++i)
+      if (!errors[i].empty()) {
+        out.results[i] = SequenceResult{};
+        out.results[i].seq_id = batch.work[i].seq_id;
+        out.results[i].error = std::move(errors[i]);
+      }
+    for (std::size_t d = 0; d < D; ++d)
+      if (!errors[W + d].empty()) {
+        out.decode_errors.resize(D);
+        out.decode_errors[d] = std::move(errors[W + d]);
+        out.decode_tokens[d] = -1;
+      }
+  }
+};
+
+ForwardBatchOutput run_batch_untraced(runner_state& st, ForwardBatch& batch) {
+  ForwardBatchOutput out;
+  out.step = batch.step;
+  out.results.resize(batch.work.size());
+  if (st.gpu && (!batch.work.empty() || !batch.decode_seq_ids.empty()) &&
+      run_gpu_decodes(st, batch, out))
+    return out;
+  batch_run run(st, batch, out);
+  for (std::size_t i = 0; i < batch.work.size(); ++i) {
+    out.results[i].seq_id = batch.work[i].seq_id;
+    run.errors[i] = run.prepare_work(i);
+  }
+  run.prepare_decodes();
+  if (auto ok = run.forward_all(); !ok) {
+    out.success = false;
+    out.message = ok.error();
+    return out;
+  }
+  run.use_rows();
+  run.continue_proposals();
+  run.report_errors();
   return out;
 }
 

@@ -1,7 +1,8 @@
 // The HTTP request path of net/ on untrusted bytes, up to the engine call: Beast's request
 // parser with http_session's limits, the websocket-upgrade check, the API-key headers, then
 // route_http_request (path, query, method, route) and, for a routed call, http_request_body and
-// the route's request decoder, as http_session and http_call_actor run them.
+// the route's request decoder (after /generate's fan-out of batches and n > 1; the profile
+// request's reader for /start_profile), as http_session and http_call_actor run them.
 #include <cstddef>
 #include <cstdint>
 #include <variant>
@@ -13,6 +14,7 @@
 
 #include "caf/message.hpp"
 #include "fuzz/fuzz_support.hpp"
+#include "messages/generate_fanout.hpp"
 #include "net/auth.hpp"
 #include "net/http_route.hpp"
 
@@ -57,10 +59,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
                                    std::move(req.body()),
                                    json_media_type({content_type.data(), content_type.size()}));
   auto* r = std::get_if<http_routed>(&routed);
+  if (r && r->call.kind == http_call::start_profile)
+    (void)parse_profile_request(r->call.body, r->call.query);
   if (!r || r->call.kind != http_call::route)
     return 0;
   auto body = http_request_body(*r->call.codec, r->call.body, r->call.query);
-  if (body)
-    (void)r->call.codec->decode(*body);
+  if (!body)
+    return 0;
+  // /generate's batch and n > 1 forms fan out first (http_call_actor), then each part decodes.
+  if (r->call.codec->route == "generate" && body->is_object())
+    if (auto fan = rlserve::expand_generate_request(*body); fan && !fan->single) {
+      for (const auto& one : fan->requests)
+        (void)r->call.codec->decode(one);
+      return 0;
+    }
+  (void)r->call.codec->decode(*body);
   return 0;
 }

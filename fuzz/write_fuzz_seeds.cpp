@@ -200,6 +200,12 @@ bool http_seeds(const fs::path& dir) {
                  "Authorization: Bearer key\r\nContent-Length: 58\r\n\r\n"
                  R"({"text": "Hi", "sampling_params": {"max_new_tokens": 4}})" "\r\n"},
     {"health", "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"},
+    {"generate_batch", "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       "Content-Length: 96\r\n\r\n"
+                       R"({"input_ids": [[1, 2], [3]], "rid": ["a", "b"], "sampling_params": {"n": 2, "sampling_seed": 4}})"},
+    {"start_profile", "POST /start_profile HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "Content-Length: 80\r\n\r\n"
+                      R"({"output_dir": "/tmp", "num_steps": 2, "activities": ["CPU"], "profile_id": "p"})"},
     {"flush", "GET /flush_cache?timeout=5&x=%41+b HTTP/1.1\r\nX-API-Key: admin\r\n\r\n"},
     {"weights", "POST /get_weights_by_name/?name=model.norm.weight&truncate_size=3 HTTP/1.1\r\n"
                 "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"},

@@ -101,8 +101,8 @@ class Server:
 
     def digests(self):
         r = self.call("weights_checker", {"action": "checksum"})
-        assert r.get("success", True) and r.get("payload"), r
-        return r["payload"][0]["checksums"]
+        assert r.get("success", True) and r.get("ranks"), r
+        return r["ranks"][0]["checksums"]
 
     def greedy(self, prompts, n=16):
         out = []

@@ -41,6 +41,8 @@ struct openai_state {
   std::vector<GenerateReqOutput> samples;
   std::size_t samples_pending = 0;
   std::string sample_failure;
+  std::vector<int64_t> sample_offsets;  // streamed n > 1: each choice's text_offset
+  std::vector<bool> sample_started;     // streamed n > 1: the choice's first event went out
   static inline const char* name = "openai_call";
 };
 
@@ -85,11 +87,42 @@ std::string_view chunk_object(http_call::kind_t kind) {
   return kind == http_call::openai_chat ? "chat.completion.chunk" : "text_completion";
 }
 
+// One streamed engine chunk of choice k of an n > 1 request: OpenAI's chunks with that index.
+void on_sample_chunk(openai_actor* self, std::size_t k, const GenerateReqOutput& chunk) {
+  auto& s = self->state;
+  if (!chunk.success)
+    return; // sample_done answers the failure
+  s.st->stats.stream_chunk();
+  auto indexed = [&](ojson j) {
+    j["choices"][0]["index"] = k;
+    event(self, j);
+  };
+  const bool first = !s.sample_started[k];
+  s.sample_started[k] = true;
+  if (s.kind == http_call::openai_completions) {
+    indexed(completion_chunk(s.cx, chunk, s.logprobs, first ? s.echo_text : std::string(),
+                             s.sample_offsets[k], s.include_usage));
+    return;
+  }
+  if (first)
+    indexed(chat_role_chunk(s.cx, s.include_usage));
+  if (!chunk.text.empty() || !chunk.output_ids.empty())
+    indexed(chat_content_chunk(s.cx, chunk, s.logprobs, s.include_usage));
+  if (chunk.finished)
+    indexed(chat_finish_chunk(s.cx, chunk, s.include_usage));
+}
+
 // One streamed engine chunk, as OpenAI's chunks.
 void on_chunk(openai_actor* self, const GenerateReqOutput& chunk) {
   auto& s = self->state;
   if (s.done || !s.stream)
     return;
+  if (!s.sample_rids.empty()) {
+    auto it = std::find(s.sample_rids.begin(), s.sample_rids.end(), chunk.rid);
+    if (it != s.sample_rids.end())
+      on_sample_chunk(self, static_cast<std::size_t>(it - s.sample_rids.begin()), chunk);
+    return;
+  }
   if (!chunk.success) {
     if (s.events_sent) // refused at once: the reply answers with 400 instead
       event(self, ojson::parse(openai_error_body(chunk.message)));
@@ -125,6 +158,17 @@ void sample_done(openai_actor* self, std::size_t index, GenerateReqOutput out, s
   if (--s.samples_pending > 0)
     return;
   after_reply(*s.st, s.info, "http", true, s.sample_failure.empty(), 0);
+  if (s.stream) {
+    if (!s.sample_failure.empty()) {
+      event(self, ojson::parse(openai_error_body(s.sample_failure)));
+    } else if (s.include_usage) {
+      int32_t completion = 0;
+      for (const auto& o : s.samples)
+        completion += o.completion_tokens;
+      event(self, usage_chunk(s.cx, chunk_object(s.kind), s.samples[0].prompt_tokens, completion));
+    }
+    return end_stream(self);
+  }
   if (!s.sample_failure.empty())
     return reply_error(self, 400, s.sample_failure);
   auto build = [&](const GenerateReqOutput& o) {
@@ -143,13 +187,14 @@ void sample_done(openai_actor* self, std::size_t index, GenerateReqOutput out, s
   reply_json(self, 200, body);
 }
 
-// OpenAI's n > 1 (not streamed): n engine requests, answered as one reply with n choices.
+// OpenAI's n > 1: n engine requests, answered as one reply with n choices, or streamed as the
+// chunks of each with its choice index.
 void send_samples(openai_actor* self, GenerateReqInput req) {
   auto& s = self->state;
   const auto n = static_cast<std::size_t>(req.sampling_params.n);
-  if (req.stream)
-    return refuse(self, 400, "n: " + std::to_string(n) + " choices cannot be streamed yet (send "
-                             "\"stream\": false, or n requests)");
+  s.stream = req.stream;
+  s.sample_offsets.assign(n, 0);
+  s.sample_started.assign(n, false);
   if (n > k_max_fanout)
     return refuse(self, 400, fmt::format("n: {} choices; at most {} per request", n, k_max_fanout));
   const std::string base = req.rid ? *req.rid : random_rid();
@@ -166,7 +211,8 @@ void send_samples(openai_actor* self, GenerateReqInput req) {
     if (one.sampling_params.sampling_seed)
       *one.sampling_params.sampling_seed += k;
     s.sample_rids.push_back(*one.rid);
-    self->request(s.st->front, caf::infinite, std::move(one), caf::actor{})
+    caf::actor sink = s.stream ? caf::actor_cast<caf::actor>(self) : caf::actor{};
+    self->request(s.st->front, caf::infinite, std::move(one), sink)
       .then([self, k](GenerateReqOutput& out) { sample_done(self, k, std::move(out), {}); },
             [self, k](caf::error& err) {
               sample_done(self, k, GenerateReqOutput{}, "the engine did not answer: " + self->system().render(err));

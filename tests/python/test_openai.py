@@ -252,7 +252,25 @@ def error_checks(port):
             out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + 12, out["usage"])
     chat = post(port, CHAT, {"messages": hi, "n": 2, "max_tokens": 3, "seed": 1, "temperature": 0.9})
     t.check([c["index"] for c in chat["choices"]] == [0, 1], chat)
-    check_error(port, C, {"prompt": "x", "n": 2, "stream": True}, 400, "n", ["cannot be streamed"])
+    # Streamed n > 1: each choice's chunks carry its index and add up to its non-streamed text.
+    body = {"prompt": "x y", "n": 3, "max_tokens": 4, "temperature": 0.9, "seed": 7,
+            "stream_options": {"include_usage": True}}
+    events = stream(port, C, body)
+    texts = {}
+    for e in events[:-1]:
+        t.check(len(e["choices"]) == 1, e)
+        texts.setdefault(e["choices"][0]["index"], []).append(e["choices"][0]["text"])
+    t.check(sorted(texts) == [0, 1, 2], sorted(texts))
+    for k in range(3):
+        t.check("".join(texts[k]) == out["choices"][k]["text"], (k, texts[k], out["choices"][k]["text"]))
+    t.check(events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 12, events[-1])
+    chat_events = stream(port, CHAT, {"messages": hi, "n": 2, "max_tokens": 3, "seed": 1, "temperature": 0.9})
+    roles = sorted(e["choices"][0]["index"] for e in chat_events if e["choices"][0]["delta"].get("role"))
+    t.check(roles == [0, 1], f"one role chunk per choice: {roles}")
+    for k in range(2):
+        content = "".join(e["choices"][0]["delta"].get("content", "") for e in chat_events
+                          if e["choices"][0]["index"] == k)
+        t.check(content == chat["choices"][k]["message"]["content"], (k, content))
     # Unknown fields are ignored; any model name is taken (one model is served) and echoed.
     out = post(port, C, {"prompt": "x", "max_tokens": 1, "model": "not-a-model", "frobnicate": 1})
     t.check(out["model"] == "not-a-model", out)

@@ -222,7 +222,8 @@ void start_route(http_actor* self, http_call call) {
     return reply(self, http_reply{413, "application/json",
                                   json_error(fmt::format("a generate request of {} bytes is larger than "
                                                          "any this model can serve ({} bytes for its "
-                                                         "context length); it was not read",
+                                                         "context length; a batch of prompts counts "
+                                                         "whole: send fewer per request); it was not read",
                                                          call.body.size(), s.st->max_generate_bytes)),
                                   false});
   }

@@ -421,6 +421,10 @@ def test_parallel_samples(port, tok):
     refused(port, {"input_ids": [prompt, [1, 99999]]}, "request 1")
     refused(port, {"text": []}, "text")
     refused(port, {"input_ids": prompt, "sampling_params": {"n": 5000}}, "at most")
+    # A batch larger than the body bound of one request is refused whole, saying so.
+    status, body = http(port, "POST", "/generate", {"text": ["word " * 260_000, "more"]})
+    t.check(status == 413 and "a batch of prompts counts whole" in json.dumps(body), f"{status} {body}")
+    t.check(http(port, "GET", "/health")[0] == 200, "the server stopped answering after a 413")
     print("n > 1 and batches: ok")
 
 

@@ -133,7 +133,7 @@ struct scheduler_state {
   };
   std::vector<pending_flush> pending_flushes;
   // Chunks produced while handling one batch, sent as one TokenChunks message per sink.
-  std::vector<std::pair<caf::actor, TokenChunk>> outbox;
+  std::vector<std::pair<caf::actor, GenerateReqOutput>> outbox;
   // Acceptance: totals since start and tokens per verification of the most recent steps.
   uint64_t busy_ns = 0; // CPU time in step() and on_batch_done() (thread_cpu_meter)
   uint64_t spec_verify_steps = 0;
@@ -217,7 +217,7 @@ void emit(scheduler_pointer self, request_state& r, std::optional<FinishReason> 
   bool finished = finish.has_value() || !success;
   if (!r.req.stream && !finished)
     return;
-  TokenChunk c;
+  GenerateReqOutput c;
   c.rid = r.req.rid;
   auto from = r.req.stream ? r.streamed : std::size_t{0};
   c.output_ids.assign(r.output_ids.begin() + static_cast<std::ptrdiff_t>(from), r.output_ids.end());
@@ -886,7 +886,7 @@ void accept_request(scheduler_pointer self, TokenizedGenerateReqInput& req, caf:
   r.req = std::move(req);
   auto rid = r.req.rid;
   auto refuse = [&](std::string why) {
-    TokenChunk c;
+    GenerateReqOutput c;
     c.rid = rid;
     c.finished = true;
     c.success = false;
@@ -993,7 +993,7 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
       auto reply_to = sink;
       guarded([&] { accept_request(self, req, sink); },
               [&](const std::string& what) {
-                TokenChunk c;
+                GenerateReqOutput c;
                 c.rid = rid;
                 c.finished = true;
                 c.success = false;

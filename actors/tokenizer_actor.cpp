@@ -285,14 +285,12 @@ void add_token_texts(const model::bpe_tokenizer& tok, GenerateReqOutput& d) {
         t.text = text(t.token_id);
 }
 
-void on_chunk(tokenizer_pointer self, TokenChunk& c) {
+void on_chunk(tokenizer_pointer self, GenerateReqOutput& c) {
   auto& st = self->state;
   auto it = st.active.find(c.rid);
   if (it == st.active.end())
     return;
   auto& a = it->second;
-  GenerateReqOutput delta;
-  delta.rid = c.rid;
   // SGLang leaves a matched stop token out of the text (not out of output_ids) unless
   // no_stop_trim; tokens after a stop are dropped, so it is the last one.
   auto decoded = c.output_ids.size();
@@ -301,68 +299,23 @@ void on_chunk(tokenizer_pointer self, TokenChunk& c) {
     --decoded;
   for (std::size_t i = 0; i < decoded; ++i)
     if (a.decoder)
-      delta.text += a.decoder->push(c.output_ids[i]);
+      c.text += a.decoder->push(c.output_ids[i]);
   if (c.finished && a.decoder)
-    delta.text += a.decoder->finish();
-  delta.output_ids = c.output_ids;
-  delta.output_token_logprobs = c.output_token_logprobs;
-  delta.output_top_logprobs = c.output_top_logprobs;
-  delta.input_token_ids = c.input_token_ids;
-  delta.input_token_logprobs = c.input_token_logprobs;
-  delta.input_top_logprobs = c.input_top_logprobs;
-  delta.routed_experts = c.routed_experts;
-  delta.routed_experts_start_len = c.routed_experts_start_len;
+    c.text += a.decoder->finish();
   if (a.texts_in_logprobs)
-    add_token_texts(*st.tokenizer, delta);
-  delta.finished = c.finished;
-  delta.finish_reason = c.finish_reason;
-  delta.prompt_tokens = c.prompt_tokens;
-  delta.completion_tokens = c.completion_tokens;
-  delta.cached_tokens = c.cached_tokens;
-  delta.weight_version_start = c.weight_version_start;
-  delta.weight_version = c.weight_version;
-  delta.weight_version_spans = c.weight_version_spans.empty() ? a.result.weight_version_spans
-                                                               : c.weight_version_spans;
-  delta.sampling_seed = a.result.sampling_seed;
-  delta.success = c.success;
-  delta.message = c.message;
-  delta.spec_verify_ct = c.spec_verify_ct;
-  delta.spec_accepted_tokens = c.spec_accepted_tokens;
-
-  auto& r = a.result;
-  r.text += delta.text;
-  r.output_ids.insert(r.output_ids.end(), c.output_ids.begin(), c.output_ids.end());
-  r.output_token_logprobs.insert(r.output_token_logprobs.end(), c.output_token_logprobs.begin(),
-                                 c.output_token_logprobs.end());
-  r.output_top_logprobs.insert(r.output_top_logprobs.end(), delta.output_top_logprobs.begin(),
-                               delta.output_top_logprobs.end());
-  r.output_token_texts.insert(r.output_token_texts.end(), delta.output_token_texts.begin(),
-                              delta.output_token_texts.end());
-  if (c.routed_experts) {
-    r.routed_experts = std::move(c.routed_experts);
-    r.routed_experts_start_len = c.routed_experts_start_len;
-  }
-  if (!delta.input_token_ids.empty()) {
-    r.input_token_ids = delta.input_token_ids;
-    r.input_token_logprobs = delta.input_token_logprobs;
-    r.input_top_logprobs = delta.input_top_logprobs;
-    r.input_token_texts = delta.input_token_texts;
-  }
-  r.finished = c.finished;
-  r.finish_reason = c.finish_reason;
-  r.completion_tokens = c.completion_tokens;
-  r.cached_tokens = c.cached_tokens;
-  r.weight_version_start = c.weight_version_start;
-  r.weight_version = c.weight_version;
-  if (!c.weight_version_spans.empty())
-    r.weight_version_spans = c.weight_version_spans;
-  r.success = c.success;
-  r.message = c.message;
-  r.spec_verify_ct = c.spec_verify_ct;
-  r.spec_accepted_tokens = c.spec_accepted_tokens;
+    add_token_texts(*st.tokenizer, c);
+  // What the scheduler does not know or sends only when it changes.
+  c.sampling_seed = a.result.sampling_seed;
+  if (c.prompt_tokens == 0)
+    c.prompt_tokens = a.result.prompt_tokens;
+  if (c.weight_version_spans.empty())
+    c.weight_version_spans = a.result.weight_version_spans;
+  const bool finished = c.finished;
   if (a.stream && a.sink)
-    caf::anon_send(a.sink, std::move(delta));
-  if (!c.finished)
+    caf::anon_send(a.sink, c);
+  append_chunk(a.result, std::move(c));
+  auto& r = a.result;
+  if (!finished)
     return;
   // SGLang ends the text before a matched stop string, or with no_stop_trim right after it
   // (text the last token carried past the match is dropped either way).

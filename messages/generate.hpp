@@ -134,37 +134,19 @@ struct GenerateReqOutput {
   int32_t spec_accepted_tokens = 0;
 };
 
-// Token-level progress from the scheduler to the tokenizer actor, which detokenizes it and
-// turns it into GenerateReqOutput chunks for the caller.
-struct TokenChunk {
-  std::string rid;
-  std::vector<int32_t> output_ids;                 // new tokens
-  std::vector<float> output_token_logprobs;        // one per new token when requested
-  std::vector<std::vector<TopLogprob>> output_top_logprobs;
-  // Prompt logprobs (GenerateReqOutput), in the chunk after which they are complete.
-  std::vector<int32_t> input_token_ids;
-  std::vector<float> input_token_logprobs;
-  std::vector<std::vector<TopLogprob>> input_top_logprobs;
-  std::optional<std::vector<int32_t>> routed_experts; // with the last chunk (GenerateReqOutput)
-  int32_t routed_experts_start_len = 0;
-  bool finished = false;
-  std::optional<FinishReason> finish_reason;
-  int32_t prompt_tokens = 0;
-  int32_t completion_tokens = 0;
-  int32_t cached_tokens = 0;
-  std::string weight_version_start;
-  std::string weight_version;
-  std::vector<WeightVersionSpan> weight_version_spans; // every span so far
-  bool success = true;   // false: the request failed (message says why), finished is true
-  std::string message;
-  int32_t spec_verify_ct = 0;       // totals so far
-  int32_t spec_accepted_tokens = 0;
+// The chunks of one scheduler step for one sink (the front door): one message per step, not one
+// per request. A chunk is a GenerateReqOutput holding what is new since the request's previous
+// chunk (tokens, logprobs) and the state so far (counts, versions, finish); its text is empty:
+// the front door detokenizes, and folds chunks into the result with append_chunk.
+struct TokenChunks {
+  std::vector<GenerateReqOutput> chunks;
 };
 
-// The chunks of one scheduler step for one sink: one message per step, not one per request.
-struct TokenChunks {
-  std::vector<TokenChunk> chunks;
-};
+// Folds `chunk` (what is new since the previous one) into `so_far`: per-token lists and the text
+// are joined, the prompt logprobs (sent once) kept, everything else taken from the chunk as the
+// state so far. The front door builds results this way and SGLang-style streams (each event
+// the whole result so far) are built by the HTTP front the same way.
+void append_chunk(GenerateReqOutput& so_far, GenerateReqOutput chunk);
 
 // SGLang AbortReq: one request by rid, or every request.
 struct AbortReq {
@@ -230,16 +212,6 @@ typename Inspector::result_type inspect(Inspector& f, GenerateReqOutput& x) {
            x.finish_reason, x.prompt_tokens,
            x.completion_tokens, x.cached_tokens, x.weight_version_start, x.weight_version,
            x.weight_version_spans, x.sampling_seed, x.spec_verify_ct, x.spec_accepted_tokens);
-}
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, TokenChunk& x) {
-  return f(caf::meta::type_name("TokenChunk"), x.rid, x.output_ids, x.output_token_logprobs,
-           x.output_top_logprobs, x.input_token_ids, x.input_token_logprobs,
-           x.input_top_logprobs, x.routed_experts, x.routed_experts_start_len, x.finished,
-           x.finish_reason, x.prompt_tokens, x.completion_tokens, x.cached_tokens, x.weight_version_start, x.weight_version,
-           x.weight_version_spans, x.success, x.message, x.spec_verify_ct,
-           x.spec_accepted_tokens);
 }
 
 template <class Inspector>

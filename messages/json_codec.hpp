@@ -1,6 +1,6 @@
 // JSON codecs with validation for every public message (generate.hpp, weight_update.hpp,
 // control.hpp, tensor.hpp): what the websocket server and clients speak. runner.hpp's internal
-// messages and the tokenizer-to-scheduler ones (TokenizedGenerateReqInput, TokenChunk) have no
+// messages and the tokenizer-to-scheduler ones (TokenizedGenerateReqInput, TokenChunks) have no
 // JSON form: they never leave the engine except through CAF's binary serialization.
 //
 //   auto req = rlserve::from_json<rlserve::GenerateReqInput>(j); // expected<GenerateReqInput>

@@ -20,7 +20,6 @@ struct SamplingParams;
 struct GenerateReqInput;
 struct TokenizedGenerateReqInput;
 struct GenerateReqOutput;
-struct TokenChunk;
 struct TokenChunks;
 struct HostTensor;
 struct NamedTensor;
@@ -43,7 +42,6 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlserve, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlserve, (rlserve::GenerateReqInput))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::TokenizedGenerateReqInput))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::GenerateReqOutput))
-  CAF_ADD_TYPE_ID(rlserve, (rlserve::TokenChunk))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::TokenChunks))
 
   // tensors (messages/tensor.hpp)

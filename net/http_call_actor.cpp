@@ -86,30 +86,6 @@ void event(http_actor* self, std::string data) {
   s.out->with([&](http_outbound& o) { o.post_event(std::move(p)); });
 }
 
-// SGLang's /generate stream: each event holds the whole result so far. A chunk carries its new
-// tokens and text; everything else in it (counts, versions, finish reason, and any field added
-// later) is already the state so far, so the latest chunk is taken whole and only the
-// per-token parts are joined.
-void accumulate(GenerateReqOutput& acc, const GenerateReqOutput& c) {
-  GenerateReqOutput before = std::move(acc);
-  acc = c;
-  acc.text = before.text + c.text;
-  auto join = [](auto& into, const auto& head, const auto& tail) {
-    into = head;
-    into.insert(into.end(), tail.begin(), tail.end());
-  };
-  join(acc.output_ids, before.output_ids, c.output_ids);
-  join(acc.output_token_logprobs, before.output_token_logprobs, c.output_token_logprobs);
-  join(acc.output_top_logprobs, before.output_top_logprobs, c.output_top_logprobs);
-  join(acc.output_token_texts, before.output_token_texts, c.output_token_texts);
-  if (c.input_token_ids.empty()) { // prompt logprobs come once, in one chunk
-    acc.input_token_ids = std::move(before.input_token_ids);
-    acc.input_token_logprobs = std::move(before.input_token_logprobs);
-    acc.input_top_logprobs = std::move(before.input_top_logprobs);
-    acc.input_token_texts = std::move(before.input_token_texts);
-  }
-}
-
 // The reply of a route in SGLang's HTTP shape (docs/sglang-contract.md, 'Routes and auth levels').
 http_reply shape_reply(std::string_view route, bool ok, const json& body) {
   http_reply r;
@@ -482,7 +458,7 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
         if (it == s.fan->index_of.end() || !chunk.success)
           return; // a failure is answered by fanout_done
         auto& acc = s.fan->results[it->second];
-        accumulate(acc, chunk);
+        append_chunk(acc, std::move(chunk)); // SGLang streams the whole result so far
         s.st->stats.stream_chunk();
         auto j = to_json(acc);
         j["index"] = it->second;
@@ -490,7 +466,7 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
       }
       if (!chunk.success && !s.events_sent)
         return; // refused at once: the reply answers with 400
-      accumulate(s.acc, chunk);
+      append_chunk(s.acc, std::move(chunk)); // SGLang streams the whole result so far
       s.st->stats.stream_chunk();
       event(self, dump(to_json(s.acc)));
     },

@@ -39,7 +39,6 @@ RLSERVE_FIELD_COUNT(TokenizedGenerateReqInput, 12)
 RLSERVE_FIELD_COUNT(FinishReason, 4)
 RLSERVE_FIELD_COUNT(TopLogprob, 3)
 RLSERVE_FIELD_COUNT(GenerateReqOutput, 25)
-RLSERVE_FIELD_COUNT(TokenChunk, 21)
 RLSERVE_FIELD_COUNT(TokenChunks, 1)
 RLSERVE_FIELD_COUNT(WeightVersionSpan, 2)
 RLSERVE_FIELD_COUNT(AbortReq, 3)
@@ -489,37 +488,8 @@ struct samples<GenerateReqOutput> : simple_samples<GenerateReqOutput> {
 };
 
 template <>
-struct samples<TokenChunk> : simple_samples<TokenChunk> {
-  static TokenChunk full() {
-    TokenChunk x;
-    x.rid = "req-3";
-    x.output_ids = {7};
-    x.output_token_logprobs = {-1.5f};
-    x.output_top_logprobs = {{{7, -1.5f}, {8, -2.0f}}};
-    x.input_token_ids = {1, 2};
-    x.input_token_logprobs = {-1.0f, -2.0f};
-    x.input_top_logprobs = {{}, {{2, -2.0f}}};
-    x.routed_experts = std::vector<int32_t>{4, 5};
-    x.routed_experts_start_len = 2;
-    x.finished = true;
-    x.finish_reason = samples<FinishReason>::full();
-    x.prompt_tokens = 4;
-    x.completion_tokens = 1;
-    x.cached_tokens = 1;
-    x.weight_version_start = "v1";
-    x.weight_version = "v1";
-    x.weight_version_spans = {{"v1", 0}};
-    x.spec_verify_ct = 1;
-    x.spec_accepted_tokens = 3;
-    x.success = false;
-    x.message = "oops";
-    return x;
-  }
-};
-
-template <>
 struct samples<TokenChunks> : simple_samples<TokenChunks> {
-  static TokenChunks full() { return {{samples<TokenChunk>::full(), TokenChunk{}}}; }
+  static TokenChunks full() { return {{samples<GenerateReqOutput>::full(), GenerateReqOutput{}}}; }
 };
 
 template <>

@@ -1,0 +1,32 @@
+#include "messages/generate.hpp"
+
+#include <utility>
+
+namespace rlserve {
+
+void append_chunk(GenerateReqOutput& so_far, GenerateReqOutput chunk) {
+  auto join = [](auto& head, auto& tail) {
+    head.insert(head.end(), std::make_move_iterator(tail.begin()), std::make_move_iterator(tail.end()));
+    tail = std::move(head);
+  };
+  chunk.text = std::move(so_far.text) + chunk.text;
+  join(so_far.output_ids, chunk.output_ids);
+  join(so_far.output_token_logprobs, chunk.output_token_logprobs);
+  join(so_far.output_top_logprobs, chunk.output_top_logprobs);
+  join(so_far.output_token_texts, chunk.output_token_texts);
+  if (chunk.input_token_ids.empty()) { // prompt logprobs come once, in one chunk
+    chunk.input_token_ids = std::move(so_far.input_token_ids);
+    chunk.input_token_logprobs = std::move(so_far.input_token_logprobs);
+    chunk.input_top_logprobs = std::move(so_far.input_top_logprobs);
+    chunk.input_token_texts = std::move(so_far.input_token_texts);
+  }
+  if (!chunk.routed_experts) { // with the last chunk only
+    chunk.routed_experts = std::move(so_far.routed_experts);
+    chunk.routed_experts_start_len = so_far.routed_experts_start_len;
+  }
+  if (chunk.weight_version_spans.empty()) // they travel when they change
+    chunk.weight_version_spans = std::move(so_far.weight_version_spans);
+  so_far = std::move(chunk);
+}
+
+} // namespace rlserve

@@ -486,10 +486,15 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32
     emit(self, r, std::nullopt);
 }
 
-// Traces one span of the scheduler's timeline when a profile runs.
+bool profiling(const scheduler_state& st) {
+  return st.options.profile && st.options.profile->active();
+}
+
+// Traces one span of the scheduler's timeline when a profile runs (callers build `args` only
+// when profiling(): no string is built per step otherwise).
 void trace(const scheduler_state& st, std::string_view name, profiler::clock::time_point begin,
            std::string args = {}) {
-  if (st.options.profile && st.options.profile->active())
+  if (profiling(st))
     st.options.profile->record("scheduler", name, begin, profiler::clock::now(), std::move(args));
 }
 
@@ -497,7 +502,8 @@ void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
   auto& st = self->state;
   thread_cpu_meter meter{st.busy_ns};
   const auto results_begin = profiler::clock::now();
-  trace(st, "forward", st.forward_sent, "{\"step\":" + std::to_string(out.step) + "}");
+  if (profiling(st))
+    trace(st, "forward", st.forward_sent, "{\"step\":" + std::to_string(out.step) + "}");
   st.forward_in_flight = false;
   static const std::string no_error;
   if (!out.success) { // nothing of it ran: results, if any, are not to be applied
@@ -763,7 +769,7 @@ void step(scheduler_pointer self) {
   flush_outbox(self);
   if (batch.work.empty() && batch.decode_seq_ids.empty())
     return;
-  if (st.options.profile && st.options.profile->active()) {
+  if (profiling(st)) {
     int64_t tokens = static_cast<int64_t>(batch.decode_seq_ids.size());
     for (const auto& w : batch.work)
       tokens += static_cast<int64_t>(w.tokens.size());

@@ -435,10 +435,13 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   if (config.speculative_num_draft_tokens < 0)
     return fail("speculative_num_draft_tokens must be 0 (off) or more, got " +
                 std::to_string(config.speculative_num_draft_tokens));
-  p->scheduler = spawn_scheduler(sys,
-                                 scheduler_options{config.max_running_requests,
-                                                   config.max_batch_tokens,
-                                                   config.speculative_num_draft_tokens, p->profile},
+  scheduler_options scheduling;
+  scheduling.max_running_requests = config.max_running_requests;
+  scheduling.max_batch_tokens = config.max_batch_tokens;
+  scheduling.speculative_num_draft_tokens = config.speculative_num_draft_tokens;
+  scheduling.prefix_cache = !config.disable_radix_cache;
+  scheduling.profile = p->profile;
+  p->scheduler = spawn_scheduler(sys, scheduling,
                                  p->runners.front(), draft ? p->runners.back() : runner_actor{},
                                  p->target_manifest, p->updater, config.initial_weight_version,
                                  target->tokenizer);

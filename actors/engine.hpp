@@ -47,6 +47,9 @@ struct engine_config {
   // KV pool of each runner: tokens it can hold in all, in blocks of kv_block_size tokens.
   int64_t kv_cache_tokens = 32768;
   int64_t kv_block_size = 16;
+  // Turns the prefix cache off (SGLang's flag): every request then prefills its whole prompt.
+  // On, requests reuse the KV of block-aligned prefixes computed with the weights serving now.
+  bool disable_radix_cache = false;
   std::string initial_weight_version = "0";
   // Where the runners run: "auto" (the GPU when this build has CUDA and a device is visible,
   // else the CPU), "cpu", or "cuda" / "cuda:N" (fails at start when there is no such device).

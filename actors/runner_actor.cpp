@@ -335,6 +335,15 @@ struct batch_run {
     auto& seq = it->second;
     auto& kv = seq.kv;
     kv.blocks.insert(kv.blocks.end(), work.new_blocks.begin(), work.new_blocks.end());
+    if (work.new_sequence && work.cached_tokens != 0) {
+      const auto block_size = st.pool ? st.pool->block_size() : st.options.kv_block_size;
+      if (work.cached_tokens < 0 || work.cached_tokens % block_size != 0 ||
+          work.cached_tokens > static_cast<int64_t>(kv.blocks.size()) * block_size)
+        return "sequence " + id + ": a cached prefix of " + std::to_string(work.cached_tokens) +
+               " positions is not a whole number of its " + std::to_string(kv.blocks.size()) +
+               " blocks of " + std::to_string(block_size);
+      kv.length = work.cached_tokens; // the prefix's KV is in its first blocks already
+    }
     if (work.kv_length > kv.length)
       return "sequence " + id + ": asked to keep " + std::to_string(work.kv_length) +
              " KV positions but holds only " + std::to_string(kv.length);

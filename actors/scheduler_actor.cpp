@@ -12,7 +12,7 @@
 
 #include "actors/guard.hpp"
 #include "actors/policy/batch_planner.hpp"
-#include "actors/policy/block_manager.hpp"
+#include "actors/policy/prefix_cache.hpp"
 #include "actors/watch.hpp"
 #include "caf/all.hpp"
 #include "messages/validate.hpp"
@@ -69,6 +69,17 @@ struct request_state {
   // routed_row ids (layers x top_k); a position run again (after a retract) takes its new row.
   std::vector<int32_t> routed;
   std::size_t routed_row = 0;
+  // Prefix cache: blocks[0 .. cached_path.size()) are cache nodes it pins (shared, never written
+  // by it); the rest are its own. Its full blocks join the cache as they fill while `caching`:
+  // its KV is all of the cache's epoch kv_epoch (no weight change since it was admitted) and no
+  // block of it was cached by another request first. The draft marks the nodes whose KV its pool
+  // holds too (the first draft_marked of them are marked).
+  std::vector<policy::prefix_cache::node*> cached_path;
+  uint64_t kv_epoch = 0;
+  bool caching = false;
+  std::size_t draft_marked = 0;
+  int32_t cached_tokens = 0;   // prompt tokens the cache served it (meta_info.cached_tokens)
+  int64_t computed_before = 0; // most positions it had KV for before a retract or preemption
 };
 
 int64_t prompt_length(const request_state& r) {
@@ -77,6 +88,34 @@ int64_t prompt_length(const request_state& r) {
 
 int64_t sequence_length(const request_state& r) {
   return static_cast<int64_t>(r.req.input_ids.size() + r.output_ids.size());
+}
+
+// Token `i` of prompt + outputs.
+int32_t token_at(const request_state& r, int64_t i) {
+  auto prompt = static_cast<int64_t>(r.req.input_ids.size());
+  return i < prompt ? r.req.input_ids[static_cast<std::size_t>(i)]
+                    : r.output_ids[static_cast<std::size_t>(i - prompt)];
+}
+
+// Prompt + outputs as one span (a copy into `scratch` once there are outputs).
+std::span<const int32_t> all_tokens(const request_state& r, std::vector<int32_t>& scratch) {
+  if (r.output_ids.empty())
+    return r.req.input_ids;
+  scratch.assign(r.req.input_ids.begin(), r.req.input_ids.end());
+  scratch.insert(scratch.end(), r.output_ids.begin(), r.output_ids.end());
+  return scratch;
+}
+
+// How much of its prompt + outputs a request being admitted may take from the prefix cache: all
+// but the last token (whose logits it samples from), none of the prompt positions it still has
+// to score, and nothing when it replays routing (the cache keeps KV, not the router's choices).
+int64_t cacheable_prefix(const request_state& r) {
+  if (r.req.return_routed_experts)
+    return 0;
+  int64_t n = sequence_length(r) - 1;
+  if (r.req.return_logprob)
+    n = std::min(n, r.scored_upto);
+  return std::max<int64_t>(n, 0);
 }
 
 // Adds the CPU time of the current thread between construction and destruction to `total_ns`:
@@ -107,7 +146,15 @@ struct scheduler_state {
   std::shared_ptr<const model::bpe_tokenizer> tokenizer;
   std::string version;
   uint64_t committed_updates = 0;
-  std::optional<policy::block_manager> blocks;
+  // The target pool's blocks: the free ones and the prefix cache (its tree is used only when
+  // options.prefix_cache is set).
+  std::optional<policy::prefix_cache> blocks;
+  std::vector<policy::prefix_cache::match> waiting_matches; // step()'s scratch, one per waiting view
+  std::vector<int32_t> token_scratch;
+  // Prefix-cache counters: prompt tokens looked up and found at admission, tokens prefilled.
+  uint64_t prefix_query_tokens = 0;
+  uint64_t prefix_hit_tokens = 0;
+  uint64_t prefill_tokens = 0;
 
   std::unordered_map<std::string, request_state> requests; // by rid
   std::unordered_map<uint64_t, request_state*> by_seq; // into `requests` (node-stable)
@@ -270,6 +317,7 @@ void emit(scheduler_pointer self, request_state& r, std::optional<FinishReason> 
   c.message = std::move(message);
   c.spec_verify_ct = r.spec_verify_ct;
   c.spec_accepted_tokens = r.spec_accepted;
+  c.cached_tokens = r.cached_tokens;
   st.outbox.emplace_back(r.sink, std::move(c));
 }
 
@@ -282,14 +330,50 @@ void release_draft(scheduler_pointer self, request_state& r) {
   r.draft_blocks = 0;
 }
 
-// Gives a request's KV back: its blocks to the block manager, its sequences on the runners.
+// Puts the request's newly filled blocks into the prefix cache (while its KV is all of the
+// current weights), and marks those whose KV the draft's pool holds too.
+void cache_full_blocks(scheduler_state& st, request_state& r) {
+  auto& cache = *st.blocks;
+  if (!r.caching || r.kv_epoch != cache.epoch())
+    return;
+  const auto bs = cache.block_size();
+  auto& path = r.cached_path;
+  while (static_cast<int64_t>(path.size() + 1) * bs <= r.kv_tokens && path.size() < r.blocks.size()) {
+    const auto first = static_cast<int64_t>(path.size()) * bs;
+    st.token_scratch.clear();
+    for (int64_t i = first; i < first + bs; ++i)
+      st.token_scratch.push_back(token_at(r, i));
+    auto* n = cache.insert(path.empty() ? nullptr : path.back(), st.token_scratch,
+                           r.blocks[path.size()]);
+    if (!n) { // another request cached this prefix first: the rest of r stays its own
+      r.caching = false;
+      break;
+    }
+    path.push_back(n);
+  }
+  if (r.on_draft && !r.draft_failed)
+    while (r.draft_marked < path.size() &&
+           static_cast<int64_t>(r.draft_marked + 1) * bs <= r.draft_kv)
+      policy::prefix_cache::set_draft_ready(path[r.draft_marked++]);
+}
+
+// Gives a request's KV back: its full blocks to the prefix cache, the rest to the free list, its
+// sequences on the runners.
 void release_kv(scheduler_pointer self, request_state& r) {
   auto& st = self->state;
   if (r.on_runner)
     self->send(st.target, ReleaseSequences{{r.seq_id}});
+  if (st.options.prefix_cache)
+    cache_full_blocks(st, r);
   release_draft(self, r);
-  st.blocks->release(r.blocks);
+  const auto shared = r.cached_path.size();
+  st.blocks->unpin(r.cached_path);
+  st.blocks->release(std::span<const int32_t>(r.blocks).subspan(shared));
+  r.cached_path.clear();
+  r.caching = false;
+  r.draft_marked = 0;
   r.blocks.clear();
+  r.computed_before = std::max(r.computed_before, r.kv_tokens);
   r.kv_tokens = 0;
   r.on_runner = false;
 }
@@ -357,13 +441,6 @@ void requeue(scheduler_pointer self, request_state& r) {
   release_kv(self, r);
   r.prefill_left = 0;
   st.running.erase(std::remove(st.running.begin(), st.running.end(), &r), st.running.end());
-}
-
-// Token `i` of prompt + outputs.
-int32_t token_at(const request_state& r, int64_t i) {
-  auto prompt = static_cast<int64_t>(r.req.input_ids.size());
-  return i < prompt ? r.req.input_ids[static_cast<std::size_t>(i)]
-                    : r.output_ids[static_cast<std::size_t>(i - prompt)];
 }
 
 void record_acceptance(scheduler_state& st, request_state& r, int32_t accepted) {
@@ -458,6 +535,8 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32
     r.kv_tokens += ran;
   }
   r.prefill_left = std::max<int64_t>(r.prefill_left - ran, 0);
+  if (st.options.prefix_cache)
+    cache_full_blocks(st, r);
   if (r.abort_requested) {
     finish(self, std::string(rid), abort_reason(r));
     return;
@@ -638,6 +717,103 @@ void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBa
     });
 }
 
+// Blocks that preempting `r` makes available: its own, and the cached ones only it pins.
+int64_t freed_if_preempted(const request_state& r) {
+  int64_t n = static_cast<int64_t>(r.blocks.size() - r.cached_path.size());
+  for (const auto* node : r.cached_path)
+    n += policy::prefix_cache::users(node) == 1 ? 1 : 0;
+  return n;
+}
+
+// Whether a request ahead of one waiting with `tokens` (cached up to `cached` of at most
+// `limit`) is computing more of that prefix: a running request still in prefill, or one queued
+// before it that is not waiting itself (the first `ahead` views). It then waits a step rather
+// than compute the same KV, so the samples of one prompt prefill it once.
+bool prefix_in_progress(const scheduler_state& st, std::span<const int32_t> tokens, int64_t limit,
+                        int64_t cached, std::size_t ahead) {
+  const auto bs = st.blocks->block_size();
+  auto shares_more = [&](const request_state& o) {
+    const auto n = std::min(limit, sequence_length(o));
+    int64_t i = 0;
+    while (i < n && token_at(o, i) == tokens[static_cast<std::size_t>(i)])
+      ++i;
+    return i / bs > cached / bs;
+  };
+  for (const auto* o : st.running)
+    if (o->prefill_left > 0 && o->caching && o->kv_epoch == st.blocks->epoch() && shares_more(*o))
+      return true;
+  for (std::size_t j = 0; j < ahead; ++j)
+    if (!st.waiting_views[j].waits_for_prefix && shares_more(*st.waiting[j]))
+      return true;
+  return false;
+}
+
+// The waiting requests step() may admit, with their cached prefixes: waiting_views (what the
+// planner reads) and waiting_matches (what admission pins), one each, in queue order.
+void plan_admissions(scheduler_state& st) {
+  auto& views = st.waiting_views;
+  auto& matches = st.waiting_matches;
+  views.clear();
+  matches.clear();
+  for (const auto* rp : st.waiting) {
+    if (static_cast<int64_t>(views.size()) >= st.options.max_running_requests)
+      break; // no more can be admitted in one step anyway
+    const auto& r = *rp;
+    policy::prefix_cache::match m;
+    bool waits = false;
+    if (st.options.prefix_cache) {
+      auto tokens = all_tokens(r, st.token_scratch);
+      const auto limit = cacheable_prefix(r);
+      m = st.blocks->lookup(tokens, limit);
+      if (limit / st.blocks->block_size() > static_cast<int64_t>(m.path.size()))
+        waits = prefix_in_progress(st, tokens, limit, m.tokens, views.size());
+    }
+    views.push_back({r.seq_id, sequence_length(r) - m.tokens, m.unpinned, waits});
+    matches.push_back(std::move(m));
+  }
+}
+
+// At admission: `r` pins the cached prefix planned for it, and its KV starts after it.
+void admit_cached_prefix(scheduler_state& st, request_state& r, SequenceWork& work) {
+  r.kv_tokens = 0;
+  r.cached_path.clear();
+  r.draft_marked = 0;
+  r.kv_epoch = st.blocks->epoch();
+  r.caching = st.options.prefix_cache;
+  if (!st.options.prefix_cache)
+    return;
+  std::size_t v = 0;
+  while (v < st.waiting_views.size() && st.waiting_views[v].id != r.seq_id)
+    ++v;
+  if (v == st.waiting_views.size())
+    return; // not reached: the planner admits only what it was shown
+  const auto& m = st.waiting_matches[v];
+  st.blocks->pin(m.path);
+  r.cached_path = m.path;
+  for (const auto* n : m.path)
+    r.blocks.push_back(policy::prefix_cache::block_of(n));
+  r.kv_tokens = m.tokens;
+  work.cached_tokens = m.tokens;
+  // meta_info.cached_tokens: prompt tokens it did not compute itself before a retract.
+  const auto prompt = prompt_length(r);
+  r.cached_tokens += static_cast<int32_t>(
+    std::max<int64_t>(0, std::min(m.tokens, prompt) - std::min(r.computed_before, prompt)));
+  st.prefix_query_tokens += static_cast<uint64_t>(sequence_length(r));
+  st.prefix_hit_tokens += static_cast<uint64_t>(m.tokens);
+}
+
+// Where a request's new draft sequence starts: after the leading cached blocks whose KV the
+// draft's pool holds too (computed with the weights serving now).
+int64_t draft_cached_prefix(scheduler_state& st, request_state& r) {
+  if (!st.options.prefix_cache || r.kv_epoch != st.blocks->epoch())
+    return 0;
+  std::size_t n = 0;
+  while (n < r.cached_path.size() && policy::prefix_cache::draft_ready(r.cached_path[n]))
+    ++n;
+  r.draft_marked = n;
+  return static_cast<int64_t>(n) * st.blocks->block_size();
+}
+
 void step(scheduler_pointer self) {
   auto& st = self->state;
   thread_cpu_meter meter{st.busy_ns};
@@ -655,17 +831,13 @@ void step(scheduler_pointer self) {
     running.push_back({r.seq_id, r.kv_tokens, static_cast<int64_t>(r.blocks.size()),
                        r.prefill_left, 1 + proposals_for(st, r)});
   }
-  auto& waiting = st.waiting_views;
-  waiting.clear();
-  for (const auto* rp : st.waiting) {
-    if (static_cast<int64_t>(waiting.size()) >= st.options.max_running_requests)
-      break; // no more can be admitted in one step anyway
-    const auto& r = *rp;
-    waiting.push_back({r.seq_id, static_cast<int64_t>(r.req.input_ids.size() + r.output_ids.size())});
-  }
+  if (st.options.prefix_cache) // a request sharing cached blocks frees only its own on preemption
+    for (std::size_t i = 0; i < st.running.size(); ++i)
+      running[i].freed_if_preempted = freed_if_preempted(*st.running[i]);
+  plan_admissions(st);
   policy::batch_limits limits{st.options.max_running_requests, st.options.max_batch_tokens,
                               st.blocks->block_size()};
-  auto plan = policy::plan_batch(running, waiting, st.blocks->free_blocks(), limits);
+  auto plan = policy::plan_batch(running, st.waiting_views, st.blocks->available_blocks(), limits);
 
   // Preempted requests rejoin the queue's front, oldest first.
   for (auto it = plan.preempted.rbegin(); it != plan.preempted.rend(); ++it) {
@@ -698,8 +870,8 @@ void step(scheduler_pointer self) {
     if (w.admitted) {
       st.waiting.erase(std::find(st.waiting.begin(), st.waiting.end(), &r));
       st.running.push_back(&r);
-      r.prefill_left = static_cast<int64_t>(r.req.input_ids.size() + r.output_ids.size());
-      r.kv_tokens = 0;
+      admit_cached_prefix(st, r, work);
+      r.prefill_left = sequence_length(r) - r.kv_tokens;
       work.new_sequence = true;
       work.sampling_params = r.req.sampling_params;
       // Back from a retract, the sampler is reseeded by position so a rerun is reproducible.
@@ -715,8 +887,12 @@ void step(scheduler_pointer self) {
       continue;
     }
     r.blocks.insert(r.blocks.end(), blocks->begin(), blocks->end());
-    work.new_blocks = std::move(*blocks);
+    if (w.admitted) // the runner gets the cached prefix's blocks first
+      work.new_blocks = r.blocks;
+    else
+      work.new_blocks = std::move(*blocks);
     if (r.prefill_left > 0) {
+      st.prefill_tokens += static_cast<uint64_t>(w.tokens);
       // The next chunk of prompt + outputs, from the first position without KV.
       for (int64_t i = r.kv_tokens; i < r.kv_tokens + w.tokens; ++i)
         work.tokens.push_back(token_at(r, i));
@@ -742,7 +918,8 @@ void step(scheduler_pointer self) {
           // Its own stream: the draft's draws must not repeat the target's.
           proposal.sampling_seed = r.req.sampling_seed ^ 0x5bd1e9955bd1e995ull;
           r.on_draft = true;
-          r.draft_kv = 0;
+          r.draft_kv = draft_cached_prefix(st, r);
+          proposal.cached_tokens = r.draft_kv;
           r.draft_blocks = 0;
         } else {
           proposal.kv_length = r.draft_kv;
@@ -798,16 +975,39 @@ void retract_running(scheduler_pointer self) {
   }
 }
 
-// Refreshes the version the scheduler stamps on results, then calls `then`.
+// The weights may have changed: no KV cached so far is reused from now on.
+void weights_changed(scheduler_state& st) {
+  st.blocks->new_epoch();
+}
+
+// Refreshes the version the scheduler stamps on results (and the prefix cache's epoch when a
+// commit happened), then calls `then`.
 void refresh_version(scheduler_pointer self, std::function<void()> then) {
   self->state.waits.request<WeightUpdaterStatus>(
     self, self->state.updater, version_atom_v,
     [self, then](WeightUpdaterStatus& s) {
-      self->state.version = s.weight_version;
-      self->state.committed_updates = s.committed_updates;
+      auto& st = self->state;
+      if (s.committed_updates != st.committed_updates)
+        weights_changed(st);
+      st.version = s.weight_version;
+      st.committed_updates = s.committed_updates;
       then();
     },
-    [then](const std::string&) { then(); });
+    [self, then](const std::string&) {
+      weights_changed(self->state); // unknown: assume the worst
+      then();
+    });
+}
+
+// Whether a weight operation's reply may hide a change of served weights that the commit count
+// does not show: a failed commit may have updated one runner and not the other, and
+// reset_tensors writes weights without a commit.
+template <class Op>
+bool may_change_weights_uncounted(const typename Op::input& req, const typename Op::output& out) {
+  if constexpr (std::is_same_v<typename Op::input, CheckWeightsReqInput>)
+    return req.action == check_weights_action::reset_tensors;
+  else
+    return Op::role != session_role::unordered && !out.success;
 }
 
 // The handler of weight operation `Op`: forwarded to the weight_updater as a control operation
@@ -820,7 +1020,9 @@ auto forward_to_updater(scheduler_pointer self) {
   return [self](In& req) -> caf::result<Out> {
     auto rp = self->make_response_promise<Out>();
     enqueue_control(self, [self, req = std::move(req), rp]() mutable {
-      auto finish = [self, rp](Out out) mutable {
+      auto finish = [self, rp, uncounted = std::make_shared<In>(req)](Out out) mutable {
+        if (may_change_weights_uncounted<Op>(*uncounted, out))
+          weights_changed(self->state);
         refresh_version(self, [self, rp, out = std::move(out)]() mutable {
           rp.deliver(std::move(out));
           control_done(self);
@@ -869,7 +1071,9 @@ void check_flushes(scheduler_pointer self) {
   auto now = caf::make_timestamp();
   for (auto it = st.pending_flushes.begin(); it != st.pending_flushes.end();) {
     if (st.running.empty()) {
-      it->promise.deliver(FlushCacheReqOutput{true, "cache flushed"});
+      auto freed = st.blocks->flush();
+      it->promise.deliver(FlushCacheReqOutput{
+        true, "cache flushed (" + std::to_string(freed * st.blocks->block_size()) + " cached tokens dropped)"});
     } else if (now >= it->deadline) {
       it->promise.deliver(FlushCacheReqOutput{
         false, "cannot flush the cache: " + std::to_string(st.running.size()) +
@@ -1060,8 +1264,13 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
         };
         self->state.waits.request<EndWeightUpdateReqOutput>(
           self, self->state.updater, settle_atom_v,
-          [resume](EndWeightUpdateReqOutput& out) mutable { resume(out.success, out.message); },
-          [resume](const std::string& why) mutable {
+          [self, resume](EndWeightUpdateReqOutput& out) mutable {
+            if (!out.success) // a failed commit may have changed one runner
+              weights_changed(self->state);
+            resume(out.success, out.message);
+          },
+          [self, resume](const std::string& why) mutable {
+            weights_changed(self->state);
             resume(false, "the weight updater failed: " + why);
           });
       });
@@ -1085,10 +1294,15 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
       out.waiting_requests = static_cast<int32_t>(st.waiting.size());
       out.committed_updates = st.committed_updates;
       out.max_running_requests = st.options.max_running_requests;
-      if (st.blocks) {
+      if (st.blocks) { // cached blocks nobody uses are free for the taking: not "used"
         out.max_total_num_tokens = st.blocks->capacity_tokens();
         out.num_used_tokens =
-          (st.blocks->total_blocks() - st.blocks->free_blocks()) * st.blocks->block_size();
+          (st.blocks->total_blocks() - st.blocks->available_blocks()) * st.blocks->block_size();
+        out.prefix_cache = st.options.prefix_cache;
+        out.prefix_cached_tokens = st.blocks->cached_blocks() * st.blocks->block_size();
+        out.prefix_query_tokens = st.prefix_query_tokens;
+        out.prefix_hit_tokens = st.prefix_hit_tokens;
+        out.prefill_tokens = st.prefill_tokens;
       }
       for (const auto* gone : {&st.target_gone, &st.draft_gone, &st.updater_gone})
         if (!gone->empty()) {

@@ -36,7 +36,7 @@ using scheduler_actor = caf::typed_actor<
   // it. Either way no batch starts until continue. Replies once the batch in flight is done.
   caf::replies_to<PauseGenerationReqInput>::with<PauseGenerationReqOutput>,
   caf::replies_to<ContinueGenerationReqInput>::with<ContinueGenerationReqOutput>,
-  // Drops cached KV; refused while requests are running (after waiting up to timeout_s).
+  // Drops the prefix cache; refused while requests are running (after waiting up to timeout_s).
   caf::replies_to<FlushCacheReqInput>::with<FlushCacheReqOutput>,
   // Queue depths, pause state and the serving weight version.
   caf::replies_to<GetServerInfoReqInput>::with<GetServerInfoReqOutput>,
@@ -50,6 +50,9 @@ struct scheduler_options {
   int64_t max_batch_tokens = 2048; // tokens per forward batch; longer prompts are prefilled in chunks
   // Draft tokens proposed and verified per decode step when a draft runner is given; 0: off.
   int32_t speculative_num_draft_tokens = 4;
+  // Reuse the KV of shared prefixes across requests (actors/policy/prefix_cache.hpp); SGLang's
+  // radix cache, off with --disable-radix-cache.
+  bool prefix_cache = true;
   // Where steps are traced while a profile runs (/start_profile); may be null.
   std::shared_ptr<profiler> profile;
 };

@@ -158,6 +158,8 @@ void add_serve(CLI::App& app) {
     ->capture_default_str();
   cmd->add_option("--kv-cache-tokens", o->engine.kv_cache_tokens, "Tokens the KV pool holds")
     ->capture_default_str();
+  cmd->add_flag("--disable-radix-cache", o->engine.disable_radix_cache,
+                "Turn the prefix cache off: every request prefills its whole prompt");
   cmd->add_option("--gpu-staging-budget-mib", o->gpu_staging_budget_mib,
                   "GPU runners: device MiB one update session may stage before its commit (0: one "
                   "full copy of the weights)");

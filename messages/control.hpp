@@ -90,7 +90,22 @@ struct GetServerInfoReqOutput {
   int32_t max_running_requests = 0;
   int64_t max_total_num_tokens = 0;
   int64_t num_used_tokens = 0;
+  // The prefix cache (false: --disable-radix-cache): tokens whose KV it holds, prompt + output
+  // tokens of admitted requests and how many of them it served (the hit rate is their ratio),
+  // and tokens prefilled (computed, not served from the cache) since start.
+  bool prefix_cache = false;
+  int64_t prefix_cached_tokens = 0;
+  uint64_t prefix_query_tokens = 0;
+  uint64_t prefix_hit_tokens = 0;
+  uint64_t prefill_tokens = 0;
 };
+
+// Share of admitted requests' tokens the prefix cache served (SGLang's cache_hit_rate).
+inline double cache_hit_rate(const GetServerInfoReqOutput& x) {
+  return x.prefix_query_tokens > 0
+           ? static_cast<double>(x.prefix_hit_tokens) / static_cast<double>(x.prefix_query_tokens)
+           : 0.0;
+}
 
 struct HealthCheckReqInput {};
 
@@ -146,7 +161,8 @@ typename Inspector::result_type inspect(Inspector& f, GetServerInfoReqOutput& x)
            x.spec_verify_steps, x.spec_accepted_tokens,
            x.spec_accept_length, x.spec_recent_accept_length, x.weight_transports, x.int4_modules,
            x.int4_update_recipe, x.int4_quantized_on, x.max_running_requests,
-           x.max_total_num_tokens, x.num_used_tokens);
+           x.max_total_num_tokens, x.num_used_tokens, x.prefix_cache, x.prefix_cached_tokens,
+           x.prefix_query_tokens, x.prefix_hit_tokens, x.prefill_tokens);
 }
 
 template <class Inspector>

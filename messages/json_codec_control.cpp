@@ -134,6 +134,11 @@ expected<GetServerInfoReqOutput> from_json<GetServerInfoReqOutput>(const json& j
       r.field("max_running_requests", x.max_running_requests, count);
       r.field("max_total_num_tokens", x.max_total_num_tokens, int_rule<int64_t>{.lo = 0});
       r.field("num_used_tokens", x.num_used_tokens, int_rule<int64_t>{.lo = 0});
+      r.field("prefix_cache", x.prefix_cache);
+      r.field("prefix_cached_tokens", x.prefix_cached_tokens, int_rule<int64_t>{.lo = 0});
+      r.field("prefix_query_tokens", x.prefix_query_tokens);
+      r.field("prefix_hit_tokens", x.prefix_hit_tokens);
+      r.field("prefill_tokens", x.prefill_tokens);
     });
 }
 
@@ -166,7 +171,12 @@ json to_json(const GetServerInfoReqOutput& x) {
           {"int4_quantized_on", x.int4_quantized_on},
           {"max_running_requests", x.max_running_requests},
           {"max_total_num_tokens", x.max_total_num_tokens},
-          {"num_used_tokens", x.num_used_tokens}};
+          {"num_used_tokens", x.num_used_tokens},
+          {"prefix_cache", x.prefix_cache},
+          {"prefix_cached_tokens", x.prefix_cached_tokens},
+          {"prefix_query_tokens", x.prefix_query_tokens},
+          {"prefix_hit_tokens", x.prefix_hit_tokens},
+          {"prefill_tokens", x.prefill_tokens}};
 }
 
 template <>

@@ -31,6 +31,10 @@ struct SequenceWork {
   uint64_t seq_id = 0;
   bool new_sequence = false;       // drop any KV under seq_id and start fresh
   std::vector<int32_t> new_blocks; // KV pool blocks appended to the sequence's block table
+  // Read when new_sequence is set: the first cached_tokens positions are already in the leading
+  // new_blocks (a prefix another request computed, shared through the scheduler's prefix
+  // cache); `tokens` run from there. A whole number of blocks; those blocks are never written.
+  int64_t cached_tokens = 0;
   int64_t kv_length = -1;          // >= 0: first cut the sequence's KV to this many positions
   std::vector<int32_t> tokens;
   bool sample = true;
@@ -145,7 +149,7 @@ struct RunnerManifest {
   int64_t max_context_length = 0;
   std::vector<int32_t> eos_token_ids;
   int64_t kv_block_size = 0;  // tokens per KV block of the runner's pool
-  int64_t kv_num_blocks = 0;  // blocks in the pool (the scheduler's block manager hands them out)
+  int64_t kv_num_blocks = 0;  // blocks in the pool (the scheduler hands them out)
   std::vector<TensorSpec> parameters; // sorted by name
   std::vector<TensorAlias> aliases;
   RunnerCapabilities capabilities;
@@ -197,7 +201,7 @@ struct WeightUpdaterStatus {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SequenceWork& x) {
   return f(caf::meta::type_name("SequenceWork"), x.seq_id, x.new_sequence, x.new_blocks,
-           x.kv_length, x.tokens, x.sample, x.sampling_params, x.sampling_seed,
+           x.cached_tokens, x.kv_length, x.tokens, x.sample, x.sampling_params, x.sampling_seed,
            x.generated_tokens, x.top_logprobs_num, x.scored_tokens, x.return_routed_experts, x.propose, x.draft_tokens, x.draft_probs);
 }
 

@@ -1,8 +1,8 @@
 // kv_pool: the paged KV storage of one runner — the one abstraction of KV memory in rlserve (the
 // CPU runner uses it now; the GPU runner's device pool has the same shape). Memory is cut into
 // blocks of `block_size` token slots; a sequence owns a list of blocks (its block table) and
-// fills them in order. Which blocks a sequence gets is decided by the scheduler's block manager
-// (actors/policy/block_manager.hpp) and travels in each forward batch; the pool only stores.
+// fills them in order. Which blocks a sequence gets is decided by the scheduler (its prefix cache,
+// actors/policy/prefix_cache.hpp) and travels in each forward batch; the pool only stores.
 //
 // Layout per layer, for keys and values alike: [num_blocks, block_size, kv_heads, head_dim]
 // fp32. Keys are stored after q/k-norm and RoPE (what attention reads), values as projected.

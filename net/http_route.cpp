@@ -248,6 +248,8 @@ json sglang_server_info(const GetServerInfoReqOutput& info) {
   j["base_gpu_id"] = device_index(info.device);
   j["skip_tokenizer_init"] = false;
   j["enable_memory_saver"] = false;
+  j["disable_radix_cache"] = !info.prefix_cache;
+  j["cache_hit_rate"] = cache_hit_rate(info);
   j["enable_return_routed_experts"] = false;
   j["disaggregation_mode"] = "null";
   j["encoder_only"] = false;
@@ -257,7 +259,8 @@ json sglang_server_info(const GetServerInfoReqOutput& info) {
   j["max_req_input_len"] = info.max_context_length;
   json state = {{"weight_version", info.weight_version},
                 {"avg_spec_accept_length", info.spec_accept_length},
-                {"token_usage", token_usage(info)}};
+                {"token_usage", token_usage(info)},
+                {"cache_hit_rate", cache_hit_rate(info)}};
   j["internal_states"] = json::array({std::move(state)});
   j["version"] = server_version();
   return j;
@@ -331,6 +334,7 @@ http_reply sglang_loads(const GetServerInfoReqOutput& info, const loads_query& q
     metric("num_used_tokens", "Number of tokens in use", info.num_used_tokens);
     metric("max_total_num_tokens", "Maximum token capacity", info.max_total_num_tokens);
     metric("token_usage", "Token pool usage ratio", usage);
+    metric("cache_hit_rate", "Prefix cache hit rate", cache_hit_rate(info));
     metric("max_running_requests", "Maximum running requests", info.max_running_requests);
     if (q.speculative && draft)
       metric("spec_accept_length", "Accepted tokens per verification step",
@@ -344,6 +348,7 @@ http_reply sglang_loads(const GetServerInfoReqOutput& info, const loads_query& q
                {"num_used_tokens", info.num_used_tokens},
                {"max_total_num_tokens", info.max_total_num_tokens},
                {"token_usage", usage},
+               {"cache_hit_rate", cache_hit_rate(info)},
                {"max_running_requests", info.max_running_requests}};
   if (q.speculative && draft && info.speculative_num_draft_tokens > 0)
     load["speculative"] = {

@@ -114,6 +114,18 @@ std::string metrics::render(const GetServerInfoReqOutput* info) const {
                    escape_label(info->weight_version));
     header(out, "rlserve_committed_updates_total", "counter", "Weight updates committed by the engine");
     fmt::format_to(it, "rlserve_committed_updates_total {}\n", info->committed_updates);
+    header(out, "rlserve_prefix_cache_tokens", "gauge", "Tokens whose KV the prefix cache holds");
+    fmt::format_to(it, "rlserve_prefix_cache_tokens {}\n", info->prefix_cached_tokens);
+    header(out, "rlserve_prefix_cache_query_tokens_total", "counter",
+           "Prompt and output tokens of admitted requests, looked up in the prefix cache");
+    fmt::format_to(it, "rlserve_prefix_cache_query_tokens_total {}\n", info->prefix_query_tokens);
+    header(out, "rlserve_prefix_cache_hit_tokens_total", "counter",
+           "Tokens of admitted requests served from the prefix cache");
+    fmt::format_to(it, "rlserve_prefix_cache_hit_tokens_total {}\n", info->prefix_hit_tokens);
+    header(out, "rlserve_prefix_cache_hit_rate", "gauge", "Prefix cache hits / lookups, since start");
+    fmt::format_to(it, "rlserve_prefix_cache_hit_rate {:.6f}\n", cache_hit_rate(*info));
+    header(out, "rlserve_prefill_tokens_total", "counter", "Tokens prefilled (computed, not served from the cache)");
+    fmt::format_to(it, "rlserve_prefill_tokens_total {}\n", info->prefill_tokens);
   }
   header(out, "rlserve_ignored_request_fields_total", "counter",
          "Top-level request keys rlserve does not know, ignored as SGLang ignores them");

@@ -12,6 +12,12 @@
 //     with its first chunk if a running slot, token budget and blocks for that chunk are free;
 //     if it cannot be, nobody behind it is (no overtaking).
 //  3. The tokens of one batch never exceed max_batch_tokens (decodes count one each).
+//  4. Prefix cache: a waiting request whose prompt starts with cached blocks runs only the rest
+//     (its cached blocks are not allocated again, but those nobody pins count against the free
+//     blocks: they leave the evictable set). A waiting request marked waits_for_prefix (a request
+//     ahead of it is computing a prefix it can share) is skipped this step — the one exception
+//     to no overtaking, so the samples of one prompt prefill it once.
+// "Free blocks" are the blocks a step may take: free ones and cached ones nobody pins.
 #pragma once
 
 #include <algorithm>
@@ -27,11 +33,17 @@ struct running_view {
   int64_t held_blocks = 0;
   int64_t prefill_left = 0; // prompt tokens not yet run (0: decoding)
   int64_t decode_tokens = 1; // tokens a decode step runs: 1, or 1 + k proposals to verify
+  // Blocks that become free (or evictable) when it is preempted; -1: held_blocks. Fewer when it
+  // shares cached blocks with other requests.
+  int64_t freed_if_preempted = -1;
 };
 
 struct waiting_view {
   uint64_t id = 0;
-  int64_t prefill_tokens = 0; // tokens to run before its next sample (prompt + outputs so far)
+  int64_t prefill_tokens = 0; // tokens to run before its next sample (prompt + outputs so far,
+                              // less the cached prefix)
+  int64_t pinned_blocks = 0;  // cached blocks of its prefix nobody pins now
+  bool waits_for_prefix = false;
 };
 
 struct batch_limits {
@@ -43,7 +55,7 @@ struct batch_limits {
 struct planned_work {
   uint64_t id = 0;
   int64_t tokens = 0;     // tokens this step
-  int64_t new_blocks = 0; // blocks to allocate before it runs
+  int64_t new_blocks = 0; // blocks to allocate before it runs (not counting a cached prefix)
   bool admitted = false;  // came from the waiting queue this step
   bool samples = false;   // its tokens reach the end of its prefill: a token is sampled
 };
@@ -58,6 +70,9 @@ struct batch_plan {
                                            int64_t free_blocks, const batch_limits& limits) {
   auto blocks_for = [&](int64_t tokens) {
     return (tokens + limits.block_size - 1) / limits.block_size;
+  };
+  auto freed = [](const running_view& r) {
+    return r.freed_if_preempted >= 0 ? r.freed_if_preempted : r.held_blocks;
   };
   batch_plan plan;
   int64_t free = free_blocks;
@@ -76,12 +91,12 @@ struct batch_plan {
     while (need > free && newest > i + 1) {
       --newest;
       out[newest] = true;
-      free += running[newest].held_blocks;
+      free += freed(running[newest]);
     }
     if (need > free) { // r is the newest left: it yields
       --newest;
       out[i] = true;
-      free += r.held_blocks;
+      free += freed(r);
       break;
     }
     free -= need;
@@ -97,11 +112,13 @@ struct batch_plan {
     for (const auto& w : waiting) {
       if (slots <= 0 || budget <= 0)
         break;
+      if (w.waits_for_prefix)
+        continue;
       int64_t want = std::min(w.prefill_tokens, budget);
-      int64_t need = blocks_for(want);
-      if (want <= 0 || need > free)
+      int64_t need = blocks_for(want); // a cached prefix is whole blocks
+      if (want <= 0 || need + w.pinned_blocks > free)
         break; // strict FCFS: nobody overtakes the head of the queue
-      free -= need;
+      free -= need + w.pinned_blocks;
       budget -= want;
       --slots;
       plan.work.push_back({w.id, want, need, true, want == w.prefill_tokens});

@@ -1,9 +1,8 @@
-// The batch planner and block manager as iteration timelines: each case
+// The batch planner as iteration timelines: each case
 // sets up queues and free blocks, plans one step, and checks every decision.
 #include <boost/test/unit_test.hpp>
 
 #include "actors/policy/batch_planner.hpp"
-#include "actors/policy/block_manager.hpp"
 
 using namespace rlserve::policy;
 
@@ -101,20 +100,38 @@ BOOST_AUTO_TEST_CASE(token_budget_is_shared_by_decodes_and_prefills) {
   BOOST_TEST(ids(plan) == (v{1, 2, 3})); // 4 waits for the next step, 5 gets nothing
 }
 
-BOOST_AUTO_TEST_CASE(block_manager_allocates_lowest_first_and_all_or_nothing) {
-  block_manager m(6, 16);
-  BOOST_TEST(m.capacity_tokens() == 96);
-  BOOST_TEST(m.blocks_for(33) == 3);
-  auto a = m.allocate(2);
-  BOOST_REQUIRE(a);
-  BOOST_TEST((*a == std::vector<int32_t>{0, 1}));
-  auto b = m.allocate(3);
-  BOOST_TEST((*b == std::vector<int32_t>{2, 3, 4}));
-  BOOST_TEST(!m.allocate(2));
-  BOOST_TEST(m.free_blocks() == 1);
-  m.release(*a);
-  auto c = m.allocate(3);
-  BOOST_TEST((*c == std::vector<int32_t>{0, 1, 5}));
+BOOST_AUTO_TEST_CASE(a_cached_prefix_is_not_allocated_again_but_its_unpinned_blocks_count) {
+  batch_limits lim{8, 100, 16};
+  // 3 runs 20 of its 84 tokens (64 are cached, 2 of those 4 blocks unpinned): 2 new blocks,
+  // and 4 of the 6 available go. 4 would need 2 more: it does not fit.
+  std::vector<waiting_view> waiting{{3, 20, 2, false}, {4, 30, 0, false}};
+  auto plan = plan_batch({}, waiting, 5, lim);
+  BOOST_TEST(ids(plan) == (v{3}));
+  BOOST_TEST(plan.work[0].tokens == 20);
+  BOOST_TEST(plan.work[0].new_blocks == 2);
+  BOOST_TEST(plan.work[0].samples);
+  plan = plan_batch({}, waiting, 6, lim);
+  BOOST_TEST(ids(plan) == (v{3, 4}));
+}
+
+BOOST_AUTO_TEST_CASE(a_request_waiting_for_a_prefix_lets_later_ones_go_first) {
+  batch_limits lim{8, 100, 16};
+  std::vector<waiting_view> waiting{{3, 40, 0, true}, {4, 30, 0, false}};
+  auto plan = plan_batch({}, waiting, 100, lim);
+  BOOST_TEST(ids(plan) == (v{4}));
+}
+
+BOOST_AUTO_TEST_CASE(preempting_a_request_frees_only_the_blocks_it_alone_holds) {
+  batch_limits lim{8, 100, 16};
+  // 1 needs a new block; 2 (newest) holds 3 blocks but shares 2 of them: preempting it frees 1.
+  running_view one{1, 32, 2, 0};
+  running_view two{2, 40, 3, 0};
+  two.freed_if_preempted = 1;
+  std::vector<running_view> running{one, two};
+  auto plan = plan_batch(running, {}, 0, lim);
+  BOOST_TEST(plan.preempted == (v{2}));
+  BOOST_TEST(ids(plan) == (v{1}));
+  BOOST_TEST(plan.work[0].new_blocks == 1);
 }
 
 BOOST_AUTO_TEST_CASE(speculative_decodes_reserve_blocks_for_every_proposal) {

@@ -81,11 +81,11 @@ RLSERVE_FIELD_COUNT(ContinueGenerationReqOutput, 2)
 RLSERVE_FIELD_COUNT(FlushCacheReqInput, 1)
 RLSERVE_FIELD_COUNT(FlushCacheReqOutput, 2)
 RLSERVE_FIELD_COUNT(GetServerInfoReqInput, 0)
-RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 29)
+RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 34)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
 RLSERVE_FIELD_COUNT(HealthCheckReqOutput, 2)
 // runner.hpp
-RLSERVE_FIELD_COUNT(SequenceWork, 15)
+RLSERVE_FIELD_COUNT(SequenceWork, 16)
 RLSERVE_FIELD_COUNT(ForwardBatch, 4)
 RLSERVE_FIELD_COUNT(SequenceResult, 10)
 RLSERVE_FIELD_COUNT(ForwardBatchOutput, 7)
@@ -208,8 +208,38 @@ auto tie_fields(const T& x) {
   } else if constexpr (N == 30) {
     const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29] = x;
     return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29);
+  } else if constexpr (N == 31) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30);
+  } else if constexpr (N == 32) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31);
+  } else if constexpr (N == 33) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32);
+  } else if constexpr (N == 34) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33);
+  } else if constexpr (N == 35) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33, f34] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33, f34);
+  } else if constexpr (N == 36) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33, f34, f35] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33, f34, f35);
+  } else if constexpr (N == 37) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33, f34, f35, f36] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33, f34, f35, f36);
+  } else if constexpr (N == 38) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33, f34, f35, f36, f37] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33, f34, f35, f36, f37);
+  } else if constexpr (N == 39) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33, f34, f35, f36, f37, f38] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33, f34, f35, f36, f37, f38);
+  } else if constexpr (N == 40) {
+    const auto& [f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33, f34, f35, f36, f37, f38, f39] = x;
+    return std::tie(f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28, f29, f30, f31, f32, f33, f34, f35, f36, f37, f38, f39);
   } else {
-    static_assert(N <= 30, "extend tie_fields");
+    static_assert(N <= 40, "extend tie_fields");
   }
 }
 
@@ -867,6 +897,11 @@ struct samples<GetServerInfoReqOutput> : simple_samples<GetServerInfoReqOutput> 
     x.max_running_requests = 64;
     x.max_total_num_tokens = 65536;
     x.num_used_tokens = 1024;
+    x.prefix_cache = true;
+    x.prefix_cached_tokens = 4096;
+    x.prefix_query_tokens = 20000;
+    x.prefix_hit_tokens = 15000;
+    x.prefill_tokens = 5000;
     return x;
   }
 };
@@ -882,7 +917,7 @@ struct samples<HealthCheckReqOutput> : status_samples<HealthCheckReqOutput> {};
 template <>
 struct samples<SequenceWork> : simple_samples<SequenceWork> {
   static SequenceWork full() {
-    return {5, true, {4, 9}, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, {6, 6}, 3, {5}, true, 4, {7, 8},
+    return {5, true, {4, 9}, 32, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, {6, 6}, 3, {5}, true, 4, {7, 8},
             {0.25f, 0.75f}};
   }
 };

@@ -47,6 +47,7 @@ struct sim_options {
   int64_t max_batch_tokens = 1 << 14;
   int64_t kv_cache_tokens = 8192;
   int64_t kv_block_size = 16;
+  bool prefix_cache = true;
 };
 
 // Seeds a test explores: `count` from `first`, or only $RLSERVE_SIM_SEED when it is set (to
@@ -88,7 +89,12 @@ public:
     BOOST_REQUIRE(run_until([&] { return manifest->has_value(); }));
     manifest_ = **manifest;
     updater_ = spawn_weight_updater(*sys_, {{runner_, manifest_}}, "0");
-    scheduler_ = spawn_scheduler(*sys_, scheduler_options{o.max_running_requests, o.max_batch_tokens, 0, nullptr},
+    scheduler_options so;
+    so.max_running_requests = o.max_running_requests;
+    so.max_batch_tokens = o.max_batch_tokens;
+    so.speculative_num_draft_tokens = 0;
+    so.prefix_cache = o.prefix_cache;
+    scheduler_ = spawn_scheduler(*sys_, so,
                                  runner_, runner_actor{}, manifest_, updater_, "0", tokenizer);
     front_door_info info;
     info.model_path = model_dir.string();

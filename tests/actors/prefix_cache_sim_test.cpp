@@ -1,0 +1,310 @@
+// The prefix cache in the whole actor graph (rlserve::Engine on the CPU runner, tiny seeded
+// models). Prefill work is counted by the scheduler (get_server_info's prefill_tokens), reuse per
+// request by meta_info.cached_tokens; outputs are held to the model library run directly and to
+// the same requests on an engine with the cache off (--disable-radix-cache), bit for bit:
+//   - the samples of one prompt prefill it once, whether they arrive together or one by one;
+//   - the next turn of a conversation reuses the last one, its output included;
+//   - a pool too small for the working set evicts and still serves every request exactly;
+//   - after a weight update no block of the old weights is reused, in every pause mode, with
+//     updates outside a session, and with a draft model (whose cached KV stays consistent);
+//   - flush_cache empties the cache.
+#include <boost/test/unit_test.hpp>
+
+#include <future>
+#include <random>
+
+#include "model/checkpoint.hpp"
+#include "tests/support/engine_support.hpp"
+#include "tests/support/greedy_check.hpp"
+
+using namespace rlserve;
+using namespace rlserve::test;
+
+namespace {
+
+std::vector<int32_t> random_tokens(std::size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> out(n);
+  for (auto& t : out)
+    t = static_cast<int32_t>(rng() % 500);
+  return out;
+}
+
+// Sample s of a GRPO group: seeded sampling (every fourth greedy), logprobs returned.
+GenerateReqInput sample_of(const std::vector<int32_t>& prompt, int s, int32_t new_tokens) {
+  GenerateReqInput r;
+  r.rid = "sample-" + std::to_string(s);
+  r.input_ids = prompt;
+  r.sampling_params.max_new_tokens = new_tokens;
+  r.sampling_params.ignore_eos = true;
+  r.sampling_params.temperature = s % 4 == 0 ? 0.0f : 0.9f;
+  r.sampling_params.sampling_seed = 1000 + static_cast<uint64_t>(s);
+  r.return_logprob = true;
+  return r;
+}
+
+std::vector<GenerateReqOutput> run_all(Engine& e, const std::vector<GenerateReqInput>& reqs) {
+  std::vector<std::future<GenerateReqOutput>> running;
+  for (const auto& r : reqs)
+    running.push_back(e.generate_async(r));
+  std::vector<GenerateReqOutput> outs;
+  for (auto& f : running) {
+    BOOST_REQUIRE(f.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+    outs.push_back(f.get());
+    BOOST_REQUIRE_MESSAGE(outs.back().success, outs.back().message);
+  }
+  return outs;
+}
+
+engine_config no_cache() {
+  engine_config cfg;
+  cfg.disable_radix_cache = true;
+  return cfg;
+}
+
+// Writes `tensors` as a model directory next to `base` (config and tokenizer copied).
+fs::path model_with(const fs::path& base, const std::string& name, const std::vector<NamedTensor>& tensors) {
+  auto dir = scratch_dir(name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(base / "config.json", dir / "config.json");
+  fs::copy_file(base / "tokenizer.json", dir / "tokenizer.json");
+  BOOST_REQUIRE(model::write_checkpoint(dir, tensors).has_value());
+  return dir;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(prefix_cache_sim_test)
+
+BOOST_AUTO_TEST_CASE(sixteen_samples_of_one_prompt_prefill_it_once_and_equal_the_uncached_run) {
+  auto dir = tiny_model("target", 11);
+  auto prompt = random_tokens(100, 1); // 6 whole blocks of 16 and 4 tokens
+  std::vector<GenerateReqInput> group;
+  for (int s = 0; s < 16; ++s)
+    group.push_back(sample_of(prompt, s, 12));
+
+  auto cached = start(dir);
+  auto with_cache = run_all(*cached, group);
+  auto info = cached->get_server_info();
+  BOOST_TEST(info.prefix_cache);
+  // One sample computes the prompt; every other reuses its 96 tokens and runs the last 4.
+  BOOST_TEST(info.prefill_tokens == 100u + 15u * 4u);
+  int computed = 0;
+  for (const auto& out : with_cache) {
+    BOOST_TEST((out.cached_tokens == 0 || out.cached_tokens == 96));
+    computed += out.cached_tokens == 0 ? 1 : 0;
+  }
+  BOOST_TEST(computed == 1);
+  BOOST_TEST(info.prefix_hit_tokens == 15u * 96u);
+  BOOST_TEST(info.num_used_tokens == 0); // cached blocks nobody uses are free for the taking
+  BOOST_TEST(info.prefix_cached_tokens > 0);
+
+  auto uncached = start(dir, {}, no_cache());
+  auto without = run_all(*uncached, group);
+  auto plain = uncached->get_server_info();
+  BOOST_TEST(!plain.prefix_cache);
+  BOOST_TEST(plain.prefill_tokens == 1600u);
+  BOOST_TEST(plain.prefix_cached_tokens == 0);
+  auto reference = reference_greedy(dir, prompt, 12);
+  for (std::size_t s = 0; s < group.size(); ++s) {
+    BOOST_TEST_CONTEXT("sample " << s) {
+      BOOST_TEST(without[s].cached_tokens == 0);
+      BOOST_TEST(with_cache[s].output_ids == without[s].output_ids);
+      BOOST_TEST(with_cache[s].output_token_logprobs == without[s].output_token_logprobs); // bits
+      if (s % 4 == 0)
+        BOOST_TEST(with_cache[s].output_ids == reference);
+    }
+  }
+
+  // One by one, the same: the first caches, the others reuse.
+  auto serial = start(dir);
+  for (std::size_t s = 0; s < group.size(); ++s) {
+    auto out = serial->generate(group[s]);
+    BOOST_REQUIRE_MESSAGE(out.success, out.message);
+    BOOST_TEST(out.cached_tokens == (s == 0 ? 0 : 96));
+    BOOST_TEST(out.output_ids == without[s].output_ids);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(the_next_turn_reuses_the_last_one_output_included) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  auto first = greedy(random_tokens(40, 2), 30);
+  auto turn1 = e->generate(first);
+  BOOST_REQUIRE(turn1.success);
+  auto next = *first.input_ids;
+  next.insert(next.end(), turn1.output_ids.begin(), turn1.output_ids.end());
+  next.insert(next.end(), {7, 8, 9});
+  auto before = e->get_server_info().prefill_tokens;
+  auto turn2 = e->generate(greedy(next, 10));
+  BOOST_REQUIRE(turn2.success);
+  // Turn 1 ran 40 + 29 positions (its last token never ran): 4 whole blocks.
+  BOOST_TEST(turn2.cached_tokens == 64);
+  BOOST_TEST(e->get_server_info().prefill_tokens - before == next.size() - 64);
+  BOOST_TEST(turn2.output_ids == reference_greedy(dir, next, 10));
+}
+
+BOOST_AUTO_TEST_CASE(a_tiny_pool_evicts_least_recently_used_prefixes_and_serves_everything) {
+  auto dir = tiny_model("target", 11);
+  engine_config cfg;
+  cfg.kv_cache_tokens = 256; // 16 blocks; each request below holds 4 at most
+  auto e = start(dir, {}, cfg);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 12; ++i)
+    prompts.push_back(random_tokens(40, 100 + i));
+  for (auto& p : prompts) { // one by one: each leaves 3 whole blocks behind
+    auto out = e->generate(greedy(p, 20));
+    BOOST_REQUIRE_MESSAGE(out.success, out.message);
+    BOOST_TEST(out.cached_tokens == 0);
+    BOOST_TEST(out.output_ids == reference_greedy(dir, p, 20));
+  }
+  auto info = e->get_server_info();
+  BOOST_TEST(info.prefix_cached_tokens <= 256);
+  BOOST_TEST(info.num_used_tokens == 0);
+  // The newest prefixes stayed, the oldest were evicted.
+  BOOST_TEST(e->generate(greedy(prompts[11], 20)).cached_tokens == 32);
+  BOOST_TEST(e->generate(greedy(prompts[0], 20)).cached_tokens == 0);
+
+  // Together they need twice the pool: requests wait, are preempted and resume; all exact.
+  std::vector<GenerateReqInput> wave;
+  for (int i = 0; i < 8; ++i) {
+    auto r = greedy(prompts[static_cast<std::size_t>(i)], 20);
+    r.rid = "wave-" + std::to_string(i);
+    wave.push_back(r);
+  }
+  auto outs = run_all(*e, wave);
+  for (std::size_t i = 0; i < outs.size(); ++i)
+    BOOST_TEST(outs[i].output_ids == reference_greedy(dir, prompts[i], 20));
+  BOOST_TEST(e->get_server_info().num_used_tokens == 0);
+}
+
+// Around an update, in each way weights can change while generation goes on: no request after
+// it reuses a block computed before it (its cached_tokens say so, and its tokens are the new
+// weights' from scratch); a request that ran through it in place does not leave its mixed KV
+// behind; the new weights' blocks are then cached again.
+BOOST_AUTO_TEST_CASE(no_block_of_old_weights_is_reused_after_an_update_in_any_mode) {
+  auto dir = tiny_model("target", 51);
+  auto update = perturbed(dir, 52);
+  auto new_model = load_model(dir, &update);
+  auto prompt = random_tokens(48, 3);
+  auto longer = prompt;
+  auto tail = random_tokens(40, 4);
+  longer.insert(longer.end(), tail.begin(), tail.end());
+  enum class way { abort, retract, in_place, unpaused_tensor_update };
+  for (auto how : {way::abort, way::retract, way::in_place, way::unpaused_tensor_update}) {
+    BOOST_TEST_CONTEXT("way " << static_cast<int>(how)) {
+      auto e = start(dir);
+      BOOST_REQUIRE(e->generate(greedy(prompt, 8)).success);
+      BOOST_TEST(e->generate(greedy(prompt, 8)).cached_tokens == 32); // prompt - 1: 2 blocks
+      // A long request on the same prefix runs through the update.
+      auto through = longer;
+      auto running = e->generate_async(greedy(through, 400));
+      while (e->get_server_info().running_requests == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      UpdateWeightsFromTensorReqInput u;
+      u.named_tensors = update;
+      if (how == way::unpaused_tensor_update) {
+        auto ok = e->update_weights_from_tensor(u); // commits at once, between two batches
+        BOOST_REQUIRE_MESSAGE(ok.success, ok.message);
+      } else {
+        auto mode = how == way::abort ? pause_mode::abort
+                    : how == way::retract ? pause_mode::retract
+                                          : pause_mode::in_place;
+        BOOST_REQUIRE(e->pause_generation({mode}).success);
+        BOOST_REQUIRE(e->begin_weight_update({}).success);
+        BOOST_REQUIRE(e->update_weights_from_tensor(u).success);
+        BOOST_REQUIRE(e->end_weight_update({}).success);
+        BOOST_REQUIRE(e->continue_generation({}).success);
+      }
+      auto after = e->generate(greedy(prompt, 8));
+      BOOST_REQUIRE(after.success);
+      BOOST_TEST(after.weight_version_start == "1");
+      // Retracted, the long request ran its prefix again on the new weights: that is reused.
+      BOOST_TEST(after.cached_tokens == (how == way::retract ? 32 : 0));
+      GenerateReqInput in = greedy(prompt, 8);
+      BOOST_TEST(follows_from_scratch(*new_model, in, after, 0, after.output_ids.size()));
+
+      auto through_out = running.get();
+      BOOST_TEST(through_out.finished);
+      // What the long request computed before the update is gone; so is what it computed after
+      // on top of it (in place, or through an unpaused update): only `after`'s 3 blocks of
+      // `prompt` are found along `longer`. Retracted, it recomputed everything on the new
+      // weights: 5 whole blocks of `longer` (its limit is 87 tokens).
+      auto again = e->generate(greedy(longer, 4));
+      BOOST_REQUIRE(again.success);
+      BOOST_TEST(again.cached_tokens == (how == way::retract ? 80 : 48));
+      GenerateReqInput again_in = greedy(longer, 4);
+      BOOST_TEST(follows_from_scratch(*new_model, again_in, again, 0, again.output_ids.size()));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_draft_reuses_its_cached_kv_and_drops_it_with_the_targets) {
+  auto target = tiny_model("target", 41);
+  auto e = start(target, target); // the draft equals the target: every proposal is kept
+  auto prompt = random_tokens(100, 5);
+  auto check_full_acceptance = [&](const std::vector<GenerateReqOutput>& outs) {
+    for (const auto& out : outs) {
+      // 24 tokens: the first from prefill, then 4 + 1 per verification up to token 21, then
+      // 2 + 1 — unless the draft's cached KV were not the target's.
+      BOOST_TEST(out.spec_verify_ct == 5);
+      BOOST_TEST(out.spec_accepted_tokens == 18);
+    }
+  };
+  std::vector<GenerateReqInput> group;
+  for (int s = 0; s < 8; ++s) {
+    auto r = greedy(prompt, 24);
+    r.rid = "g" + std::to_string(s);
+    group.push_back(r);
+  }
+  auto first = run_all(*e, group);
+  check_full_acceptance(first);
+  auto reference = reference_greedy(target, prompt, 24);
+  for (const auto& out : first)
+    BOOST_TEST(out.output_ids == reference);
+  // Again: every sample reuses the prompt, the draft its own KV of it (marked as its pool
+  // filled) — a draft running on blocks it never filled would propose garbage.
+  auto again = run_all(*e, group);
+  check_full_acceptance(again);
+  for (const auto& out : again) {
+    BOOST_TEST(out.cached_tokens == 96);
+    BOOST_TEST(out.output_ids == reference);
+  }
+
+  // The target and the draft take the same new weights: both caches start over.
+  auto step = perturbed(target, 77, 0.3f);
+  BOOST_REQUIRE(e->begin_weight_update({runner_selector::all}).success);
+  UpdateWeightsFromTensorReqInput update;
+  update.named_tensors = step;
+  update.selector = runner_selector::all;
+  BOOST_REQUIRE(e->update_weights_from_tensor(update).success);
+  BOOST_REQUIRE(e->end_weight_update({}).success);
+  auto second = run_all(*e, group);
+  check_full_acceptance(second);
+  auto fresh = model_with(target, "prefix-cache-draft-fresh", step);
+  auto new_reference = reference_greedy(fresh, prompt, 24);
+  int reused = 0;
+  for (const auto& out : second) {
+    BOOST_TEST(out.output_ids == new_reference);
+    reused += out.cached_tokens > 0 ? 1 : 0;
+  }
+  BOOST_TEST(reused == 7); // one computed the new prompt's KV again, the others reused it
+}
+
+BOOST_AUTO_TEST_CASE(flush_cache_empties_it) {
+  auto dir = tiny_model("target", 11);
+  auto e = start(dir);
+  auto prompt = random_tokens(64, 6);
+  BOOST_REQUIRE(e->generate(greedy(prompt, 4)).success);
+  BOOST_TEST(e->get_server_info().prefix_cached_tokens == 64);
+  auto flushed = e->flush_cache({});
+  BOOST_REQUIRE_MESSAGE(flushed.success, flushed.message);
+  BOOST_TEST(e->get_server_info().prefix_cached_tokens == 0);
+  auto out = e->generate(greedy(prompt, 4));
+  BOOST_TEST(out.cached_tokens == 0);
+  BOOST_TEST(out.output_ids == reference_greedy(dir, prompt, 4));
+}
+
+BOOST_AUTO_TEST_SUITE_END()

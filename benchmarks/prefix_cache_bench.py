@@ -1,0 +1,130 @@
+"""prefix_cache_bench: a GRPO-shaped rollout with and without the prefix cache (results:
+docs/performance.md).
+
+P prompts of L random tokens, each sent as one SGLang /generate with n = S samples (temperature
+1, seeded) of N new tokens, all P at once, to two `rlserve serve` processes on the same model:
+one as started by default (prefix cache on) and one with --disable-radix-cache. Rounds alternate
+between the two so machine noise falls on both alike; each round uses fresh prompts (nothing
+cached from an earlier round helps). Prints per server the median wall time of a round, output
+tokens per second, and the prefill tokens computed per round (get_server_info's prefill_tokens),
+then the ratios. Checks that both servers return the same tokens for every sample.
+
+    python3 benchmarks/prefix_cache_bench.py --rlserve build/apps/rlserve [--device cpu]
+        [--model DIR | --arch qwen3-moe --preset small] [--prompts 8] [--samples 16]
+        [--prompt-len 256] [--tokens 16] [--rounds 3] [--serve-arg=--kv-cache-tokens=65536 ...]
+
+The issue's GPU shape: --device cuda --prompts 64 --samples 16 --prompt-len 1024 --tokens 256
+on a Qwen3-30B-A3B-shaped model directory (--model).
+"""
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+
+
+def call(port, method, path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        return json.loads(r.read())
+
+
+def start(rlserve, model, device, extra):
+    proc = subprocess.Popen([rlserve, "serve", "--port", "0", "--model", model, "--device", device, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        raise SystemExit(f"serve did not start: {line!r}")
+    return proc, int(line.split("listening on ")[1].split(" ")[0].rsplit(":", 1)[1])
+
+
+def one_round(port, prompts, samples, tokens, seed):
+    """(seconds, output tokens, prefill tokens, results) of one GRPO round."""
+    before = call(port, "GET", "/get_server_info")["prefill_tokens"]
+    results = [None] * len(prompts)
+
+    def one(i):
+        results[i] = call(port, "POST", "/generate", {
+            "input_ids": prompts[i],
+            "sampling_params": {"n": samples, "temperature": 1.0, "max_new_tokens": tokens,
+                                "ignore_eos": True, "sampling_seed": seed + 1000 * i}})
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    outs = [[s["output_ids"] for s in r] for r in results]
+    assert all(len(s) == tokens for group in outs for s in group)
+    prefill = call(port, "GET", "/get_server_info")["prefill_tokens"] - before
+    return elapsed, len(prompts) * samples * tokens, prefill, outs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rlserve", required=True)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", help="an existing model directory (else one is made)")
+    ap.add_argument("--arch", default="qwen3-moe")
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--serve-arg", action="append", default=[])
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model
+        if not model:
+            model = os.path.join(tmp, "model")
+            subprocess.run([args.rlserve, "make-model", "--arch", args.arch, "--preset", args.preset,
+                            "--out", model, "--seed", "1"], check=True, capture_output=True)
+        vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
+        servers = {"cache": start(args.rlserve, model, args.device, args.serve_arg),
+                   "no cache": start(args.rlserve, model, args.device,
+                                     args.serve_arg + ["--disable-radix-cache"])}
+        try:
+            rng = random.Random(0)
+            stats = {name: [] for name in servers}
+            for r in range(args.rounds + 1):  # round 0 warms up
+                prompts = [[rng.randrange(3, min(vocab, 30000)) for _ in range(args.prompt_len)]
+                           for _ in range(args.prompts)]
+                outs = {}
+                for name, (_, port) in servers.items():
+                    sec, out_tokens, prefill, outs[name] = one_round(port, prompts, args.samples,
+                                                                      args.tokens, seed=r)
+                    if r > 0:
+                        stats[name].append((sec, out_tokens / sec, prefill))
+                assert outs["cache"] == outs["no cache"], "the cache changed what was sampled"
+            print(f"{args.prompts} prompts x {args.samples} samples, prompt {args.prompt_len} tokens, "
+                  f"{args.tokens} new, device {args.device}, {args.rounds} rounds (medians):")
+            med = {}
+            for name, rows in stats.items():
+                sec = statistics.median(r[0] for r in rows)
+                rate = statistics.median(r[1] for r in rows)
+                prefill = statistics.median(r[2] for r in rows)
+                med[name] = (sec, rate, prefill)
+                print(f"  {name:9s} {sec:8.3f} s/round  {rate:9.1f} output tokens/s  "
+                      f"{prefill:9.0f} prefill tokens/round")
+            print(f"  prefill work / {med['no cache'][2] / max(med['cache'][2], 1):.1f}, "
+                  f"throughput x {med['cache'][1] / med['no cache'][1]:.2f}; samples identical")
+        finally:
+            for proc, _ in servers.values():
+                proc.terminate()
+                proc.wait(timeout=60)
+
+
+if __name__ == "__main__":
+    main()

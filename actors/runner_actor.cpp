@@ -312,6 +312,33 @@ struct batch_run {
     return std::span<const float>(logits.data() + (row_of[j] + n) * vocab, vocab);
   }
 
+  // A new sequence whose first cached_tokens positions another request computed: the whole
+  // blocks are in its table already, a partial one is copied from copy_from_block into its
+  // next block (before this batch's forward, which may write the source's block anew).
+  std::string start_after_cached_prefix(const SequenceWork& work, model::kv_sequence& kv) {
+    const int64_t block_size = st.pool ? st.pool->block_size() : st.options.kv_block_size;
+    const int64_t num_blocks = st.pool ? st.pool->num_blocks() : st.options.kv_num_blocks;
+    const int64_t whole = work.cached_tokens / block_size, copied = work.cached_tokens % block_size;
+    if (work.cached_tokens < 0 || whole + (copied > 0 ? 1 : 0) > static_cast<int64_t>(kv.blocks.size()))
+      return "a cached prefix of " + std::to_string(work.cached_tokens) + " positions does not fit its " +
+             std::to_string(kv.blocks.size()) + " blocks of " + std::to_string(block_size);
+    if (copied > 0) {
+      const auto to = kv.blocks[static_cast<std::size_t>(whole)];
+      if (work.copy_from_block < 0 || work.copy_from_block >= num_blocks || work.copy_from_block == to)
+        return "a cached prefix of " + std::to_string(work.cached_tokens) +
+               " positions needs a block to copy its last " + std::to_string(copied) +
+               " from, got block " + std::to_string(work.copy_from_block);
+      if (st.gpu) {
+        if (auto s = st.gpu->copy_kv_slots(work.copy_from_block, to, copied); !s)
+          return s.error();
+      } else {
+        st.pool->copy_slots(work.copy_from_block, to, copied);
+      }
+    }
+    kv.length = work.cached_tokens;
+    return {};
+  }
+
   // Work i: its sequence (new or known), its KV cut and blocks, and its forward item; or why not.
   std::string prepare_work(std::size_t i) {
     auto& work = batch.work[i];
@@ -335,15 +362,9 @@ struct batch_run {
     auto& seq = it->second;
     auto& kv = seq.kv;
     kv.blocks.insert(kv.blocks.end(), work.new_blocks.begin(), work.new_blocks.end());
-    if (work.new_sequence && work.cached_tokens != 0) {
-      const auto block_size = st.pool ? st.pool->block_size() : st.options.kv_block_size;
-      if (work.cached_tokens < 0 || work.cached_tokens % block_size != 0 ||
-          work.cached_tokens > static_cast<int64_t>(kv.blocks.size()) * block_size)
-        return "sequence " + id + ": a cached prefix of " + std::to_string(work.cached_tokens) +
-               " positions is not a whole number of its " + std::to_string(kv.blocks.size()) +
-               " blocks of " + std::to_string(block_size);
-      kv.length = work.cached_tokens; // the prefix's KV is in its first blocks already
-    }
+    if (work.new_sequence && work.cached_tokens != 0)
+      if (auto why = start_after_cached_prefix(work, kv); !why.empty())
+        return "sequence " + id + ": " + why;
     if (work.kv_length > kv.length)
       return "sequence " + id + ": asked to keep " + std::to_string(work.kv_length) +
              " KV positions but holds only " + std::to_string(kv.length);

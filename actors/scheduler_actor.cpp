@@ -1,6 +1,7 @@
 #include "actors/scheduler_actor.hpp"
 
 #include <algorithm>
+#include <array>
 #include <ctime>
 #include <deque>
 #include <functional>
@@ -69,12 +70,16 @@ struct request_state {
   // routed_row ids (layers x top_k); a position run again (after a retract) takes its new row.
   std::vector<int32_t> routed;
   std::size_t routed_row = 0;
-  // Prefix cache: blocks[0 .. cached_path.size()) are cache nodes it pins (shared, never written
-  // by it); the rest are its own. Its full blocks join the cache as they fill while `caching`:
-  // its KV is all of the cache's epoch kv_epoch (no weight change since it was admitted) and no
-  // block of it was cached by another request first. The draft marks the nodes whose KV its pool
-  // holds too (the first draft_marked of them are marked).
+  // Prefix cache: cached_path[i] is the cache node of its block i, pinned by it. Usually that
+  // node holds blocks[i] itself (shared, never written by it); when another request cached the
+  // same tokens first, the node holds that request's copy and blocks[i] stays its own (equal
+  // KV). Blocks past the path are its own. Its full blocks join the cache as they fill while
+  // `caching`: its KV is all of the cache's epoch kv_epoch (no weight change since it was
+  // admitted). The draft marks the nodes whose KV its pool holds too (the first draft_marked).
+  // copy_pin: the node its first own block copied a partly shared prefix from, pinned until
+  // the batch that copied has run.
   std::vector<policy::prefix_cache::node*> cached_path;
+  policy::prefix_cache::node* copy_pin = nullptr;
   uint64_t kv_epoch = 0;
   bool caching = false;
   std::size_t draft_marked = 0;
@@ -343,18 +348,42 @@ void cache_full_blocks(scheduler_state& st, request_state& r) {
     st.token_scratch.clear();
     for (int64_t i = first; i < first + bs; ++i)
       st.token_scratch.push_back(token_at(r, i));
-    auto* n = cache.insert(path.empty() ? nullptr : path.back(), st.token_scratch,
-                           r.blocks[path.size()]);
-    if (!n) { // another request cached this prefix first: the rest of r stays its own
-      r.caching = false;
-      break;
+    auto* parent = path.empty() ? nullptr : path.back();
+    auto* n = cache.insert(parent, st.token_scratch, r.blocks[path.size()]);
+    if (!n) { // another request cached these tokens first: r goes on along its node
+      n = cache.child(parent, st.token_scratch);
+      if (!n) {
+        r.caching = false;
+        break;
+      }
+      std::array<policy::prefix_cache::node*, 1> one{n};
+      cache.pin(one);
     }
     path.push_back(n);
   }
+  // Only nodes holding r's own blocks: r's draft filled those in the draft's pool.
   if (r.on_draft && !r.draft_failed)
     while (r.draft_marked < path.size() &&
-           static_cast<int64_t>(r.draft_marked + 1) * bs <= r.draft_kv)
+           static_cast<int64_t>(r.draft_marked + 1) * bs <= r.draft_kv &&
+           policy::prefix_cache::block_of(path[r.draft_marked]) == r.blocks[r.draft_marked])
       policy::prefix_cache::set_draft_ready(path[r.draft_marked++]);
+}
+
+// The blocks only `r` holds: past its cache path, or its own copies of cached blocks.
+template <class Visit>
+void for_each_own_block(const request_state& r, Visit visit) {
+  for (std::size_t i = 0; i < r.blocks.size(); ++i)
+    if (i >= r.cached_path.size() || policy::prefix_cache::block_of(r.cached_path[i]) != r.blocks[i])
+      visit(r.blocks[i]);
+}
+
+// The batch that copied `r`'s partly shared block has run: the source may go.
+void drop_copy_pin(scheduler_state& st, request_state& r) {
+  if (!r.copy_pin)
+    return;
+  std::array<policy::prefix_cache::node*, 1> one{r.copy_pin};
+  st.blocks->unpin(one);
+  r.copy_pin = nullptr;
 }
 
 // Gives a request's KV back: its full blocks to the prefix cache, the rest to the free list, its
@@ -366,9 +395,11 @@ void release_kv(scheduler_pointer self, request_state& r) {
   if (st.options.prefix_cache)
     cache_full_blocks(st, r);
   release_draft(self, r);
-  const auto shared = r.cached_path.size();
+  drop_copy_pin(st, r);
+  std::vector<int32_t> own;
+  for_each_own_block(r, [&](int32_t b) { own.push_back(b); });
   st.blocks->unpin(r.cached_path);
-  st.blocks->release(std::span<const int32_t>(r.blocks).subspan(shared));
+  st.blocks->release(own);
   r.cached_path.clear();
   r.caching = false;
   r.draft_marked = 0;
@@ -535,8 +566,10 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32
     r.kv_tokens += ran;
   }
   r.prefill_left = std::max<int64_t>(r.prefill_left - ran, 0);
-  if (st.options.prefix_cache)
+  if (st.options.prefix_cache) {
+    drop_copy_pin(st, r);
     cache_full_blocks(st, r);
+  }
   if (r.abort_requested) {
     finish(self, std::string(rid), abort_reason(r));
     return;
@@ -719,7 +752,8 @@ void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBa
 
 // Blocks that preempting `r` makes available: its own, and the cached ones only it pins.
 int64_t freed_if_preempted(const request_state& r) {
-  int64_t n = static_cast<int64_t>(r.blocks.size() - r.cached_path.size());
+  int64_t n = 0;
+  for_each_own_block(r, [&](int32_t) { ++n; });
   for (const auto* node : r.cached_path)
     n += policy::prefix_cache::users(node) == 1 ? 1 : 0;
   return n;
@@ -768,7 +802,8 @@ void plan_admissions(scheduler_state& st) {
       if (limit / st.blocks->block_size() > static_cast<int64_t>(m.path.size()))
         waits = prefix_in_progress(st, tokens, limit, m.tokens, views.size());
     }
-    views.push_back({r.seq_id, sequence_length(r) - m.tokens, m.unpinned, waits});
+    views.push_back({r.seq_id, sequence_length(r) - m.tokens - m.copy_tokens, m.unpinned, waits,
+                     m.copy_tokens});
     matches.push_back(std::move(m));
   }
 }
@@ -792,14 +827,20 @@ void admit_cached_prefix(scheduler_state& st, request_state& r, SequenceWork& wo
   r.cached_path = m.path;
   for (const auto* n : m.path)
     r.blocks.push_back(policy::prefix_cache::block_of(n));
-  r.kv_tokens = m.tokens;
-  work.cached_tokens = m.tokens;
+  if (m.copy_from) { // its first own block starts as a copy of this one's first slots
+    std::array<policy::prefix_cache::node*, 1> one{m.copy_from};
+    st.blocks->pin(one);
+    r.copy_pin = m.copy_from;
+    work.copy_from_block = policy::prefix_cache::block_of(m.copy_from);
+  }
+  r.kv_tokens = m.tokens + m.copy_tokens;
+  work.cached_tokens = r.kv_tokens;
   // meta_info.cached_tokens: prompt tokens it did not compute itself before a retract.
   const auto prompt = prompt_length(r);
   r.cached_tokens += static_cast<int32_t>(
-    std::max<int64_t>(0, std::min(m.tokens, prompt) - std::min(r.computed_before, prompt)));
+    std::max<int64_t>(0, std::min(r.kv_tokens, prompt) - std::min(r.computed_before, prompt)));
   st.prefix_query_tokens += static_cast<uint64_t>(sequence_length(r));
-  st.prefix_hit_tokens += static_cast<uint64_t>(m.tokens);
+  st.prefix_hit_tokens += static_cast<uint64_t>(r.kv_tokens);
 }
 
 // Where a request's new draft sequence starts: after the leading cached blocks whose KV the
@@ -808,7 +849,8 @@ int64_t draft_cached_prefix(scheduler_state& st, request_state& r) {
   if (!st.options.prefix_cache || r.kv_epoch != st.blocks->epoch())
     return 0;
   std::size_t n = 0;
-  while (n < r.cached_path.size() && policy::prefix_cache::draft_ready(r.cached_path[n]))
+  while (n < r.cached_path.size() && policy::prefix_cache::draft_ready(r.cached_path[n]) &&
+         policy::prefix_cache::block_of(r.cached_path[n]) == r.blocks[n])
     ++n;
   r.draft_marked = n;
   return static_cast<int64_t>(n) * st.blocks->block_size();

@@ -33,8 +33,12 @@ struct SequenceWork {
   std::vector<int32_t> new_blocks; // KV pool blocks appended to the sequence's block table
   // Read when new_sequence is set: the first cached_tokens positions are already in the leading
   // new_blocks (a prefix another request computed, shared through the scheduler's prefix
-  // cache); `tokens` run from there. A whole number of blocks; those blocks are never written.
+  // cache); `tokens` run from there. The whole blocks among them are never written. When
+  // cached_tokens is not a whole number of blocks, the rest (cached_tokens % block size) are the
+  // first slots of block copy_from_block, copied into the block after the whole ones before
+  // anything runs (copy-on-write of a partly shared block).
   int64_t cached_tokens = 0;
+  int32_t copy_from_block = -1;
   int64_t kv_length = -1;          // >= 0: first cut the sequence's KV to this many positions
   std::vector<int32_t> tokens;
   bool sample = true;
@@ -201,7 +205,7 @@ struct WeightUpdaterStatus {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SequenceWork& x) {
   return f(caf::meta::type_name("SequenceWork"), x.seq_id, x.new_sequence, x.new_blocks,
-           x.cached_tokens, x.kv_length, x.tokens, x.sample, x.sampling_params, x.sampling_seed,
+           x.cached_tokens, x.copy_from_block, x.kv_length, x.tokens, x.sample, x.sampling_params, x.sampling_seed,
            x.generated_tokens, x.top_logprobs_num, x.scored_tokens, x.return_routed_experts, x.propose, x.draft_tokens, x.draft_probs);
 }
 

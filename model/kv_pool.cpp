@@ -16,6 +16,14 @@ std::size_t kv_pool::bytes_per_token() const {
   return static_cast<std::size_t>(2 * layers_ * kv_heads_ * head_dim_) * sizeof(float);
 }
 
+void kv_pool::copy_slots(int32_t from, int32_t to, int64_t slots) {
+  const auto n = static_cast<std::ptrdiff_t>(slots * kv_heads_ * head_dim_);
+  for (int64_t l = 0; l < layers_; ++l) {
+    std::copy_n(key_slot(l, from, 0), n, key_slot(l, to, 0));
+    std::copy_n(value_slot(l, from, 0), n, value_slot(l, to, 0));
+  }
+}
+
 void kv_pool::add_blocks(int64_t n) {
   if (n <= 0)
     return;

@@ -35,6 +35,10 @@ public:
   const float* key_slot(int64_t layer, int32_t block, int64_t slot) const { return k_[layer].data() + offset(block, slot); }
   const float* value_slot(int64_t layer, int32_t block, int64_t slot) const { return v_[layer].data() + offset(block, slot); }
 
+  // Copies the first `slots` token slots of block `from` into block `to`, every layer (a prefix
+  // cache's copy-on-write of a partly shared block). The caller checks ids and counts.
+  void copy_slots(int32_t from, int32_t to, int64_t slots);
+
   // Appends `n` blocks (ids num_blocks() .. num_blocks() + n - 1). For pools that grow with one
   // sequence (kv_cache); a shared runner pool is sized once.
   void add_blocks(int64_t n);

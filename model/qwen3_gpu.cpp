@@ -710,6 +710,24 @@ status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float
   return {};
 }
 
+status qwen3_gpu_model::copy_kv_slots(int32_t from, int32_t to, int64_t slots) {
+  auto& p = *impl_;
+  const auto& c = p.config;
+  if (from < 0 || to < 0 || slots < 0 || slots > p.options.kv_block_size ||
+      std::max(from, to) >= p.options.kv_num_blocks)
+    return fail(fmt::format("copy_kv_slots: blocks {} -> {} ({} slots) outside a pool of {} blocks of {}",
+                            from, to, slots, p.options.kv_num_blocks, p.options.kv_block_size));
+  GPU_TRY(cudaSetDevice(p.device));
+  const auto row = static_cast<std::size_t>(c.num_key_value_heads * c.head_dim); // bf16 per slot
+  const auto bytes = static_cast<std::size_t>(slots) * row * sizeof(uint16_t);
+  const auto at = [&](int32_t block) { return static_cast<std::size_t>(block) * p.options.kv_block_size * row; };
+  for (std::size_t l = 0; l < p.k_cache.size(); ++l) {
+    GPU_TRY(cudaMemcpyAsync(p.k_cache[l] + at(to), p.k_cache[l] + at(from), bytes, cudaMemcpyDeviceToDevice, p.stream));
+    GPU_TRY(cudaMemcpyAsync(p.v_cache[l] + at(to), p.v_cache[l] + at(from), bytes, cudaMemcpyDeviceToDevice, p.stream));
+  }
+  return {};
+}
+
 status qwen3_gpu_model::forward_sample(std::span<forward_item> items,
                                        std::span<const gpu_sample_row> rows,
                                        std::vector<int32_t>& tokens, std::vector<float>& logprobs) {
@@ -819,6 +837,7 @@ std::string qwen3_gpu_model::device_name() const { return "none"; }
 std::size_t qwen3_gpu_model::weight_bytes() const { return 0; }
 std::size_t qwen3_gpu_model::kv_bytes() const { return 0; }
 status qwen3_gpu_model::forward(std::span<forward_item>, std::vector<float>&) { return fail(k_no_cuda); }
+status qwen3_gpu_model::copy_kv_slots(int32_t, int32_t, int64_t) { return fail(k_no_cuda); }
 status qwen3_gpu_model::forward_sample(std::span<forward_item>, std::span<const gpu_sample_row>,
                                        std::vector<int32_t>&, std::vector<float>&) {
   return fail(k_no_cuda);

@@ -127,6 +127,10 @@ public:
   status forward_sample(std::span<forward_item> items, std::span<const gpu_sample_row> rows,
                         std::vector<int32_t>& tokens, std::vector<float>& logprobs);
 
+  // kv_pool::copy_slots on the device pool, queued on the model's stream before the next
+  // forward (a prefix cache's copy-on-write of a partly shared block).
+  status copy_kv_slots(int32_t from, int32_t to, int64_t slots);
+
   // ---- weight updates (the INT4 state machine on the device) ----
   // Every INT4 module SERVING -> LOAD_FORMAT (modules already in load format are left alone).
   // Forward refuses to run while any module is in load format.

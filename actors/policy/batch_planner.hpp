@@ -14,7 +14,8 @@
 //  3. The tokens of one batch never exceed max_batch_tokens (decodes count one each).
 //  4. Prefix cache: a waiting request whose prompt starts with cached blocks runs only the rest
 //     (its cached blocks are not allocated again, but those nobody pins count against the free
-//     blocks: they leave the evictable set). A waiting request marked waits_for_prefix (a request
+//     blocks: they leave the evictable set; tokens copied from a partly shared block sit in its
+//     first new block). A waiting request marked waits_for_prefix (a request
 //     ahead of it is computing a prefix it can share) is skipped this step — the one exception
 //     to no overtaking, so the samples of one prompt prefill it once.
 // "Free blocks" are the blocks a step may take: free ones and cached ones nobody pins.
@@ -44,6 +45,9 @@ struct waiting_view {
                               // less the cached prefix)
   int64_t pinned_blocks = 0;  // cached blocks of its prefix nobody pins now
   bool waits_for_prefix = false;
+  // Tokens of its prefix copied from a partly shared cached block into its own first block
+  // (0 .. block_size - 1): that block holds them besides what it runs.
+  int64_t copied_tokens = 0;
 };
 
 struct batch_limits {
@@ -115,7 +119,7 @@ struct batch_plan {
       if (w.waits_for_prefix)
         continue;
       int64_t want = std::min(w.prefill_tokens, budget);
-      int64_t need = blocks_for(want); // a cached prefix is whole blocks
+      int64_t need = blocks_for(w.copied_tokens + want); // shared blocks are whole ones
       if (want <= 0 || need + w.pinned_blocks > free)
         break; // strict FCFS: nobody overtakes the head of the queue
       free -= need + w.pinned_blocks;

@@ -98,6 +98,21 @@ prefix_cache::match prefix_cache::lookup(std::span<const int32_t> tokens, int64_
     at = n;
   }
   m.tokens = static_cast<int64_t>(m.path.size()) * block_size_;
+  // The block after them sharing the most leading tokens (within the limit) is copied from.
+  const auto room = std::min<int64_t>(limit - m.tokens, block_size_);
+  if (room > 0) {
+    auto next = tokens.subspan(static_cast<std::size_t>(m.tokens), static_cast<std::size_t>(room));
+    for (const auto& entry : at->children) {
+      const auto& key = entry.first;
+      auto shared = std::mismatch(next.begin(), next.end(), key.begin()).first - next.begin();
+      if (shared > m.copy_tokens) {
+        m.copy_tokens = shared;
+        m.copy_from = entry.second.get();
+      }
+    }
+    if (m.copy_from && m.copy_from->refs == 0)
+      ++m.unpinned;
+  }
   return m;
 }
 
@@ -149,6 +164,12 @@ prefix_cache::node* prefix_cache::insert(node* parent, std::span<const int32_t> 
   p->children.emplace(std::span<const int32_t>(out->tokens), std::move(child));
   ++cached_;
   return out;
+}
+
+prefix_cache::node* prefix_cache::child(node* parent, std::span<const int32_t> block_tokens) const {
+  const node* p = parent ? parent : root_.get();
+  auto it = p->children.find(block_tokens);
+  return it == p->children.end() || p->stale ? nullptr : it->second.get();
 }
 
 int32_t prefix_cache::block_of(const node* n) {

@@ -33,12 +33,16 @@ class prefix_cache {
 public:
   struct node;
 
-  // What lookup() found: the nodes of the longest cached prefix, root first.
+  // What lookup() found: the nodes of the longest cached prefix, root first, and the block
+  // that goes on sharing some tokens after them (copy-on-write: its first copy_tokens slots are
+  // copied into the request's own next block, which it then fills).
   struct match {
     std::vector<node*> path;
     int64_t tokens = 0;       // path.size() * block_size
     int64_t draft_tokens = 0; // the leading part the draft runner's pool holds too
-    int64_t unpinned = 0;     // nodes of the path nobody pins now (they leave the evictable set)
+    int64_t unpinned = 0;     // nodes of the path (and copy_from) nobody pins now
+    node* copy_from = nullptr;
+    int64_t copy_tokens = 0;  // 1 .. block_size - 1 with copy_from, else 0
   };
 
   prefix_cache(int64_t num_blocks, int64_t block_size);
@@ -64,8 +68,8 @@ public:
   // Blocks that are no node's (a request's own, not inserted) back to the free list.
   void release(std::span<const int32_t> blocks);
 
-  // The longest prefix of `tokens` the current tree holds, in whole blocks, of at most
-  // `max_tokens` tokens. Changes nothing (pin() what you use).
+  // The longest prefix of `tokens` the current tree holds, of at most `max_tokens` tokens: whole
+  // blocks, then the part of one more block it shares. Changes nothing (pin() what you use).
   match lookup(std::span<const int32_t> tokens, int64_t max_tokens) const;
   // One more user of each node of `path` (root first; every node of the current tree).
   void pin(std::span<node* const> path);
@@ -81,6 +85,8 @@ public:
   // The block a node holds, and how many pin it.
   static int32_t block_of(const node* n);
   static int64_t users(const node* n);
+  // The node after `parent`'s path (null: the root) holding `block_tokens`, if cached.
+  node* child(node* parent, std::span<const int32_t> block_tokens) const;
   // Records that the draft runner's pool holds this node's block too (same block id).
   static void set_draft_ready(node* n);
   static bool draft_ready(const node* n);

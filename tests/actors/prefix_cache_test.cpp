@@ -89,6 +89,36 @@ BOOST_AUTO_TEST_CASE(lookup_finds_whole_blocks_up_to_the_limit) {
   BOOST_TEST(c.lookup(std::vector<int32_t>{100, 101}, 100).tokens == 0); // shorter than a block
 }
 
+BOOST_AUTO_TEST_CASE(the_block_after_the_whole_ones_is_shared_by_copy) {
+  prefix_cache c(8, 4);
+  auto path = cache_sequence(c, seq(100, 12)); // three blocks
+  c.unpin(path);
+  // Same 11 tokens (the limit keeps the last one to run): 2 whole blocks, 3 tokens of the third.
+  auto m = c.lookup(seq(100, 12), 11);
+  BOOST_TEST(m.tokens == 8);
+  BOOST_TEST(m.copy_tokens == 3);
+  BOOST_REQUIRE(m.copy_from);
+  BOOST_TEST(prefix_cache::block_of(m.copy_from) == prefix_cache::block_of(path[2]));
+  BOOST_TEST(m.unpinned == 3); // the source leaves the evictable set while it is copied
+  // Diverging inside the second block: one whole block and 2 tokens of the second.
+  auto other = seq(100, 12);
+  other[6] = 1;
+  m = c.lookup(other, 100);
+  BOOST_TEST(m.tokens == 4);
+  BOOST_TEST(m.copy_tokens == 2);
+  BOOST_TEST(prefix_cache::block_of(m.copy_from) == prefix_cache::block_of(path[1]));
+  // Nothing in common after the whole blocks: no copy.
+  other[4] = 1;
+  m = c.lookup(other, 100);
+  BOOST_TEST(m.tokens == 4);
+  BOOST_TEST(m.copy_tokens == 0);
+  BOOST_TEST(!m.copy_from);
+  // child() finds a cached block by its tokens; a copy's owner goes on along it.
+  auto first = seq(100, 4);
+  BOOST_TEST(c.child(nullptr, first) == path[0]);
+  BOOST_TEST(c.child(path[0], first) == nullptr);
+}
+
 BOOST_AUTO_TEST_CASE(a_cached_prefix_is_inserted_once) {
   prefix_cache c(8, 2);
   auto path = cache_sequence(c, {1, 2, 3, 4});

@@ -85,7 +85,7 @@ RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 34)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
 RLSERVE_FIELD_COUNT(HealthCheckReqOutput, 2)
 // runner.hpp
-RLSERVE_FIELD_COUNT(SequenceWork, 16)
+RLSERVE_FIELD_COUNT(SequenceWork, 17)
 RLSERVE_FIELD_COUNT(ForwardBatch, 4)
 RLSERVE_FIELD_COUNT(SequenceResult, 10)
 RLSERVE_FIELD_COUNT(ForwardBatchOutput, 7)
@@ -917,7 +917,7 @@ struct samples<HealthCheckReqOutput> : status_samples<HealthCheckReqOutput> {};
 template <>
 struct samples<SequenceWork> : simple_samples<SequenceWork> {
   static SequenceWork full() {
-    return {5, true, {4, 9}, 32, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, {6, 6}, 3, {5}, true, 4, {7, 8},
+    return {5, true, {4, 9}, 32, 3, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, {6, 6}, 3, {5}, true, 4, {7, 8},
             {0.25f, 0.75f}};
   }
 };

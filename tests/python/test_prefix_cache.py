@@ -3,9 +3,11 @@
 --disable-radix-cache:
 
 - a GRPO group (n = 8 samples of one 80-token prompt): one sample computes the prompt, the
-  other seven report meta_info.cached_tokens = 64 (whole blocks of 16, never the last token);
+  other seven report meta_info.cached_tokens = 79 (4 shared blocks of 16 and 15 tokens copied
+  from the fifth: all but the last token, whose logits are sampled from);
   every sample's tokens and logprobs equal the uncached server's, bit for bit;
-- a prompt sharing 70 tokens with it reuses 64 and its greedy tokens are the reference's argmax;
+- a prompt sharing 70 tokens with it reuses those 70 and its greedy tokens are the reference's
+  argmax;
 - /get_server_info says disable_radix_cache and cache_hit_rate as SGLang does; /metrics and
   /v1/loads report the hit rate;
 - /flush_cache empties the cache; after update_weights_from_disk nothing cached before is reused
@@ -106,7 +108,7 @@ def main():
             t.check(status == 200 and info["disable_radix_cache"] is False, f"on: {info}")
             cached = grpo_group(port, prompt)
             reuse = sorted(o["meta_info"]["cached_tokens"] for o in cached)
-            t.check(reuse == [0] + [64] * 7, f"one sample computes the prompt, seven reuse 64: {reuse}")
+            t.check(reuse == [0] + [79] * 7, f"one sample computes the prompt, seven reuse 79: {reuse}")
             for j, (a, b) in enumerate(zip(cached, uncached)):
                 t.check(a["output_ids"] == b["output_ids"], f"sample {j}: tokens differ from the uncached run")
                 t.check(a["meta_info"]["output_token_logprobs"] == b["meta_info"]["output_token_logprobs"],
@@ -115,7 +117,7 @@ def main():
 
             shared = prompt[:70] + [5, 6, 7, 8, 9]
             out = check_greedy(port, cfg, w, shared, 8, "shared prefix")
-            t.check(out["meta_info"]["cached_tokens"] == 64, f"70 shared tokens reuse 64: {out['meta_info']}")
+            t.check(out["meta_info"]["cached_tokens"] == 70, f"70 shared tokens reused: {out['meta_info']}")
 
             status, info = http(port, "GET", "/get_server_info")
             t.check(info["cache_hit_rate"] > 0.5, f"cache_hit_rate {info['cache_hit_rate']}")
@@ -139,7 +141,7 @@ def main():
             out = check_greedy(port, cfg, w_other, prompt, 8, "after the update")
             t.check(out["meta_info"]["cached_tokens"] == 0, f"old blocks reused after an update: {out['meta_info']}")
             out = check_greedy(port, cfg, w_other, prompt, 8, "new weights cached")
-            t.check(out["meta_info"]["cached_tokens"] == 64, "the new weights' blocks are reused")
+            t.check(out["meta_info"]["cached_tokens"] == 79, "the new weights' blocks are reused")
             print("  flush and update: nothing stale reused")
 
             # Bad input: refused with a message, the server still answers.

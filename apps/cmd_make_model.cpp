@@ -17,7 +17,10 @@ void add_make_model(CLI::App& app) {
                                                "weights, tokenizer) for tests and demos");
   cmd->add_option("--arch", options->arch, "Architecture: qwen3 or qwen3-moe")
     ->capture_default_str();
-  cmd->add_option("--preset", options->preset, "Size: tiny, small or medium (the smallest the GPU kernels run)")->capture_default_str();
+  cmd->add_option("--preset", options->preset,
+                  "Size: tiny, small, medium (the smallest the GPU kernels run) or a3b-slice "
+                  "(4 layers of Qwen3-30B-A3B's shape, for GPU benchmarks)")
+    ->capture_default_str();
   cmd->add_option("--out", options->out, "Output directory (new, empty, or an earlier make-model "
                                          "output)")->required();
   cmd->add_option("--seed", options->seed, "Seed of the random weights")->capture_default_str();

@@ -98,9 +98,9 @@ def main():
         try:
             rng = random.Random(0)
             stats = {name: [] for name in servers}
-            for r in range(args.rounds + 1):  # round 0 warms up
+            for r in range(args.rounds + 1):  # round 0 warms up, with one prompt
                 prompts = [[rng.randrange(3, min(vocab, 30000)) for _ in range(args.prompt_len)]
-                           for _ in range(args.prompts)]
+                           for _ in range(args.prompts if r > 0 else 1)]
                 outs = {}
                 for name, (_, port) in servers.items():
                     sec, out_tokens, prefill, outs[name] = one_round(port, prompts, args.samples,

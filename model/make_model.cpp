@@ -140,15 +140,29 @@ expected<model_config> preset_config(std::string_view arch, std::string_view pre
     c.num_key_value_heads = 2;
     c.head_dim = 64;
     c.intermediate_size = 1024;
+  } else if (preset == "a3b-slice") {
+    // Qwen3-30B-A3B's layer shapes (hidden 2048, 32 query / 4 KV heads of 128, 128 experts of
+    // 768, top-8) in 4 of its 48 layers, with the tiny tokenizer's 4096 tokens: whole-engine GPU
+    // benchmarks at that shape from a checkpoint of a few GB.
+    c.vocab_size = 4096;
+    c.hidden_size = 2048;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 4;
+    c.head_dim = 128;
+    c.intermediate_size = 6144;
+    c.max_position_embeddings = 40960;
+    c.tie_word_embeddings = false;
   } else {
-    return fail(fmt::format("unknown --preset '{}' (known: tiny, small, medium)", preset));
+    return fail(fmt::format("unknown --preset '{}' (known: tiny, small, medium, a3b-slice)", preset));
   }
   if (moe) {
     // Every layer sparse, as Qwen3-30B-A3B; tests switch layers to dense through mlp_only_layers
     // or decoder_sparse_step.
-    c.num_experts = preset == "tiny" ? 8 : preset == "small" ? 16 : 32;
-    c.num_experts_per_tok = preset == "tiny" ? 2 : 4;
-    c.moe_intermediate_size = preset == "tiny" ? 32 : preset == "small" ? 128 : 256;
+    const bool a3b = preset == "a3b-slice";
+    c.num_experts = preset == "tiny" ? 8 : preset == "small" ? 16 : a3b ? 128 : 32;
+    c.num_experts_per_tok = preset == "tiny" ? 2 : a3b ? 8 : 4;
+    c.moe_intermediate_size = preset == "tiny" ? 32 : preset == "small" ? 128 : a3b ? 768 : 256;
     c.decoder_sparse_step = 1;
     c.norm_topk_prob = true;
     c.mlp_only_layers = {};

@@ -59,7 +59,9 @@ status make_model(const make_model_options& options);
 // intermediate 128) or "small" (vocab 2048, hidden 256, 4 layers, 8 / 4 heads, head_dim 32,
 // intermediate 512) or "medium" (vocab 4096, hidden 512, 4 layers, 8 / 2 heads, head_dim 64,
 // intermediate 1024: the smallest the GPU kernels run); all max_position_embeddings 2048,
-// rope_theta 1e6, tied embeddings.
+// rope_theta 1e6, tied embeddings; or "a3b-slice" (Qwen3-30B-A3B's layer shapes: hidden 2048,
+// 32 / 4 heads of 128, intermediate 6144, 128 experts of 768 top-8; 4 layers, vocab 4096,
+// max_position_embeddings 40960, untied) for whole-engine GPU benchmarks.
 // eos_token_ids is left empty (it comes from the tokenizer). arch "qwen3-moe" gives the same
 // shapes as Qwen3MoeForCausalLM with every layer sparse: tiny 8 experts top-2,
 // moe_intermediate_size 32; small 16 experts top-4, moe_intermediate_size 128; medium 32 experts

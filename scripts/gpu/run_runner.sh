@@ -13,6 +13,8 @@
 #     ipc     tests/gpu/test_ipc_update.py (a PyTorch trainer updates `rlserve serve` by CUDA IPC)
 #     update  benchmarks/update_bench (CUDA IPC update at Qwen3-30B-A3B shape, INT4 and BF16 experts)
 #     xxh3    benchmarks/gpu/kernels_bench --only xxh3 (device checksums vs a copy)
+#     prefix  benchmarks/prefix_cache_bench.py (GRPO rounds with the prefix cache on and off, on
+#             a make-model --preset a3b-slice checkpoint: Qwen3-30B-A3B layer shapes)
 # Nothing is built here, and nothing about the GPU is changed.
 set -uo pipefail
 DEV=${DEV:-build-gemm/runner}
@@ -66,6 +68,16 @@ for what in "$@"; do
     gemv|all)
       echo "=== kernels_bench --only gemv"
       timeout "${GEMV_TIMEOUT:-120}" "$DEV/kernels_bench" --only gemv 2>&1 | tee "$OUT/gemv_bench.log" | grep "^gemv"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      ;;&
+    prefix|all)
+      echo "=== prefix_cache_bench (a3b-slice)"
+      model=/tmp/rlserve-a3b-slice
+      [ -f "$model/config.json" ] || "$DEV/rlserve" make-model --arch qwen3-moe --preset a3b-slice \
+        --out "$model" --seed 1 > "$OUT/make_model.log" 2>&1
+      timeout "${PREFIX_TIMEOUT:-500}" python3 benchmarks/prefix_cache_bench.py --rlserve "$DEV/rlserve" \
+        --device cuda --model "$model" ${PREFIX_ARGS:---prompts 64 --samples 16 --prompt-len 1024 --tokens 256 --rounds 1 --serve-arg=--kv-cache-tokens=300000 --serve-arg=--max-running-requests=256} \
+        2>&1 | tee "$OUT/prefix_cache_bench.log" | tail -8
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       ;;&
     ipc|all)

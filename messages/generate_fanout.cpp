@@ -131,20 +131,22 @@ expected<generate_fanout> expand_generate_request(const json& body) {
         one[key] = (per_prompt && it->is_array()) ? (*it)[b] : *it;
       }
       if (rid && rid->is_string())
-        one["rid"] = rid->get<std::string>() + "_" + std::to_string(j);
+        one["rid"] = fanout_rid(rid->get_ref<const std::string&>(), j);
       else if (rid)
         one["rid"] = n == 1 ? (*rid)[b].get<std::string>()
-                            : (*rid)[b].get<std::string>() + "_" + std::to_string(s);
+                            : fanout_rid((*rid)[b].get_ref<const std::string&>(),
+                                         static_cast<std::size_t>(s));
       if (n > 1) {
         auto& sp = one["sampling_params"];
         if (sp.is_null())
           sp = json::object();
         if (sp.is_object()) {
           sp.erase("n");
-          if (auto seed = sp.find("sampling_seed"); seed != sp.end() && seed->is_number_unsigned())
-            *seed = seed->get<uint64_t>() + static_cast<uint64_t>(s);
-          else if (seed != sp.end() && seed->is_number_integer() && seed->get<int64_t>() >= 0)
-            *seed = static_cast<uint64_t>(seed->get<int64_t>()) + static_cast<uint64_t>(s);
+          // Anything but a seed (a negative number, a string) is left for the reader to refuse.
+          if (auto seed = sp.find("sampling_seed");
+              seed != sp.end() && (seed->is_number_unsigned() ||
+                                   (seed->is_number_integer() && seed->get<int64_t>() >= 0)))
+            *seed = sample_seed(seed->get<uint64_t>(), static_cast<std::size_t>(s));
         }
       }
       out.requests.push_back(std::move(one));
@@ -160,5 +162,11 @@ expected<generate_fanout> expand_generate_request(const json& body) {
   }
   return out;
 }
+
+std::string fanout_rid(std::string_view rid, std::size_t k) {
+  return std::string(rid) + "_" + std::to_string(k);
+}
+
+uint64_t sample_seed(uint64_t seed, std::size_t s) { return seed + static_cast<uint64_t>(s); }
 
 } // namespace rlserve

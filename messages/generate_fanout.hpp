@@ -16,6 +16,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -34,5 +37,14 @@ struct generate_fanout {
 
 // `body` must be a JSON object. A single request comes back unchanged (single = true).
 expected<generate_fanout> expand_generate_request(const nlohmann::json& body);
+
+// How a fanned-out request is named and seeded, in one place for the two fan-outs (the JSON one
+// above and OpenAI's n > 1 choices in net/openai_call_actor.cpp), so that a sample reported by
+// either can be reproduced by a single /generate request:
+//   - result k of a fan-out from `rid` has rid "{rid}_{k}" (SGLang's naming; for the samples of
+//     one prompt, k is the sample);
+//   - sample s of a request with a sampling seed is seeded seed + s (modulo 2^64).
+std::string fanout_rid(std::string_view rid, std::size_t k);
+uint64_t sample_seed(uint64_t seed, std::size_t s);
 
 } // namespace rlserve

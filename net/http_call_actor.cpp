@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <ctime>
 #include <optional>
-#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -14,6 +13,7 @@
 #include "caf/all.hpp"
 #include "messages/generate_fanout.hpp"
 #include "messages/json_codec.hpp"
+#include "net/fanout_requests.hpp"
 #include "net/http_route.hpp"
 #include "net/log.hpp"
 #include "net/openai_call_actor.hpp"
@@ -23,28 +23,13 @@ namespace rlserve::net::detail {
 
 namespace {
 
-// A /generate body with several prompts or n > 1 (messages/generate_fanout.hpp): one engine
-// request per result, answered together as a list (streamed: events with their "index").
-struct http_fanout {
-  std::vector<std::string> rids; // by result index
-  std::unordered_map<std::string, std::size_t> index_of;
-  std::vector<GenerateReqOutput> results; // finals; SSE: everything so far
-  std::size_t pending = 0;
-  std::string failure; // the first failed result's message, "request j (rid): ..."
-};
-
-struct http_state {
+struct http_state : call_state {
   http_state() = default;
 
-  std::shared_ptr<shared_state> st;
-  std::shared_ptr<link<http_outbound>> out;
-  call_info info;
-  bool stream = false;
-  bool events_sent = false;
-  bool done = false;
-  bool sent = false; // the route's request went to the engine: after_reply is owed
   GenerateReqOutput acc; // SSE: everything so far (SGLang streams cumulative results)
-  std::optional<http_fanout> fan; // a /generate body with several prompts or n > 1
+  // A /generate body with several prompts or n > 1 (messages/generate_fanout.hpp): one engine
+  // request per result, answered together as a list (streamed: events with their "index").
+  std::optional<fanout_requests> fan;
   static inline const char* name = "http_call";
 };
 
@@ -111,36 +96,33 @@ http_reply shape_reply(std::string_view route, bool ok, const json& body) {
   return r;
 }
 
-// One finished result of a fan-out; the reply goes when the last is in. A failed one aborts the
-// others (their tokens would be thrown away) and the reply is the failure.
-void fanout_done(http_actor* self, std::size_t j, GenerateReqOutput out, bool answered,
-                 std::string error) {
+// The engine let the call down (it did not answer, or the front door stopped): 503, or an error
+// event ending the stream once events went out.
+void engine_failed(http_actor* self, const std::string& message) {
   auto& s = self->state;
-  auto& f = *s.fan;
-  if (answered)
-    note_generate(*s.st, out);
-  bool ok = answered && out.success;
-  if (!ok && f.failure.empty()) {
-    f.failure = fmt::format("request {} (rid {}): {}", j, f.rids[j], answered ? out.message : error);
-    for (std::size_t k = 0; k < f.rids.size(); ++k)
-      if (k != j)
-        self->send(s.st->front, cancel_atom_v, f.rids[k],
-                   "aborted: request " + std::to_string(j) + " of the same batch failed");
-  }
-  if (answered && !s.stream)
-    f.results[j] = std::move(out);
-  if (--f.pending > 0)
-    return;
-  after_reply(*s.st, s.info, "http", true, f.failure.empty(), 0);
-  if (s.stream) {
-    if (!f.failure.empty())
-      event(self, json_error(f.failure));
+  if (s.stream && s.events_sent) {
+    event(self, json_error(message));
     return reply(self, http_reply{200, "", "", true});
   }
-  if (!f.failure.empty())
-    return reply(self, http_reply{400, "application/json", json_error(f.failure), false});
+  reply(self, http_reply{503, "application/json",
+                         s.info.route == "generate" ? json_error(message) : failure_body(message),
+                         false});
+}
+
+// The last result of a fan-out is in: the list, or the first failure (the others were aborted).
+void fanout_done(http_actor* self) {
+  auto& s = self->state;
+  const auto& f = *s.fan;
+  after_reply(*s.st, s.info, "http", true, f.failure().empty(), 0);
+  if (s.stream) {
+    if (!f.failure().empty())
+      event(self, json_error(f.failure()));
+    return reply(self, http_reply{200, "", "", true});
+  }
+  if (!f.failure().empty())
+    return reply(self, http_reply{400, "application/json", json_error(f.failure()), false});
   auto list = json::array();
-  for (const auto& r : f.results)
+  for (const auto& r : f.results())
     list.push_back(to_json(r));
   reply(self, http_reply{200, "application/json", dump(list), false});
 }
@@ -161,25 +143,10 @@ void start_fanout(http_actor* self, const codec_entry& c, std::vector<json> bodi
     }
     reqs.push_back(std::move(msg->get_mutable_as<GenerateReqInput>(0)));
   }
-  auto& f = s.fan.emplace();
   s.stream = !reqs.empty() && reqs.front().stream;
-  f.results.resize(reqs.size());
-  f.pending = reqs.size();
-  for (auto& req : reqs) {
-    if (!req.rid)
-      req.rid = random_rid();
-    f.index_of.emplace(*req.rid, f.rids.size());
-    f.rids.push_back(*req.rid);
-  }
   s.sent = true;
-  caf::actor sink = s.stream ? caf::actor_cast<caf::actor>(self) : caf::actor{};
-  for (std::size_t j = 0; j < reqs.size(); ++j)
-    self->request(s.st->front, caf::infinite, std::move(reqs[j]), sink)
-      .then([self, j](GenerateReqOutput& out) { fanout_done(self, j, std::move(out), true, {}); },
-            [self, j](caf::error& err) {
-              fanout_done(self, j, GenerateReqOutput{}, false,
-                          "the engine did not answer: " + self->system().render(err));
-            });
+  s.fan.emplace(fanout_names{"request", "batch", true})
+    .send(self, s.st, std::move(reqs), s.stream, [self] { fanout_done(self); });
 }
 
 void start_route(http_actor* self, http_call call) {
@@ -249,12 +216,7 @@ void start_route(http_actor* self, http_call call) {
         [self](caf::error& err) {
           auto& s = self->state;
           after_reply(*s.st, s.info, "http", false, false, 0);
-          auto m = "the engine did not answer: " + self->system().render(err);
-          if (s.stream && s.events_sent) {
-            event(self, json_error(m));
-            return reply(self, http_reply{200, "", "", true});
-          }
-          reply(self, http_reply{503, "application/json", json_error(m), false});
+          engine_failed(self, "the engine did not answer: " + self->system().render(err));
         });
     return;
   }
@@ -402,24 +364,7 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
   s.st = st;
   s.out = std::move(out);
   self->attach_functor([st, registry_id] { st->remove_actor(registry_id); });
-  // A front door that dies holding this call would never answer it (CAF 0.17 drops the
-  // promises of a dead actor): the client hears 503 instead of waiting forever.
-  self->monitor(st->front);
-  self->set_down_handler([self](caf::down_msg& dm) {
-    auto& s = self->state;
-    if (s.done)
-      return;
-    auto m = "the engine's front door stopped (" + self->system().render(dm.reason) +
-             "); the server cannot serve until it is restarted";
-    if (s.sent)
-      after_reply(*s.st, s.info, "http", false, false, 0);
-    if (s.stream && s.events_sent) {
-      event(self, json_error(m));
-      return reply(self, http_reply{200, "", "", true});
-    }
-    reply(self, http_reply{503, "application/json",
-                           s.info.route == "generate" ? json_error(m) : failure_body(m), false});
-  });
+  watch_front_door(self, s, [self](const std::string& m) { engine_failed(self, m); });
   // This runs inside spawn, on the session's I/O thread: an exception here would end the server.
   guarded(
     [&] {
@@ -454,14 +399,13 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
       if (s.done || !s.stream)
         return;
       if (s.fan) {
-        auto it = s.fan->index_of.find(chunk.rid);
-        if (it == s.fan->index_of.end() || !chunk.success)
-          return; // a failure is answered by fanout_done
-        auto& acc = s.fan->results[it->second];
-        append_chunk(acc, std::move(chunk)); // SGLang streams the whole result so far
+        // SGLang streams the whole result so far; a failure is answered by fanout_done.
+        auto k = s.fan->fold(std::move(chunk));
+        if (!k)
+          return;
         s.st->stats.stream_chunk();
-        auto j = to_json(acc);
-        j["index"] = it->second;
+        auto j = to_json(s.fan->results()[*k]);
+        j["index"] = *k;
         return event(self, dump(j));
       }
       if (!chunk.success && !s.events_sent)
@@ -479,8 +423,7 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
         s.st->stats.disconnect_cleanup("abort_request");
       }
       if (s.fan) {
-        for (const auto& rid : s.fan->rids)
-          self->send(s.st->front, cancel_atom_v, rid, std::string("aborted: the client disconnected"));
+        s.fan->abort_all("aborted: the client disconnected");
         s.st->stats.disconnect_cleanup("abort_request");
       }
     },
@@ -488,6 +431,19 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
 }
 
 } // namespace
+
+void watch_front_door(caf::scheduled_actor* self, call_state& s,
+                      std::function<void(const std::string&)> fail) {
+  self->monitor(s.st->front);
+  self->set_down_handler([self, &s, fail = std::move(fail)](caf::down_msg& dm) {
+    if (s.done)
+      return;
+    if (s.sent)
+      after_reply(*s.st, s.info, "http", false, false, 0);
+    fail("the engine's front door stopped (" + self->system().render(dm.reason) +
+         "); the server cannot serve until it is restarted");
+  });
+}
 
 caf::actor spawn_http_call(std::shared_ptr<shared_state> st,
                            std::shared_ptr<link<http_outbound>> out, http_call call) {

@@ -6,14 +6,17 @@
 // client that hangs up (deliver_cancel) has its generate request aborted. Never blocks.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 
 #include "caf/actor.hpp"
 #include "caf/allowed_unsafe_message_type.hpp"
+#include "caf/fwd.hpp"
 #include "messages/codec_registry.hpp"
 #include "net/protocol.hpp"
+#include "net/request_accounting.hpp"
 #include "net/shared_state.hpp"
 
 namespace rlserve::net::detail {
@@ -58,6 +61,26 @@ struct http_call {
 
 // The message deliver_cancel sends (local only: never serialized).
 struct http_cancel_msg {};
+
+// What both call actors (this one and openai_call_actor) keep of their call, the base of their
+// states; watch_front_door reads it.
+struct call_state {
+  std::shared_ptr<shared_state> st;
+  std::shared_ptr<link<http_outbound>> out;
+  call_info info;
+  bool stream = false;
+  bool events_sent = false;
+  bool done = false; // the client has its reply
+  bool sent = false; // the request went to the engine: after_reply is owed
+};
+
+// A front door that dies holding a call would never answer it (CAF 0.17 drops the promises of a
+// dead actor), and the client would wait forever. `self` (whose state `s` is) monitors the front
+// door; when it stops before the call is answered, a request already sent is counted as not
+// answered and `fail` gets the message for the client, which it answers with (a 503, or an
+// error event that ends a stream).
+void watch_front_door(caf::scheduled_actor* self, call_state& s,
+                      std::function<void(const std::string&)> fail);
 
 caf::actor spawn_http_call(std::shared_ptr<shared_state> st,
                            std::shared_ptr<link<http_outbound>> out, http_call call);

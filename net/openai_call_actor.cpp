@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -12,6 +13,7 @@
 #include "messages/generate_fanout.hpp"
 #include "messages/openai.hpp"
 #include "model/bpe_tokenizer.hpp"
+#include "net/fanout_requests.hpp"
 #include "net/log.hpp"
 #include "net/openai.hpp"
 #include "net/request_accounting.hpp"
@@ -20,27 +22,17 @@ namespace rlserve::net::detail {
 
 namespace {
 
-struct openai_state {
+struct openai_state : call_state {
   openai_state() = default;
 
-  std::shared_ptr<shared_state> st;
-  std::shared_ptr<link<http_outbound>> out;
-  call_info info;
   http_call::kind_t kind = http_call::openai_completions;
   openai_reply_context cx;
-  bool stream = false;
   bool logprobs = false;
   bool include_usage = false;
-  bool events_sent = false;
-  bool done = false;
-  bool sent = false;          // the request went to the engine: after_reply is owed
   std::string echo_text;      // completions with echo: the prompt's text
   int64_t text_offset = 0;    // completions' logprobs text_offset, across chunks
-  // n > 1: one engine request per choice (sample s seeded seed + s, as /generate's fan-out).
-  std::vector<std::string> sample_rids;
-  std::vector<GenerateReqOutput> samples;
-  std::size_t samples_pending = 0;
-  std::string sample_failure;
+  // n > 1: one engine request per choice (named and seeded as /generate's fan-out).
+  std::optional<fanout_requests> fan;
   std::vector<int64_t> sample_offsets;  // streamed n > 1: each choice's text_offset
   std::vector<bool> sample_started;     // streamed n > 1: the choice's first event went out
   static inline const char* name = "openai_call";
@@ -75,6 +67,17 @@ void event(openai_actor* self, const ojson& data) {
 
 void end_stream(openai_actor* self) { reply(self, http_reply{200, "", "", true}); }
 
+// The engine let the call down (it did not answer, or the front door stopped): 503, or an error
+// event ending the stream once events went out.
+void engine_failed(openai_actor* self, const std::string& message) {
+  auto& s = self->state;
+  if (s.stream && s.events_sent) {
+    event(self, ojson::parse(openai_error_body(message, "server_error")));
+    return end_stream(self);
+  }
+  reply_error(self, 503, message, "server_error");
+}
+
 // A request refused before it reached the engine.
 void refuse(openai_actor* self, unsigned status, std::string_view message) {
   auto& s = self->state;
@@ -90,8 +93,6 @@ std::string_view chunk_object(http_call::kind_t kind) {
 // One streamed engine chunk of choice k of an n > 1 request: OpenAI's chunks with that index.
 void on_sample_chunk(openai_actor* self, std::size_t k, const GenerateReqOutput& chunk) {
   auto& s = self->state;
-  if (!chunk.success)
-    return; // sample_done answers the failure
   s.st->stats.stream_chunk();
   auto indexed = [&](ojson j) {
     j["choices"][0]["index"] = k;
@@ -117,10 +118,9 @@ void on_chunk(openai_actor* self, const GenerateReqOutput& chunk) {
   auto& s = self->state;
   if (s.done || !s.stream)
     return;
-  if (!s.sample_rids.empty()) {
-    auto it = std::find(s.sample_rids.begin(), s.sample_rids.end(), chunk.rid);
-    if (it != s.sample_rids.end())
-      on_sample_chunk(self, static_cast<std::size_t>(it - s.sample_rids.begin()), chunk);
+  if (s.fan) {
+    if (auto k = s.fan->index_of(chunk)) // a failure is answered by samples_done
+      on_sample_chunk(self, *k, chunk);
     return;
   }
   if (!chunk.success) {
@@ -142,48 +142,39 @@ void on_chunk(openai_actor* self, const GenerateReqOutput& chunk) {
     event(self, chat_finish_chunk(s.cx, chunk, s.include_usage));
 }
 
-// One choice of an n > 1 request came back; the reply goes with the last.
-void sample_done(openai_actor* self, std::size_t index, GenerateReqOutput out, std::string error) {
+// The last choice of an n > 1 request is in: n choices, or the first failure (the others were
+// aborted).
+void samples_done(openai_actor* self) {
   auto& s = self->state;
-  if (error.empty())
-    note_generate(*s.st, out);
-  if ((!error.empty() || !out.success) && s.sample_failure.empty()) {
-    s.sample_failure = fmt::format("choice {}: {}", index, error.empty() ? out.message : error);
-    for (std::size_t k = 0; k < s.sample_rids.size(); ++k)
-      if (k != index)
-        self->send(s.st->front, cancel_atom_v, s.sample_rids[k],
-                   "aborted: choice " + std::to_string(index) + " of the same request failed");
-  }
-  s.samples[index] = std::move(out);
-  if (--s.samples_pending > 0)
-    return;
-  after_reply(*s.st, s.info, "http", true, s.sample_failure.empty(), 0);
+  const auto& failure = s.fan->failure();
+  const auto& samples = s.fan->results();
+  after_reply(*s.st, s.info, "http", true, failure.empty(), 0);
   if (s.stream) {
-    if (!s.sample_failure.empty()) {
-      event(self, ojson::parse(openai_error_body(s.sample_failure)));
+    if (!failure.empty()) {
+      event(self, ojson::parse(openai_error_body(failure)));
     } else if (s.include_usage) {
       int32_t completion = 0;
-      for (const auto& o : s.samples)
+      for (const auto& o : samples)
         completion += o.completion_tokens;
-      event(self, usage_chunk(s.cx, chunk_object(s.kind), s.samples[0].prompt_tokens, completion));
+      event(self, usage_chunk(s.cx, chunk_object(s.kind), samples[0].prompt_tokens, completion));
     }
     return end_stream(self);
   }
-  if (!s.sample_failure.empty())
-    return reply_error(self, 400, s.sample_failure);
+  if (!failure.empty())
+    return reply_error(self, 400, failure);
   auto build = [&](const GenerateReqOutput& o) {
     return s.kind == http_call::openai_chat ? chat_response(s.cx, o, s.logprobs)
                                             : completion_response(s.cx, o, s.logprobs, s.echo_text);
   };
-  auto body = build(s.samples[0]);
-  int32_t completion = s.samples[0].completion_tokens;
-  for (std::size_t k = 1; k < s.samples.size(); ++k) {
-    auto choice = build(s.samples[k])["choices"][0];
+  auto body = build(samples[0]);
+  int32_t completion = samples[0].completion_tokens;
+  for (std::size_t k = 1; k < samples.size(); ++k) {
+    auto choice = build(samples[k])["choices"][0];
     choice["index"] = k;
     body["choices"].push_back(std::move(choice));
-    completion += s.samples[k].completion_tokens;
+    completion += samples[k].completion_tokens;
   }
-  body["usage"] = usage(s.samples[0].prompt_tokens, completion);
+  body["usage"] = usage(samples[0].prompt_tokens, completion);
   reply_json(self, 200, body);
 }
 
@@ -201,23 +192,18 @@ void send_samples(openai_actor* self, GenerateReqInput req) {
   s.cx.id = (s.kind == http_call::openai_chat ? "chatcmpl-" : "cmpl-") + base;
   s.cx.created = static_cast<int64_t>(std::time(nullptr));
   s.cx.tokenizer = s.st->tokenizer.get();
-  s.samples.resize(n);
-  s.samples_pending = n;
-  s.sent = true;
+  std::vector<GenerateReqInput> samples;
+  samples.reserve(n);
   for (std::size_t k = 0; k < n; ++k) {
-    auto one = req;
+    auto& one = samples.emplace_back(req);
     one.sampling_params.n = 1;
-    one.rid = base + "_" + std::to_string(k);
+    one.rid = fanout_rid(base, k);
     if (one.sampling_params.sampling_seed)
-      *one.sampling_params.sampling_seed += k;
-    s.sample_rids.push_back(*one.rid);
-    caf::actor sink = s.stream ? caf::actor_cast<caf::actor>(self) : caf::actor{};
-    self->request(s.st->front, caf::infinite, std::move(one), sink)
-      .then([self, k](GenerateReqOutput& out) { sample_done(self, k, std::move(out), {}); },
-            [self, k](caf::error& err) {
-              sample_done(self, k, GenerateReqOutput{}, "the engine did not answer: " + self->system().render(err));
-            });
+      one.sampling_params.sampling_seed = sample_seed(*one.sampling_params.sampling_seed, k);
   }
+  s.sent = true;
+  s.fan.emplace(fanout_names{"choice", "request", false})
+    .send(self, s.st, std::move(samples), s.stream, [self] { samples_done(self); });
 }
 
 void send_generate(openai_actor* self, GenerateReqInput req) {
@@ -257,12 +243,7 @@ void send_generate(openai_actor* self, GenerateReqInput req) {
       [self](caf::error& err) {
         auto& s = self->state;
         after_reply(*s.st, s.info, "http", false, false, 0);
-        auto m = "the engine did not answer: " + self->system().render(err);
-        if (s.stream && s.events_sent) {
-          event(self, ojson::parse(openai_error_body(m, "server_error")));
-          return end_stream(self);
-        }
-        reply_error(self, 503, m, "server_error");
+        engine_failed(self, "the engine did not answer: " + self->system().render(err));
       });
 }
 
@@ -320,23 +301,7 @@ caf::behavior openai_call_actor(openai_actor* self, std::shared_ptr<shared_state
                  : call.kind == http_call::openai_completions ? "v1/completions"
                                                               : "v1/chat/completions";
   self->attach_functor([st, registry_id] { st->remove_actor(registry_id); });
-  // A front door that dies holding this call would never answer it (CAF 0.17 drops the
-  // promises of a dead actor): the client hears 503 instead of waiting forever.
-  self->monitor(st->front);
-  self->set_down_handler([self](caf::down_msg& dm) {
-    auto& s = self->state;
-    if (s.done)
-      return;
-    auto m = "the engine's front door stopped (" + self->system().render(dm.reason) +
-             "); the server cannot serve until it is restarted";
-    if (s.sent)
-      after_reply(*s.st, s.info, "http", false, false, 0);
-    if (s.stream && s.events_sent) {
-      event(self, ojson::parse(openai_error_body(m, "server_error")));
-      return end_stream(self);
-    }
-    reply_error(self, 503, m, "server_error");
-  });
+  watch_front_door(self, s, [self](const std::string& m) { engine_failed(self, m); });
   // This runs inside spawn, on the session's I/O thread: an exception here would end the server.
   guarded(
     [&] {
@@ -368,8 +333,8 @@ caf::behavior openai_call_actor(openai_actor* self, std::shared_ptr<shared_state
         self->send(s.st->front, cancel_atom_v, s.info.rid, std::string("aborted: the client disconnected"));
         s.st->stats.disconnect_cleanup("abort_request");
       }
-      for (const auto& rid : s.sample_rids)
-        self->send(s.st->front, cancel_atom_v, rid, std::string("aborted: the client disconnected"));
+      if (s.fan)
+        s.fan->abort_all("aborted: the client disconnected");
     },
   };
 }

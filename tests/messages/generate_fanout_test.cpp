@@ -2,6 +2,7 @@
 // single requests — order, rids, seeds, per-prompt fields, and the refusals that name the field.
 #include <boost/test/unit_test.hpp>
 
+#include <cstdint>
 #include <string>
 
 #include "messages/generate_fanout.hpp"
@@ -43,6 +44,27 @@ BOOST_AUTO_TEST_CASE(samples_are_prompt_major_with_rids_and_seeds) {
     BOOST_TEST(q["sampling_params"]["temperature"] == 0.5);
     BOOST_TEST(q["return_logprob"] == true);
   }
+}
+
+// OpenAI's n (net/openai_call_actor.cpp) names and seeds its choices through the same two
+// functions; the JSON fan-out must agree with them, seeds wrapping as uint64.
+BOOST_AUTO_TEST_CASE(samples_are_named_and_seeded_by_the_shared_rule) {
+  BOOST_TEST(rlserve::fanout_rid("g", 2) == "g_2");
+  BOOST_TEST(rlserve::sample_seed(10, 3) == 13u);
+  BOOST_TEST(rlserve::sample_seed(UINT64_MAX, 1) == 0u);
+  auto r = expand_generate_request(json::parse(R"({
+    "input_ids": [1], "rid": "g", "sampling_params": {"n": 2, "sampling_seed": 18446744073709551615}})"));
+  BOOST_REQUIRE(r.has_value());
+  BOOST_REQUIRE(r->requests.size() == 2u);
+  for (std::size_t s = 0; s < 2; ++s) {
+    BOOST_TEST(r->requests[s]["rid"] == rlserve::fanout_rid("g", s));
+    BOOST_TEST(r->requests[s]["sampling_params"]["sampling_seed"] == rlserve::sample_seed(UINT64_MAX, s));
+  }
+  // A seed that is not one is left for the reader to refuse.
+  auto neg = expand_generate_request(json::parse(R"({
+    "input_ids": [1], "sampling_params": {"n": 2, "sampling_seed": -1}})"));
+  BOOST_REQUIRE(neg.has_value());
+  BOOST_TEST(neg->requests[1]["sampling_params"]["sampling_seed"] == -1);
 }
 
 BOOST_AUTO_TEST_CASE(per_prompt_lists_and_rid_lists) {

@@ -1,7 +1,7 @@
-// The engine's front door dies while the network front waits on it: the HTTP call actor and the
-// websocket connection actor monitor it, so requests it held are answered (HTTP 503, websocket
-// engine_error) instead of waiting forever, later ones fail at once, and the server stops
-// cleanly.
+// The engine's front door dies while the network front waits on it: the HTTP call actors (SGLang's
+// and OpenAI's routes, one request or a fan-out) and the websocket connection actor monitor it, so
+// requests it held are answered (HTTP 503, websocket engine_error) instead of waiting forever,
+// later ones fail at once, and the server stops cleanly.
 #include "tests/net/net_test_support.hpp"
 
 #include <future>
@@ -24,7 +24,16 @@ BOOST_AUTO_TEST_CASE(requests_the_front_door_held_are_answered_when_it_dies) {
     return http_request(s.port(), http::verb::post, "/generate",
                         R"({"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 2}})");
   });
-  BOOST_REQUIRE(eventually([&] { return s.engine->get_server_info().waiting_requests == 2; }));
+  // A fan-out (n = 2) and an OpenAI completion, held the same way.
+  auto held_fanout = std::async(std::launch::async, [&] {
+    return http_request(s.port(), http::verb::post, "/generate",
+                        R"({"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 2, "n": 2}})");
+  });
+  auto held_openai = std::async(std::launch::async, [&] {
+    return http_request(s.port(), http::verb::post, "/v1/completions",
+                        R"({"prompt": [3, 4], "max_tokens": 2})");
+  });
+  BOOST_REQUIRE(eventually([&] { return s.engine->get_server_info().waiting_requests == 5; }));
 
   BOOST_REQUIRE(s.engine->kill_actor_for_test("tokenizer").has_value());
 
@@ -33,6 +42,13 @@ BOOST_AUTO_TEST_CASE(requests_the_front_door_held_are_answered_when_it_dies) {
   auto r = held_http.get();
   BOOST_TEST(r.status == 503u);
   BOOST_TEST(r.body.find("front door stopped") != std::string::npos, r.body);
+  for (auto* held : {&held_fanout, &held_openai}) {
+    BOOST_REQUIRE(held->wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+    auto h = held->get();
+    BOOST_TEST(h.status == 503u);
+    BOOST_TEST(h.body.find("front door stopped") != std::string::npos, h.body);
+    BOOST_TEST(h.body.find("\"error\"") != std::string::npos, h.body); // SGLang's and OpenAI's shape
+  }
   auto m = c->wait_for(json(*ws_id)); // an error frame comes back as "code: message"
   BOOST_REQUIRE(!m.has_value());
   BOOST_TEST(m.error().rfind("engine_error: ", 0) == 0, m.error());

@@ -333,8 +333,10 @@ caf::behavior openai_call_actor(openai_actor* self, std::shared_ptr<shared_state
         self->send(s.st->front, cancel_atom_v, s.info.rid, std::string("aborted: the client disconnected"));
         s.st->stats.disconnect_cleanup("abort_request");
       }
-      if (s.fan)
+      if (s.fan) { // counted as /generate's fan-out counts it
         s.fan->abort_all("aborted: the client disconnected");
+        s.st->stats.disconnect_cleanup("abort_request");
+      }
     },
   };
 }

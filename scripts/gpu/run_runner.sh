@@ -13,6 +13,7 @@
 #     ipc     tests/gpu/test_ipc_update.py (a PyTorch trainer updates `rlserve serve` by CUDA IPC)
 #     update  benchmarks/update_bench (CUDA IPC update at Qwen3-30B-A3B shape, INT4 and BF16 experts)
 #     xxh3    benchmarks/gpu/kernels_bench --only xxh3 (device checksums vs a copy)
+#     store   tests/gpu/test_tcp_store.py (join-store against PyTorch's TCPStore and NCCL group)
 #     prefix  benchmarks/prefix_cache_bench.py (GRPO rounds with the prefix cache on and off, on
 #             a make-model --preset a3b-slice checkpoint: Qwen3-30B-A3B layer shapes)
 # Nothing is built here, and nothing about the GPU is changed.
@@ -69,6 +70,14 @@ for what in "$@"; do
       echo "=== kernels_bench --only gemv"
       timeout "${GEMV_TIMEOUT:-120}" "$DEV/kernels_bench" --only gemv 2>&1 | tee "$OUT/gemv_bench.log" | grep "^gemv"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      ;;&
+    store|all)
+      echo "=== TCPStore client against PyTorch"
+      timeout "${STORE_TIMEOUT:-300}" python3 tests/gpu/test_tcp_store.py > "$OUT/tcp_store.log" 2>&1
+      st=$?
+      tail -10 "$OUT/tcp_store.log"
+      echo "store: exit $st"
+      [ $st -eq 0 ] || rc=1
       ;;&
     prefix|all)
       echo "=== prefix_cache_bench (a3b-slice)"

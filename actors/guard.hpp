@@ -10,8 +10,10 @@
 //   reply), and the actor lives on. Every actor of actors/ builds its behaviour this way.
 // - `guarded(body, on_error)` does the same for a block of code whose error answer is not a
 //   reply (a frame handler of a connection, the start of an HTTP call).
-// What escapes anyway (a response handler, a down handler) still ends the actor; the actors that
-// wait on it watch it (actors/watch.hpp) and answer their own callers.
+// Response handlers are guarded where they are set: pending_requests (actors/watch.hpp) turns an
+// exception in a reply handler into its error handler's call, and the front door's own requests
+// are wrapped with `guarded`. What escapes anyway (a down handler) still ends the actor; the
+// actors that wait on it watch it and answer their own callers.
 #pragma once
 
 #include <cstdio>

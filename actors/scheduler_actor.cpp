@@ -343,7 +343,10 @@ void cache_full_blocks(scheduler_state& st, request_state& r) {
     return;
   const auto bs = cache.block_size();
   auto& path = r.cached_path;
-  while (static_cast<int64_t>(path.size() + 1) * bs <= r.kv_tokens && path.size() < r.blocks.size()) {
+  // Positions whose token is known: a verification's accepted proposals are in the KV before
+  // they join output_ids, and those after a stop never do.
+  const auto known = std::min(r.kv_tokens, sequence_length(r));
+  while (static_cast<int64_t>(path.size() + 1) * bs <= known && path.size() < r.blocks.size()) {
     const auto first = static_cast<int64_t>(path.size()) * bs;
     st.token_scratch.clear();
     for (int64_t i = first; i < first + bs; ++i)
@@ -592,10 +595,13 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32
     }
     reason = stop_check(st, r); // tokens after a stop are dropped
   }
-  if (reason)
+  if (reason) {
     finish(self, std::string(rid), std::move(reason));
-  else
+  } else {
     emit(self, r, std::nullopt);
+    if (st.options.prefix_cache) // blocks filled by the accepted proposals just appended
+      cache_full_blocks(st, r);
+  }
 }
 
 bool profiling(const scheduler_state& st) {

@@ -493,7 +493,10 @@ caf::result<GenerateReqOutput> tokenize_elsewhere(tokenizer_pointer self, Genera
   };
   // The handlers hold the worker: nothing else does, and CAF would destroy it unrun.
   self->request(worker, caf::infinite, tokenize_job{text})
-    .then([end, worker](tokenize_result& r) mutable { end(std::move(r.ids)); },
+    .then([end, worker](tokenize_result& r) mutable {
+            guarded([&] { end(std::move(r.ids)); },
+                    [&](const std::string& why) { end(fail("tokenizing failed: " + why)); });
+          },
           [self, end, worker](caf::error& e) mutable { end(fail(self->system().render(e))); });
   return rp;
 }
@@ -754,8 +757,11 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       self->request(self->state.scheduler, std::chrono::seconds(10), GetServerInfoReqInput{})
         .then([rp](GetServerInfoReqOutput& info) mutable {
                 // The scheduler says when a part of the engine it needs has stopped.
-                rp.deliver(info.success ? HealthCheckReqOutput{true, "ok"}
-                                        : HealthCheckReqOutput{false, info.message});
+                guarded([&] {
+                          rp.deliver(info.success ? HealthCheckReqOutput{true, "ok"}
+                                                  : HealthCheckReqOutput{false, info.message});
+                        },
+                        [&](const std::string& why) { rp.deliver(HealthCheckReqOutput{false, why}); });
               },
               [self, rp](caf::error& err) mutable {
                 rp.deliver(HealthCheckReqOutput{

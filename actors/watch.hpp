@@ -3,6 +3,9 @@
 // dropped): the caller would wait forever. An actor that waits on another's answers therefore
 // monitors it and sends its requests through `pending_requests`; when the down_msg comes, every
 // request still waiting on the dead actor gets its error handler called with why.
+//
+// The reply handler runs guarded (actors/guard.hpp): if it throws, the error handler is called
+// with why instead, so the waiting actor answers its own caller and lives on.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +20,7 @@
 #include "caf/actor_cast.hpp"
 #include "caf/error.hpp"
 #include "caf/fwd.hpp"
+#include "actors/guard.hpp"
 
 namespace rlserve {
 
@@ -38,9 +42,10 @@ public:
                             [error](const std::string& why) { (*error)(why); }});
     self->request(dest, caf::infinite, std::forward<Msgs>(msgs)...)
       .then(
-        [this, id, on_reply = std::move(on_reply)](Out& out) mutable {
+        [this, id, error, on_reply = std::move(on_reply)](Out& out) mutable {
           if (waits_.erase(id) != 0)
-            on_reply(out);
+            guarded([&] { on_reply(out); },
+                    [&](const std::string& why) { (*error)("handling the reply failed: " + why); });
         },
         [this, self, id, error](caf::error& err) {
           if (waits_.erase(id) != 0)

@@ -129,4 +129,42 @@ BOOST_AUTO_TEST_CASE(a_request_held_by_a_dead_actor_is_answered) {
   caf::anon_send_exit(waiter, caf::exit_reason::user_shutdown);
 }
 
+// A reply handler that throws (a bug, or std::bad_alloc) does not end the waiting actor: its
+// error handler answers the caller, and the next request is served.
+BOOST_AUTO_TEST_CASE(a_throwing_reply_handler_fails_its_request_and_the_waiter_lives_on) {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  auto echo = sys.spawn([](caf::event_based_actor*, int32_t) -> caf::behavior {
+    return {[](int32_t x) -> int32_t { return x; }};
+  }, int32_t{0});
+  struct waiter_state {
+    pending_requests waits;
+  };
+  auto waiter = sys.spawn([](caf::stateful_actor<waiter_state>* self, caf::actor echo) -> caf::behavior {
+    return {[self, echo](int32_t x) -> caf::result<std::string> {
+      auto rp = self->make_response_promise<std::string>();
+      self->state.waits.request<int32_t>(
+        self, echo, x,
+        [rp](int32_t& y) mutable {
+          if (y < 0)
+            throw std::runtime_error("negative");
+          rp.deliver(std::to_string(y));
+        },
+        [rp](const std::string& why) mutable { rp.deliver("failed: " + why); });
+      return rp;
+    }};
+  }, echo);
+  caf::scoped_actor self{sys};
+  auto ask = [&](int32_t x) {
+    std::string reply;
+    self->request(waiter, std::chrono::seconds(10), x)
+      .receive([&](std::string& s) { reply = s; }, [&](caf::error& e) { reply = sys.render(e); });
+    return reply;
+  };
+  BOOST_TEST(ask(-1) == "failed: handling the reply failed: negative");
+  BOOST_TEST(ask(7) == "7"); // alive
+  caf::anon_send_exit(waiter, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(echo, caf::exit_reason::user_shutdown);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -112,11 +112,9 @@ std::span<const int32_t> all_tokens(const request_state& r, std::vector<int32_t>
 }
 
 // How much of its prompt + outputs a request being admitted may take from the prefix cache: all
-// but the last token (whose logits it samples from), none of the prompt positions it still has
-// to score, and nothing when it replays routing (the cache keeps KV, not the router's choices).
+// but the last token (whose logits it samples from), and none of the prompt positions it still
+// has to score. (Routing replay takes only blocks that kept the router's choices.)
 int64_t cacheable_prefix(const request_state& r) {
-  if (r.req.return_routed_experts)
-    return 0;
   int64_t n = sequence_length(r) - 1;
   if (r.req.return_logprob)
     n = std::min(n, r.scored_upto);
@@ -352,7 +350,8 @@ void cache_full_blocks(scheduler_state& st, request_state& r) {
     for (int64_t i = first; i < first + bs; ++i)
       st.token_scratch.push_back(token_at(r, i));
     auto* parent = path.empty() ? nullptr : path.back();
-    auto* n = cache.insert(parent, st.token_scratch, r.blocks[path.size()]);
+    const auto index = path.size();
+    auto* n = cache.insert(parent, st.token_scratch, r.blocks[index]);
     if (!n) { // another request cached these tokens first: r goes on along its node
       n = cache.child(parent, st.token_scratch);
       if (!n) {
@@ -362,6 +361,11 @@ void cache_full_blocks(scheduler_state& st, request_state& r) {
       std::array<policy::prefix_cache::node*, 1> one{n};
       cache.pin(one);
     }
+    // Routing replay: the block keeps the router's choices of its positions.
+    const auto row = r.routed_row, rows = static_cast<std::size_t>(bs) * row;
+    if (r.req.return_routed_experts && row > 0 && r.routed.size() >= (index + 1) * rows)
+      policy::prefix_cache::set_routing(
+        n, std::span<const int32_t>(r.routed).subspan(index * rows, rows));
     path.push_back(n);
   }
   // Only nodes holding r's own blocks: r's draft filled those in the draft's pool.
@@ -804,13 +808,36 @@ void plan_admissions(scheduler_state& st) {
     if (st.options.prefix_cache) {
       auto tokens = all_tokens(r, st.token_scratch);
       const auto limit = cacheable_prefix(r);
-      m = st.blocks->lookup(tokens, limit);
+      m = st.blocks->lookup(tokens, limit, r.req.return_routed_experts);
       if (limit / st.blocks->block_size() > static_cast<int64_t>(m.path.size()))
         waits = prefix_in_progress(st, tokens, limit, m.tokens, views.size());
     }
     views.push_back({r.seq_id, sequence_length(r) - m.tokens - m.copy_tokens, m.unpinned, waits,
                      m.copy_tokens});
     matches.push_back(std::move(m));
+  }
+}
+
+// Routing replay of a cached prefix: its positions' rows come from the blocks that kept them
+// (lookup took only such blocks), as if the request had run them.
+void restore_cached_routing(const scheduler_state& st, request_state& r, const policy::prefix_cache::match& m) {
+  const auto bs = static_cast<std::size_t>(st.blocks->block_size());
+  const auto& first = m.path.empty() ? m.copy_from : m.path.front();
+  const auto row = policy::prefix_cache::routing(first).size() / bs;
+  if (row == 0 || (r.routed_row != 0 && r.routed_row != row))
+    return; // not reached: every block of one model keeps rows of one length
+  r.routed_row = row;
+  r.routed.resize(std::max(r.routed.size(), static_cast<std::size_t>(r.kv_tokens) * row));
+  std::size_t at = 0;
+  for (const auto* n : m.path) {
+    auto rows = policy::prefix_cache::routing(n);
+    std::copy(rows.begin(), rows.end(), r.routed.begin() + static_cast<std::ptrdiff_t>(at));
+    at += rows.size();
+  }
+  if (m.copy_from) {
+    auto rows = policy::prefix_cache::routing(m.copy_from);
+    std::copy_n(rows.begin(), static_cast<std::ptrdiff_t>(m.copy_tokens) * static_cast<std::ptrdiff_t>(row),
+                r.routed.begin() + static_cast<std::ptrdiff_t>(at));
   }
 }
 
@@ -841,6 +868,8 @@ void admit_cached_prefix(scheduler_state& st, request_state& r, SequenceWork& wo
   }
   r.kv_tokens = m.tokens + m.copy_tokens;
   work.cached_tokens = r.kv_tokens;
+  if (r.req.return_routed_experts && r.kv_tokens > 0) // the cached positions' routing
+    restore_cached_routing(st, r, m);
   // meta_info.cached_tokens: prompt tokens it did not compute itself before a retract.
   const auto prompt = prompt_length(r);
   r.cached_tokens += static_cast<int32_t>(

@@ -23,6 +23,7 @@ struct prefix_cache::node {
   uint64_t released_at = 0; // the tick of its last unpinning (eviction order)
   bool stale = false;       // in a tree of an earlier epoch
   bool draft_ready = false;
+  std::vector<int32_t> routing; // block_size rows of the router's choices, or empty
   // Keys view the children's own `tokens`.
   std::map<std::span<const int32_t>, std::unique_ptr<node>, tokens_less> children;
 
@@ -78,7 +79,8 @@ void prefix_cache::release(std::span<const int32_t> blocks) {
   std::inplace_merge(free_.begin(), free_.begin() + mid, free_.end(), std::greater<int32_t>());
 }
 
-prefix_cache::match prefix_cache::lookup(std::span<const int32_t> tokens, int64_t max_tokens) const {
+prefix_cache::match prefix_cache::lookup(std::span<const int32_t> tokens, int64_t max_tokens,
+                                         bool with_routing) const {
   match m;
   const auto limit = std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size()));
   const node* at = root_.get();
@@ -86,7 +88,7 @@ prefix_cache::match prefix_cache::lookup(std::span<const int32_t> tokens, int64_
   for (int64_t end = block_size_; end <= limit; end += block_size_) {
     auto it = at->children.find(tokens.subspan(static_cast<std::size_t>(end - block_size_),
                                                static_cast<std::size_t>(block_size_)));
-    if (it == at->children.end())
+    if (it == at->children.end() || (with_routing && it->second->routing.empty()))
       break;
     node* n = it->second.get();
     m.path.push_back(n);
@@ -103,6 +105,8 @@ prefix_cache::match prefix_cache::lookup(std::span<const int32_t> tokens, int64_
   if (room > 0) {
     auto next = tokens.subspan(static_cast<std::size_t>(m.tokens), static_cast<std::size_t>(room));
     for (const auto& entry : at->children) {
+      if (with_routing && entry.second->routing.empty())
+        continue;
       const auto& key = entry.first;
       auto shared = std::mismatch(next.begin(), next.end(), key.begin()).first - next.begin();
       if (shared > m.copy_tokens) {
@@ -170,6 +174,15 @@ prefix_cache::node* prefix_cache::child(node* parent, std::span<const int32_t> b
   const node* p = parent ? parent : root_.get();
   auto it = p->children.find(block_tokens);
   return it == p->children.end() || p->stale ? nullptr : it->second.get();
+}
+
+std::span<const int32_t> prefix_cache::routing(const node* n) {
+  return n->routing;
+}
+
+void prefix_cache::set_routing(node* n, std::span<const int32_t> rows) {
+  if (n->routing.empty())
+    n->routing.assign(rows.begin(), rows.end());
 }
 
 int32_t prefix_cache::block_of(const node* n) {

@@ -69,8 +69,10 @@ public:
   void release(std::span<const int32_t> blocks);
 
   // The longest prefix of `tokens` the current tree holds, of at most `max_tokens` tokens: whole
-  // blocks, then the part of one more block it shares. Changes nothing (pin() what you use).
-  match lookup(std::span<const int32_t> tokens, int64_t max_tokens) const;
+  // blocks, then the part of one more block it shares. With `with_routing`, only blocks that
+  // keep the router's choices of their positions (routing replay). Changes nothing (pin() what
+  // you use).
+  match lookup(std::span<const int32_t> tokens, int64_t max_tokens, bool with_routing = false) const;
   // One more user of each node of `path` (root first; every node of the current tree).
   void pin(std::span<node* const> path);
   // One user fewer of each node of `path` (root first, as pinned): unpinned nodes of the current
@@ -82,6 +84,10 @@ public:
   // null and takes nothing when that prefix is cached already (the caller's block stays its own)
   // or `parent` is not in the current tree.
   node* insert(node* parent, std::span<const int32_t> block_tokens, int32_t block);
+  // Routing replay: the router's expert ids of a node's positions (block_size rows of equal
+  // length; empty when the request that cached it did not record them). Set once.
+  static std::span<const int32_t> routing(const node* n);
+  static void set_routing(node* n, std::span<const int32_t> rows);
   // The block a node holds, and how many pin it.
   static int32_t block_of(const node* n);
   static int64_t users(const node* n);

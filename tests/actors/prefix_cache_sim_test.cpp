@@ -14,6 +14,7 @@
 #include <random>
 
 #include "model/checkpoint.hpp"
+#include "model/make_model.hpp"
 #include "tests/support/engine_support.hpp"
 #include "tests/support/greedy_check.hpp"
 
@@ -293,6 +294,45 @@ BOOST_AUTO_TEST_CASE(a_draft_reuses_its_cached_kv_and_drops_it_with_the_targets)
     reused += out.cached_tokens > 0 ? 1 : 0;
   }
   BOOST_TEST(reused == 7); // one computed the new prompt's KV again, the others reused it
+}
+
+// Routing replay with the cache: the samples of a MoE prompt reuse its KV and its blocks' kept
+// router choices, and report the same routed_experts as an engine without the cache. A request
+// that does not replay routing caches blocks without choices, which a replaying one skips.
+BOOST_AUTO_TEST_CASE(routing_replay_reuses_blocks_that_kept_the_routers_choices) {
+  auto dir = scratch_dir("prefix-cache-moe");
+  if (!fs::exists(dir / "config.json")) {
+    model::make_model_options o;
+    o.arch = "qwen3-moe";
+    o.out = dir;
+    o.seed = 13;
+    BOOST_REQUIRE(model::make_model(o).has_value());
+  }
+  auto prompt = random_tokens(70, 8);
+  std::vector<GenerateReqInput> group;
+  for (int s = 0; s < 6; ++s) {
+    auto r = sample_of(prompt, s, 10);
+    r.return_routed_experts = true;
+    r.routed_experts_start_len = s % 2 == 0 ? 0 : 30;
+    group.push_back(r);
+  }
+  auto cached = start(dir);
+  auto plain = cached->generate(sample_of(prompt, 99, 4)); // caches blocks without choices
+  BOOST_REQUIRE(plain.success);
+  auto with_cache = run_all(*cached, group);
+  auto uncached = start(dir, {}, no_cache());
+  auto without = run_all(*uncached, group);
+  int reused = 0;
+  for (std::size_t s = 0; s < group.size(); ++s) {
+    BOOST_TEST_CONTEXT("sample " << s) {
+      BOOST_REQUIRE(with_cache[s].routed_experts.has_value());
+      BOOST_TEST(*with_cache[s].routed_experts == *without[s].routed_experts);
+      BOOST_TEST(with_cache[s].routed_experts_start_len == without[s].routed_experts_start_len);
+      BOOST_TEST(with_cache[s].output_ids == without[s].output_ids);
+      reused += with_cache[s].cached_tokens > 0 ? 1 : 0;
+    }
+  }
+  BOOST_TEST(reused == 5); // not from the plain request's blocks: from the first sample's
 }
 
 BOOST_AUTO_TEST_CASE(flush_cache_empties_it) {

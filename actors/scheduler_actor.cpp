@@ -769,19 +769,21 @@ int64_t freed_if_preempted(const request_state& r) {
   return n;
 }
 
-// Whether a request ahead of one waiting with `tokens` (cached up to `cached` of at most
-// `limit`) is computing more of that prefix: a running request still in prefill, or one queued
+// Whether a request ahead of one waiting with `tokens` (`cached` of them found now, at most
+// `limit` usable) is computing more of that prefix into whole blocks — which its prefill fills,
+// and which become cached as they fill: a running request still in prefill, or one queued
 // before it that is not waiting itself (the first `ahead` views). It then waits a step rather
 // than compute the same KV, so the samples of one prompt prefill it once.
 bool prefix_in_progress(const scheduler_state& st, std::span<const int32_t> tokens, int64_t limit,
                         int64_t cached, std::size_t ahead) {
   const auto bs = st.blocks->block_size();
   auto shares_more = [&](const request_state& o) {
-    const auto n = std::min(limit, sequence_length(o));
+    const auto filled = sequence_length(o) / bs * bs;
+    const auto n = std::min(limit, filled);
     int64_t i = 0;
     while (i < n && token_at(o, i) == tokens[static_cast<std::size_t>(i)])
       ++i;
-    return i / bs > cached / bs;
+    return i > cached;
   };
   for (const auto* o : st.running)
     if (o->prefill_left > 0 && o->caching && o->kv_epoch == st.blocks->epoch() && shares_more(*o))
@@ -809,8 +811,8 @@ void plan_admissions(scheduler_state& st) {
       auto tokens = all_tokens(r, st.token_scratch);
       const auto limit = cacheable_prefix(r);
       m = st.blocks->lookup(tokens, limit, r.req.return_routed_experts);
-      if (limit / st.blocks->block_size() > static_cast<int64_t>(m.path.size()))
-        waits = prefix_in_progress(st, tokens, limit, m.tokens, views.size());
+      if (m.tokens + m.copy_tokens < limit)
+        waits = prefix_in_progress(st, tokens, limit, m.tokens + m.copy_tokens, views.size());
     }
     views.push_back({r.seq_id, sequence_length(r) - m.tokens - m.copy_tokens, m.unpinned, waits,
                      m.copy_tokens});

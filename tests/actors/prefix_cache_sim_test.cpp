@@ -128,6 +128,31 @@ BOOST_AUTO_TEST_CASE(sixteen_samples_of_one_prompt_prefill_it_once_and_equal_the
   }
 }
 
+// Groups of several prompts at once with a small token budget: first samples are prefilled in
+// chunks, interleaved with other groups; the other samples still wait for their prompt's last
+// block and run one token each.
+BOOST_AUTO_TEST_CASE(chunked_prefills_of_several_groups_still_prefill_each_prompt_once) {
+  auto dir = tiny_model("target", 11);
+  engine_config cfg;
+  // 64 + 52: the second group's first sample is cut inside its prompt's last block, which the
+  // others then wait for (to copy 15 of its tokens) rather than compute.
+  cfg.max_batch_tokens = 116;
+  auto e = start(dir, {}, cfg);
+  std::vector<GenerateReqInput> all;
+  for (int p = 0; p < 4; ++p) {
+    auto prompt = random_tokens(64, 20 + static_cast<uint64_t>(p));
+    for (int s = 0; s < 8; ++s) {
+      auto r = sample_of(prompt, s, 6);
+      r.rid = "p" + std::to_string(p) + "s" + std::to_string(s);
+      all.push_back(r);
+    }
+  }
+  auto outs = run_all(*e, all);
+  BOOST_TEST(e->get_server_info().prefill_tokens == 4u * 64u + 4u * 7u); // 63 reused by the others
+  for (const auto& out : outs)
+    BOOST_TEST((out.cached_tokens == 0 || out.cached_tokens == 63));
+}
+
 BOOST_AUTO_TEST_CASE(the_next_turn_reuses_the_last_one_output_included) {
   auto dir = tiny_model("target", 11);
   auto e = start(dir);

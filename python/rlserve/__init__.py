@@ -1,0 +1,19 @@
+"""Trainer-side client of the rlserve rollout engine.
+
+- HttpClient: SGLang's HTTP routes (generate, streaming, pause/continue, update sessions, disk and
+  inline tensor updates, checksums, server state).
+- WebSocketClient: rlserve's websocket protocol, with tensors in binary frames.
+- Tensor, tensor_from_array, tensor_from_bytes: what one tensor travels as (name-less: the
+  dicts passed to updates map names to them).
+- tensor_checksum, role_checksum: the digests check_weights reports, from the trainer's bytes.
+- RlserveError: a refusal or failure, with the engine's message and the HTTP status or error code.
+"""
+from .errors import RlserveError
+from .tensors import Tensor, tensor_from_array, tensor_from_bytes
+from .checksums import role_checksum, tensor_checksum
+from .http import HttpClient
+from .ws import WebSocketClient
+
+__all__ = ["HttpClient", "WebSocketClient", "Tensor", "tensor_from_array", "tensor_from_bytes",
+           "tensor_checksum", "role_checksum", "RlserveError"]
+__version__ = "0.1.0"

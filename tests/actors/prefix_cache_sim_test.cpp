@@ -319,6 +319,23 @@ BOOST_AUTO_TEST_CASE(a_draft_reuses_its_cached_kv_and_drops_it_with_the_targets)
     reused += out.cached_tokens > 0 ? 1 : 0;
   }
   BOOST_TEST(reused == 7); // one computed the new prompt's KV again, the others reused it
+
+  // Seeded sampling with a different draft: the same tokens and logprobs as without the cache.
+  auto related = perturbed(target, 78, 0.05f);
+  auto draft = model_with(target, "prefix-cache-draft-related", related);
+  std::vector<GenerateReqInput> sampled;
+  for (int s = 0; s < 8; ++s)
+    sampled.push_back(sample_of(prompt, s, 20));
+  auto with_cache = start(target, draft);
+  auto draft_only = engine_config{};
+  draft_only.disable_radix_cache = true;
+  auto without_cache = start(target, draft, draft_only);
+  auto a = run_all(*with_cache, sampled);
+  auto b = run_all(*without_cache, sampled);
+  for (std::size_t s = 0; s < a.size(); ++s) {
+    BOOST_TEST(a[s].output_ids == b[s].output_ids, "sample " << s);
+    BOOST_TEST(a[s].output_token_logprobs == b[s].output_token_logprobs, "sample " << s);
+  }
 }
 
 // Routing replay with the cache: the samples of a MoE prompt reuse its KV and its blocks' kept

@@ -234,6 +234,8 @@ def test_failures():
 
     rc, _, err = join(1, "")
     t.check(rc != 0 and "group_name" in err, err)
+    rc, _, err = join(1, "g", timeout=0)
+    t.check(rc != 0 and "--timeout" in err, err)
     print("  failures: each named, each within its deadline")
 
 

@@ -843,28 +843,47 @@ void restore_cached_routing(const scheduler_state& st, request_state& r, const p
   }
 }
 
-// At admission: `r` pins the cached prefix planned for it, and its KV starts after it.
+// The cached prefix planned for waiting request `seq_id` (its view's match), or null.
+const policy::prefix_cache::match* planned_match(const scheduler_state& st, uint64_t seq_id) {
+  for (std::size_t v = 0; v < st.waiting_views.size(); ++v)
+    if (st.waiting_views[v].id == seq_id)
+      return &st.waiting_matches[v];
+  return nullptr; // not reached: the planner admits only what it was shown
+}
+
+// Pins the cached prefixes of the requests the plan admits before any block is allocated:
+// allocating evicts unpinned blocks, which could be the very ones an admitted request reuses.
+void pin_admitted_prefixes(scheduler_state& st, const policy::batch_plan& plan) {
+  if (!st.options.prefix_cache)
+    return;
+  for (const auto& w : plan.work) {
+    const auto* m = w.admitted ? planned_match(st, w.id) : nullptr;
+    if (!m)
+      continue;
+    st.blocks->pin(m->path);
+    if (m->copy_from) {
+      std::array<policy::prefix_cache::node*, 1> one{m->copy_from};
+      st.blocks->pin(one);
+    }
+  }
+}
+
+// At admission: `r` takes the cached prefix planned (and pinned) for it, and its KV starts
+// after it.
 void admit_cached_prefix(scheduler_state& st, request_state& r, SequenceWork& work) {
   r.kv_tokens = 0;
   r.cached_path.clear();
   r.draft_marked = 0;
   r.kv_epoch = st.blocks->epoch();
   r.caching = st.options.prefix_cache;
-  if (!st.options.prefix_cache)
+  const auto* planned = st.options.prefix_cache ? planned_match(st, r.seq_id) : nullptr;
+  if (!planned)
     return;
-  std::size_t v = 0;
-  while (v < st.waiting_views.size() && st.waiting_views[v].id != r.seq_id)
-    ++v;
-  if (v == st.waiting_views.size())
-    return; // not reached: the planner admits only what it was shown
-  const auto& m = st.waiting_matches[v];
-  st.blocks->pin(m.path);
+  const auto& m = *planned;
   r.cached_path = m.path;
   for (const auto* n : m.path)
     r.blocks.push_back(policy::prefix_cache::block_of(n));
   if (m.copy_from) { // its first own block starts as a copy of this one's first slots
-    std::array<policy::prefix_cache::node*, 1> one{m.copy_from};
-    st.blocks->pin(one);
     r.copy_pin = m.copy_from;
     work.copy_from_block = policy::prefix_cache::block_of(m.copy_from);
   }
@@ -924,6 +943,7 @@ void step(scheduler_pointer self) {
     requeue(self, *r);
     st.waiting.push_front(r);
   }
+  pin_admitted_prefixes(st, plan);
   if (plan.work.empty()) {
     flush_outbox(self);
     return;

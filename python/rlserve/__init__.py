@@ -6,6 +6,8 @@
 - Tensor, tensor_from_array, tensor_from_bytes: what one tensor travels as (name-less: the
   dicts passed to updates map names to them).
 - tensor_checksum, role_checksum: the digests check_weights reports, from the trainer's bytes.
+- int4.quantize_module: an INT4 module's load-format tensors from its float weight, as an INT4
+  engine quantizes a BF16 update (to predict its checksums). Needs NumPy.
 - RlserveError: a refusal or failure, with the engine's message and the HTTP status or error code.
 """
 from .errors import RlserveError
@@ -13,7 +15,8 @@ from .tensors import Tensor, tensor_from_array, tensor_from_bytes
 from .checksums import role_checksum, tensor_checksum
 from .http import HttpClient
 from .ws import WebSocketClient
+from . import int4
 
 __all__ = ["HttpClient", "WebSocketClient", "Tensor", "tensor_from_array", "tensor_from_bytes",
-           "tensor_checksum", "role_checksum", "RlserveError"]
+           "tensor_checksum", "role_checksum", "RlserveError", "int4"]
 __version__ = "0.1.0"

@@ -10,6 +10,9 @@ checkpoint's own bytes, NumPy for bfloat16 rounding, raw urllib for generation.
   continue); the engine's per-tensor checksums and role checksum equal tensor_checksum /
   role_checksum of the trainer's bytes; a refused update names the tensor, stages nothing, and
   the session goes on; streamed chunks add up to the final result.
+- int4.quantize_module: an INT4 engine (quantized at load, int4-asym g32) takes a BF16 expert
+  update; the served weight_packed / weight_scale / weight_zero_point / weight_shape checksums are
+  those of the package's tensors from the trainer's float weight.
 - tensor_from_array: float32 -> bfloat16 rounds to nearest even (ties, NaN, infinities) as NumPy
   bit arithmetic written here does; Tensor refuses a byte count that does not match its shape.
 """
@@ -166,6 +169,40 @@ def check_websocket(rlserve, port, model, after_http):
     print("  websocket: session, refusal, binary update, checksums, streaming")
 
 
+def check_int4(rlserve, tmp):
+    """An INT4 engine quantizes a BF16 expert update with its recipe: the package predicts the
+    served load-format tensors' checksums from the trainer's float weight."""
+    model = os.path.join(tmp, "moe")
+    t.run("make-model", "--arch", "qwen3-moe", "--preset", "tiny", "--out", model, "--seed", "6")
+    proc, port = t.start_server(dict(os.environ), "--model", model, "--device", "cpu", "--admin-api-key",
+                                ADMIN, "--quantize", "int4-asym", "--group-size", "32")
+    try:
+        prefix = "model.layers.1.mlp.experts.3.down_proj"
+        with open(os.path.join(model, "config.json")) as f:
+            cfg = json.load(f)
+        n, k = cfg["hidden_size"], cfg["moe_intermediate_size"]
+        rng = np.random.default_rng(3)
+        weight = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+        admin = rlserve.HttpClient(f"http://127.0.0.1:{port}", api_key=ADMIN)
+        admin.update_weights({prefix + ".weight": rlserve.tensor_from_array(weight, "bfloat16")})
+        sums = admin.check_weights()["ranks"][0]["checksums"]
+        want = rlserve.int4.quantize_module(weight, "int4-asym", 32)
+        t.check(sorted(want) == ["weight_packed", "weight_scale", "weight_shape", "weight_zero_point"], sorted(want))
+        for suffix, tensor in want.items():
+            t.check(sums[f"{prefix}.{suffix}"] == rlserve.tensor_checksum(tensor), f"{prefix}.{suffix}")
+        sym = rlserve.int4.quantize_module(weight, "int4-sym-qat", -1)
+        t.check("weight_zero_point" not in sym and sym["weight_scale"].shape == (n, 1), sym["weight_scale"])
+        try:
+            rlserve.int4.quantize_module(weight, "int4-asym", 48)
+            raise AssertionError("group size 48 accepted")
+        except ValueError as e:
+            t.check("group size" in str(e), str(e))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    print("  int4: the package predicts the INT4 engine's checksums of a quantized BF16 update")
+
+
 def main():
     with t.temp_dir() as tmp:
         rlserve = install(tmp)
@@ -180,6 +217,7 @@ def main():
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+        check_int4(rlserve, tmp)
     print("test_python_package: all passed")
 
 

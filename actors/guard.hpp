@@ -13,7 +13,9 @@
 // Response handlers are guarded where they are set: pending_requests (actors/watch.hpp) turns an
 // exception in a reply handler into its error handler's call, and the front door's own requests
 // are wrapped with `guarded`. What escapes anyway (a down handler) still ends the actor; the
-// actors that wait on it watch it and answer their own callers.
+// actors that wait on it watch it and answer their own callers, and the network front's actors
+// answer or disconnect their clients as they end (net/http_call_actor.hpp,
+// net/ws_connection_actor.cpp).
 #pragma once
 
 #include <cstdio>

@@ -60,15 +60,12 @@ void reply(http_actor* self, http_reply r) {
   if (s.done)
     return;
   s.done = true;
-  s.out->with([&](http_outbound& o) { o.post_reply(std::move(r)); });
+  post_reply_once(s, std::move(r));
   self->quit();
 }
 
 void event(http_actor* self, std::string data) {
-  auto& s = self->state;
-  s.events_sent = true;
-  auto p = std::make_shared<const std::string>(std::move(data));
-  s.out->with([&](http_outbound& o) { o.post_event(std::move(p)); });
+  post_event(self->state, std::move(data));
 }
 
 // The reply of a route in SGLang's HTTP shape (docs/sglang-contract.md, 'Routes and auth levels').
@@ -364,6 +361,7 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
   s.st = st;
   s.out = std::move(out);
   self->attach_functor([st, registry_id] { st->remove_actor(registry_id); });
+  answer_if_ended_early(self, s);
   watch_front_door(self, s, [self](const std::string& m) { engine_failed(self, m); });
   // This runs inside spawn, on the session's I/O thread: an exception here would end the server.
   guarded(
@@ -431,6 +429,38 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
 }
 
 } // namespace
+
+void post_reply_once(call_state& s, http_reply r) {
+  if (s.progress->answered.exchange(true))
+    return;
+  s.out->with([&](http_outbound& o) { o.post_reply(std::move(r)); });
+}
+
+void post_event(call_state& s, std::string data) {
+  s.events_sent = true;
+  s.progress->streaming = true;
+  auto p = std::make_shared<const std::string>(std::move(data));
+  s.out->with([&](http_outbound& o) { o.post_event(std::move(p)); });
+}
+
+void answer_if_ended_early(caf::scheduled_actor* self, call_state& s) {
+  self->attach_functor([progress = s.progress, out = s.out,
+                        sys = &self->system()](const caf::error& reason) {
+    if (progress->answered.exchange(true))
+      return;
+    const auto why = "the server's handler of this request stopped (" + sys->render(reason) +
+                     ") before it answered; the request may or may not have run";
+    log_warn(why);
+    out->with([&](http_outbound& o) {
+      if (progress->streaming) { // the status line went out already: end the stream with an error
+        o.post_event(std::make_shared<const std::string>(json_error(why)));
+        o.post_reply(http_reply{200, "", "", true});
+      } else {
+        o.post_reply(http_reply{500, "application/json", json_error(why), false});
+      }
+    });
+  });
+}
 
 void watch_front_door(caf::scheduled_actor* self, call_state& s,
                       std::function<void(const std::string&)> fail) {

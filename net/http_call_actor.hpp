@@ -6,6 +6,7 @@
 // client that hangs up (deliver_cancel) has its generate request aborted. Never blocks.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -64,6 +65,12 @@ struct http_cancel_msg {};
 
 // What both call actors (this one and openai_call_actor) keep of their call, the base of their
 // states; watch_front_door reads it.
+// What the client has been sent, readable after the actor is gone (answer_if_ended_early).
+struct call_progress {
+  std::atomic<bool> answered{false}; // the reply, or the end of the stream, was posted
+  std::atomic<bool> streaming{false}; // events were posted
+};
+
 struct call_state {
   std::shared_ptr<shared_state> st;
   std::shared_ptr<link<http_outbound>> out;
@@ -72,7 +79,17 @@ struct call_state {
   bool events_sent = false;
   bool done = false; // the client has its reply
   bool sent = false; // the request went to the engine: after_reply is owed
+  std::shared_ptr<call_progress> progress = std::make_shared<call_progress>();
 };
+
+// Posts `r` to the client once (the actor's reply functions go through here).
+void post_reply_once(call_state& s, http_reply r);
+void post_event(call_state& s, std::string data);
+
+// An actor that ends before its client has a reply — killed, or a bug that escaped its guards —
+// must not leave the client waiting: as it ends, a 500 naming why goes out (or, mid-stream, an
+// error event and the end of the stream).
+void answer_if_ended_early(caf::scheduled_actor* self, call_state& s);
 
 // A front door that dies holding a call would never answer it (CAF 0.17 drops the promises of a
 // dead actor), and the client would wait forever. `self` (whose state `s` is) monitors the front

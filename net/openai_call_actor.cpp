@@ -45,7 +45,7 @@ void reply(openai_actor* self, http_reply r) {
   if (s.done)
     return;
   s.done = true;
-  s.out->with([&](http_outbound& o) { o.post_reply(std::move(r)); });
+  post_reply_once(s, std::move(r));
   self->quit();
 }
 
@@ -59,10 +59,7 @@ void reply_error(openai_actor* self, unsigned status, std::string_view message,
 }
 
 void event(openai_actor* self, const ojson& data) {
-  auto& s = self->state;
-  s.events_sent = true;
-  auto p = std::make_shared<const std::string>(data.dump(-1, ' ', false, ojson::error_handler_t::replace));
-  s.out->with([&](http_outbound& o) { o.post_event(std::move(p)); });
+  post_event(self->state, data.dump(-1, ' ', false, ojson::error_handler_t::replace));
 }
 
 void end_stream(openai_actor* self) { reply(self, http_reply{200, "", "", true}); }
@@ -301,6 +298,7 @@ caf::behavior openai_call_actor(openai_actor* self, std::shared_ptr<shared_state
                  : call.kind == http_call::openai_completions ? "v1/completions"
                                                               : "v1/chat/completions";
   self->attach_functor([st, registry_id] { st->remove_actor(registry_id); });
+  answer_if_ended_early(self, s);
   watch_front_door(self, s, [self](const std::string& m) { engine_failed(self, m); });
   // This runs inside spawn, on the session's I/O thread: an exception here would end the server.
   guarded(

@@ -161,6 +161,8 @@ std::string server::address() const {
 
 const metrics& server::stats() const { return impl_->st->stats; }
 
+std::size_t server::kill_connection_actors() { return impl_->st->kill_actors(caf::exit_reason::kill); }
+
 void server::stop() {
   auto& p = *impl_;
   if (p.stopped)

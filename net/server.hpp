@@ -95,6 +95,11 @@ public:
 
   const metrics& stats() const;
 
+  // Kills every connection's and HTTP call's actor now, as a crash would, and returns how many
+  // there were. For tests: their clients must be answered (HTTP 500) or disconnected
+  // (websocket), and what their connections held (an update session, a pause) given back.
+  std::size_t kill_connection_actors();
+
   struct impl;
 
 private:

@@ -74,7 +74,7 @@ std::size_t shared_state::wait_for_actors(std::chrono::milliseconds timeout) {
   return actors_.size();
 }
 
-void shared_state::kill_actors() {
+std::size_t shared_state::kill_actors(caf::exit_reason reason) {
   std::unordered_map<uint64_t, caf::actor> left;
   {
     std::lock_guard<std::mutex> guard{actors_mtx_};
@@ -82,7 +82,8 @@ void shared_state::kill_actors() {
   }
   for (auto& [id, a] : left)
     if (a)
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      caf::anon_send_exit(a, reason);
+  return left.size();
 }
 
 } // namespace rlserve::net::detail

@@ -17,6 +17,7 @@
 #include "actors/profiler.hpp"
 #include "actors/tokenizer_actor.hpp"
 #include "caf/actor.hpp"
+#include "caf/exit_reason.hpp"
 #include "model/chat_template.hpp"
 #include "net/metrics.hpp"
 #include "net/ownership.hpp"
@@ -72,8 +73,8 @@ struct shared_state {
   void remove_actor(uint64_t id);
   // Waits until no actor is left or `timeout` passed; returns how many are left.
   std::size_t wait_for_actors(std::chrono::milliseconds timeout);
-  // Sends an exit to every actor left and forgets them.
-  void kill_actors();
+  // Sends an exit with `reason` to every actor left and forgets them; returns how many.
+  std::size_t kill_actors(caf::exit_reason reason = caf::exit_reason::user_shutdown);
 
 private:
   std::mutex sessions_mtx_;

@@ -2,7 +2,10 @@
 // the only way back to the socket is link<ws_outbound>::with(post_...).
 #include "net/ws_connection_actor.hpp"
 
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 
@@ -59,6 +62,8 @@ struct ws_state {
   std::unordered_map<std::string, std::string> rid_to_key; // generate rid -> dump(id)
   int cleanups = 0;                                        // requests sent for a closed client
   bool closed = false;
+  // Set with `closed`, readable after the actor is gone (release_if_ended_early).
+  std::shared_ptr<std::atomic<bool>> closed_flag = std::make_shared<std::atomic<bool>>(false);
   static inline const char* name = "ws_connection";
 };
 
@@ -107,56 +112,91 @@ void done_cleanup(ws_actor* self) {
     --self->state.cleanups;
 }
 
-// A client that is gone may still hold the update session or the pause: give them back.
-void release_holdings(ws_actor* self) {
-  auto& s = self->state;
-  auto st = s.st;
-  if (st->owners.take_session_for_abort(s.conn)) {
-    ++s.cleanups;
+// What connection `conn`, now gone, held — the update session, the pause — given back by
+// `self`'s requests (the connection's own actor, or a short-lived one when that actor ended
+// first); `answered` runs once per request when its reply (or failure) comes. Returns how many.
+int give_back_holdings(caf::event_based_actor* self, const std::shared_ptr<shared_state>& st, uint64_t conn,
+                       std::function<void()> answered) {
+  int sent = 0;
+  if (st->owners.take_session_for_abort(conn)) {
+    ++sent;
     st->stats.disconnect_cleanup("abort_session");
     log_warn(fmt::format("connection {} closed inside the weight-update session it opened; "
                          "aborting the session (the old weights keep serving)",
-                         s.conn));
+                         conn));
     EndWeightUpdateReqInput end;
     end.abort = true;
-    end.requester = s.conn; // the session is this connection's: the engine takes its end only
+    end.requester = conn; // the session is this connection's: the engine takes its end only
     auto t0 = clock::now();
     self->request(st->front, caf::infinite, end)
       .then(
-        [self, st, t0](EndWeightUpdateReqOutput& out) {
+        [st, t0, conn, answered](EndWeightUpdateReqOutput& out) {
           if (auto length = st->owners.end_finished()) {
             st->stats.update_phase("session", *length);
             st->stats.update_session_ended("aborted");
           }
           st->stats.update_phase("end", seconds_since(t0));
-          log_info(fmt::format("connection {}: session aborted: {}", self->state.conn, out.message));
-          done_cleanup(self);
-          maybe_quit(self);
+          log_info(fmt::format("connection {}: session aborted: {}", conn, out.message));
+          answered();
         },
-        [self, st](caf::error& err) {
+        [self, st, answered](caf::error& err) {
           st->owners.end_finished();
           log_warn("aborting a session failed: " + self->system().render(err));
-          done_cleanup(self);
-          maybe_quit(self);
+          answered();
         });
   }
-  if (st->opts.resume_on_disconnect && st->owners.take_pause_for_resume(s.conn)) {
-    ++s.cleanups;
+  if (st->opts.resume_on_disconnect && st->owners.take_pause_for_resume(conn)) {
+    ++sent;
     st->stats.disconnect_cleanup("continue_generation");
     log_warn(fmt::format("connection {} closed while generation was paused by it; continuing "
                          "generation",
-                         s.conn));
+                         conn));
     self->request(st->front, caf::infinite, ContinueGenerationReqInput{})
-      .then(
-        [self](ContinueGenerationReqOutput&) {
-          done_cleanup(self);
-          maybe_quit(self);
-        },
-        [self](caf::error&) {
-          done_cleanup(self);
-          maybe_quit(self);
-        });
+      .then([answered](ContinueGenerationReqOutput&) { answered(); },
+            [answered](caf::error&) { answered(); });
   }
+  return sent;
+}
+
+// A client that is gone may still hold the update session or the pause: give them back.
+void release_holdings(ws_actor* self) {
+  auto& s = self->state;
+  s.cleanups += give_back_holdings(self, s.st, s.conn, [self] {
+    done_cleanup(self);
+    maybe_quit(self);
+  });
+}
+
+// The short-lived actor of release_if_ended_early: gives back what connection `conn` held,
+// then quits.
+caf::behavior give_back_after_death(caf::event_based_actor* self, std::shared_ptr<shared_state> st,
+                                    uint64_t conn) {
+  auto left = std::make_shared<int>(0);
+  *left = give_back_holdings(self, st, conn, [self, left] {
+    if (--*left == 0)
+      self->quit();
+  });
+  if (*left == 0)
+    self->quit();
+  return {[](caf::unit_t) {}}; // answers nothing else; it only waits for its replies
+}
+
+// The connection's actor ended while its client was connected (killed, or a bug that escaped
+// its guards): the client is disconnected rather than left without answers, and what the
+// connection held is given back by a short-lived actor, as at a disconnect.
+void release_if_ended_early(ws_actor* self) {
+  auto& s = self->state;
+  self->attach_functor([st = s.st, out = s.out, conn = s.conn, closed = s.closed_flag,
+                        sys = &self->system()](const caf::error& reason) {
+    if (closed->load())
+      return; // the client closed first: the actor gave everything back itself
+    log_warn(fmt::format("connection {}: its actor stopped ({}); closing the connection",
+                         conn, sys->render(reason)));
+    if (out)
+      out->with([&](ws_outbound& o) { o.post_close("the server's handler of this connection stopped"); });
+    // Arguments, not captures: CAF 0.17 mishandles a function actor spawned without any.
+    sys->spawn(give_back_after_death, st, conn);
+  });
 }
 
 void on_reply(ws_actor* self, const std::string& key, expected<json> body) {
@@ -335,6 +375,7 @@ caf::behavior ws_connection(ws_actor* self, std::shared_ptr<shared_state> st,
   s.conn = conn;
   s.tokens = std::move(tokens);
   self->attach_functor([st, registry_id] { st->remove_actor(registry_id); });
+  release_if_ended_early(self);
   // A front door that dies holding this connection's requests would never answer them (CAF 0.17
   // drops the promises of a dead actor): each gets an engine_error reply instead, and clean-ups
   // sent for a closed client are not waited for.
@@ -377,6 +418,7 @@ caf::behavior ws_connection(ws_actor* self, std::shared_ptr<shared_state> st,
       if (s.closed)
         return;
       s.closed = true;
+      *s.closed_flag = true;
       s.out.reset();
       for (auto& [key, p] : s.inflight)
         if (!p.info.rid.empty()) {

@@ -210,30 +210,26 @@ void prefix_cache::new_epoch() {
   cached_ = 0;
   old->stale = true;
   // Unpinned subtrees are freed now; pinned nodes stay, stale, until unpinned.
-  std::vector<node*> todo{old.get()};
-  while (!todo.empty()) {
-    node* n = todo.back();
-    todo.pop_back();
-    for (auto it = n->children.begin(); it != n->children.end();) {
-      node* c = it->second.get();
-      if (c->refs == 0) {
-        free_subtree(c);
-        it = n->children.erase(it);
-      } else {
-        c->stale = true;
-        ++stale_;
-        todo.push_back(c);
-        ++it;
-      }
-    }
-  }
+  free_unpinned_below(old.get(), [this](node* kept) {
+    kept->stale = true;
+    ++stale_;
+  });
   if (!old->children.empty())
     old_roots_.push_back(std::move(old));
 }
 
 int64_t prefix_cache::flush() {
+  const auto freed = free_unpinned_below(root_.get(), [](node*) {});
+  // Every unpinned node was below a pinned one or the root: none is left.
+  evictable_.clear();
+  unpinned_ = 0;
+  cached_ -= freed;
+  return freed;
+}
+
+int64_t prefix_cache::free_unpinned_below(node* top, const std::function<void(node*)>& on_kept) {
   int64_t freed = 0;
-  std::vector<node*> todo{root_.get()};
+  std::vector<node*> todo{top};
   while (!todo.empty()) {
     node* n = todo.back();
     todo.pop_back();
@@ -243,15 +239,12 @@ int64_t prefix_cache::flush() {
         freed += free_subtree(c);
         it = n->children.erase(it);
       } else {
+        on_kept(c);
         todo.push_back(c);
         ++it;
       }
     }
   }
-  // Every unpinned node was below a pinned one or the root: none is left.
-  evictable_.clear();
-  unpinned_ = 0;
-  cached_ -= freed;
   return freed;
 }
 

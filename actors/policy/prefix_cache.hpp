@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -105,6 +106,8 @@ public:
 
 private:
   int64_t free_subtree(node* n);        // n and every node below it (all unpinned) freed: how many
+  // Frees every unpinned subtree below `top` (whose pinned nodes `on_kept` sees): how many nodes.
+  int64_t free_unpinned_below(node* top, const std::function<void(node*)>& on_kept);
   void make_evictable(node* n);         // n is an unpinned leaf of the current tree
   void erase_node(node* n);             // n (a childless node) out of its parent, block freed
   bool evict_one();

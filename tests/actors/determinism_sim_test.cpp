@@ -12,7 +12,6 @@
 #include <future>
 #include <random>
 
-#include "model/make_model.hpp"
 #include "tests/support/engine_support.hpp"
 
 using namespace rlserve;
@@ -46,34 +45,9 @@ std::vector<GenerateReqInput> random_batch(int n, uint64_t seed) {
   return out;
 }
 
-std::vector<GenerateReqOutput> run_together(Engine& e, const std::vector<GenerateReqInput>& reqs) {
-  std::vector<std::future<GenerateReqOutput>> fs;
-  for (const auto& r : reqs)
-    fs.push_back(e.generate_async(r));
-  std::vector<GenerateReqOutput> outs;
-  for (auto& f : fs) {
-    BOOST_REQUIRE(f.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
-    outs.push_back(f.get());
-    BOOST_REQUIRE_MESSAGE(outs.back().success, outs.back().message);
-  }
-  return outs;
-}
-
 void same_bits(const GenerateReqOutput& a, const GenerateReqOutput& b) {
   BOOST_TEST(a.output_ids == b.output_ids);
   BOOST_TEST(a.output_token_logprobs == b.output_token_logprobs); // exact float equality
-}
-
-fs::path moe_model() {
-  auto dir = scratch_dir("determinism-moe");
-  if (!fs::exists(dir / "config.json")) {
-    model::make_model_options o;
-    o.out = dir;
-    o.arch = "qwen3-moe";
-    o.seed = 5;
-    BOOST_REQUIRE(model::make_model(o).has_value());
-  }
-  return dir;
 }
 
 } // namespace
@@ -81,7 +55,7 @@ fs::path moe_model() {
 BOOST_AUTO_TEST_SUITE(determinism_sim_test)
 
 BOOST_AUTO_TEST_CASE(rollouts_are_bitwise_reproducible_alone_batched_and_chunked) {
-  for (const auto& dir : {tiny_model("target", 11), moe_model()}) {
+  for (const auto& dir : {tiny_model("target", 11), tiny_moe_model("determinism-moe", 5)}) {
     BOOST_TEST_CONTEXT("model " << dir.filename()) {
       std::vector<int32_t> prompt(90);
       for (std::size_t i = 0; i < prompt.size(); ++i)

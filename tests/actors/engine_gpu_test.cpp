@@ -90,13 +90,7 @@ BOOST_AUTO_TEST_CASE(greedy_after_an_in_place_update_with_graphs_equals_a_fresh_
   }
   BOOST_TEST(after_ids != before_ids);
 
-  auto fresh_dir = scratch_dir("gpu-moe-fresh");
-  fs::remove_all(fresh_dir);
-  fs::create_directories(fresh_dir);
-  fs::copy_file(dir / "config.json", fresh_dir / "config.json");
-  fs::copy_file(dir / "tokenizer.json", fresh_dir / "tokenizer.json");
-  BOOST_REQUIRE(model::write_checkpoint(fresh_dir, update).has_value());
-  auto fresh = start(fresh_dir, {}, on_gpu());
+  auto fresh = start(model_dir_with(dir, "gpu-moe-fresh", update), {}, on_gpu());
   for (int i = 0; i < 3; ++i) {
     auto p = prompt;
     p.push_back(100 + i);
@@ -173,13 +167,7 @@ BOOST_AUTO_TEST_CASE(samples_of_one_prompt_prefill_it_once_on_the_device) {
   BOOST_REQUIRE(cached->update_weights_from_tensor(u).success);
   auto after = cached->generate(group[0]);
   BOOST_TEST(after.cached_tokens == 0);
-  auto fresh_dir = scratch_dir("gpu-moe-prefix-fresh");
-  fs::remove_all(fresh_dir);
-  fs::create_directories(fresh_dir);
-  fs::copy_file(dir / "config.json", fresh_dir / "config.json");
-  fs::copy_file(dir / "tokenizer.json", fresh_dir / "tokenizer.json");
-  BOOST_REQUIRE(model::write_checkpoint(fresh_dir, update).has_value());
-  auto fresh = start(fresh_dir, {}, off);
+  auto fresh = start(model_dir_with(dir, "gpu-moe-prefix-fresh", update), {}, off);
   BOOST_TEST(after.output_ids == fresh->generate(group[0]).output_ids);
 }
 

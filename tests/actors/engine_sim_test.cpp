@@ -520,14 +520,7 @@ BOOST_AUTO_TEST_CASE(disk_updates_load_whole_checkpoints_or_nothing) {
 // quantized with the engine's recipe, so the result equals an engine started from that
 // checkpoint with the same quantization.
 BOOST_AUTO_TEST_CASE(a_bf16_checkpoint_loads_into_an_int4_engine) {
-  auto dir = scratch_dir("moe-bf16");
-  if (!fs::exists(dir / "config.json")) {
-    model::make_model_options o;
-    o.out = dir;
-    o.arch = "qwen3-moe";
-    o.seed = 3;
-    BOOST_REQUIRE(model::make_model(o).has_value());
-  }
+  auto dir = tiny_moe_model("moe-bf16", 3);
   engine_config int4;
   int4.quantize = "int4-asym";
   int4.quantize_group_size = 32;
@@ -622,14 +615,7 @@ BOOST_AUTO_TEST_CASE(retract_resumes_greedy_requests_exactly) {
 // runner gets the generated tokens back), the prompt logprobs (scored once), the routing rows
 // (one per position run).
 BOOST_AUTO_TEST_CASE(retract_keeps_penalties_prompt_logprobs_and_routing) {
-  auto dir = scratch_dir("moe");
-  if (!fs::exists(dir / "config.json")) {
-    model::make_model_options o;
-    o.arch = "qwen3-moe";
-    o.out = dir;
-    o.seed = 11;
-    BOOST_REQUIRE(model::make_model(o).has_value());
-  }
+  auto dir = tiny_moe_model("moe", 11);
   auto e = start(dir);
   std::vector<GenerateReqInput> reqs;
   for (int i = 0; i < 6; ++i) {

@@ -14,7 +14,6 @@
 #include <random>
 
 #include "model/checkpoint.hpp"
-#include "model/make_model.hpp"
 #include "tests/support/engine_support.hpp"
 #include "tests/support/greedy_check.hpp"
 
@@ -44,34 +43,10 @@ GenerateReqInput sample_of(const std::vector<int32_t>& prompt, int s, int32_t ne
   return r;
 }
 
-std::vector<GenerateReqOutput> run_all(Engine& e, const std::vector<GenerateReqInput>& reqs) {
-  std::vector<std::future<GenerateReqOutput>> running;
-  for (const auto& r : reqs)
-    running.push_back(e.generate_async(r));
-  std::vector<GenerateReqOutput> outs;
-  for (auto& f : running) {
-    BOOST_REQUIRE(f.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
-    outs.push_back(f.get());
-    BOOST_REQUIRE_MESSAGE(outs.back().success, outs.back().message);
-  }
-  return outs;
-}
-
 engine_config no_cache() {
   engine_config cfg;
   cfg.disable_radix_cache = true;
   return cfg;
-}
-
-// Writes `tensors` as a model directory next to `base` (config and tokenizer copied).
-fs::path model_with(const fs::path& base, const std::string& name, const std::vector<NamedTensor>& tensors) {
-  auto dir = scratch_dir(name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  fs::copy_file(base / "config.json", dir / "config.json");
-  fs::copy_file(base / "tokenizer.json", dir / "tokenizer.json");
-  BOOST_REQUIRE(model::write_checkpoint(dir, tensors).has_value());
-  return dir;
 }
 
 } // namespace
@@ -86,7 +61,7 @@ BOOST_AUTO_TEST_CASE(sixteen_samples_of_one_prompt_prefill_it_once_and_equal_the
     group.push_back(sample_of(prompt, s, 12));
 
   auto cached = start(dir);
-  auto with_cache = run_all(*cached, group);
+  auto with_cache = run_together(*cached, group);
   auto info = cached->get_server_info();
   BOOST_TEST(info.prefix_cache);
   // One sample computes the prompt; every other reuses its 96 tokens and runs the last 4.
@@ -102,7 +77,7 @@ BOOST_AUTO_TEST_CASE(sixteen_samples_of_one_prompt_prefill_it_once_and_equal_the
   BOOST_TEST(info.prefix_cached_tokens > 0);
 
   auto uncached = start(dir, {}, no_cache());
-  auto without = run_all(*uncached, group);
+  auto without = run_together(*uncached, group);
   auto plain = uncached->get_server_info();
   BOOST_TEST(!plain.prefix_cache);
   BOOST_TEST(plain.prefill_tokens == 1600u);
@@ -147,7 +122,7 @@ BOOST_AUTO_TEST_CASE(chunked_prefills_of_several_groups_still_prefill_each_promp
       all.push_back(r);
     }
   }
-  auto outs = run_all(*e, all);
+  auto outs = run_together(*e, all);
   BOOST_TEST(e->get_server_info().prefill_tokens == 4u * 64u + 4u * 7u); // 63 reused by the others
   for (const auto& out : outs)
     BOOST_TEST((out.cached_tokens == 0 || out.cached_tokens == 63));
@@ -200,7 +175,7 @@ BOOST_AUTO_TEST_CASE(a_tiny_pool_evicts_least_recently_used_prefixes_and_serves_
     r.rid = "wave-" + std::to_string(i);
     wave.push_back(r);
   }
-  auto outs = run_all(*e, wave);
+  auto outs = run_together(*e, wave);
   for (std::size_t i = 0; i < outs.size(); ++i)
     BOOST_TEST(outs[i].output_ids == reference_greedy(dir, prompts[i], 20));
   BOOST_TEST(e->get_server_info().num_used_tokens == 0);
@@ -228,7 +203,7 @@ BOOST_AUTO_TEST_CASE(a_tiny_pool_under_shared_prefixes_stays_exact) {
     r.rid = "t" + std::to_string(i);
     reqs.push_back(r);
   }
-  auto outs = run_all(*e, reqs);
+  auto outs = run_together(*e, reqs);
   int reused = 0;
   for (std::size_t i = 0; i < outs.size(); ++i) {
     BOOST_TEST(outs[i].output_ids ==
@@ -322,14 +297,14 @@ BOOST_AUTO_TEST_CASE(a_draft_reuses_its_cached_kv_and_drops_it_with_the_targets)
     r.rid = "g" + std::to_string(s);
     group.push_back(r);
   }
-  auto first = run_all(*e, group);
+  auto first = run_together(*e, group);
   check_full_acceptance(first);
   auto reference = reference_greedy(target, prompt, 24);
   for (const auto& out : first)
     BOOST_TEST(out.output_ids == reference);
   // Again: every sample reuses the prompt, the draft its own KV of it (marked as its pool
   // filled) — a draft running on blocks it never filled would propose garbage.
-  auto again = run_all(*e, group);
+  auto again = run_together(*e, group);
   check_full_acceptance(again);
   for (const auto& out : again) {
     BOOST_TEST(out.cached_tokens == 99); // the last block is copied, the last token run
@@ -344,9 +319,9 @@ BOOST_AUTO_TEST_CASE(a_draft_reuses_its_cached_kv_and_drops_it_with_the_targets)
   update.selector = runner_selector::all;
   BOOST_REQUIRE(e->update_weights_from_tensor(update).success);
   BOOST_REQUIRE(e->end_weight_update({}).success);
-  auto second = run_all(*e, group);
+  auto second = run_together(*e, group);
   check_full_acceptance(second);
-  auto fresh = model_with(target, "prefix-cache-draft-fresh", step);
+  auto fresh = model_dir_with(target, "prefix-cache-draft-fresh", step);
   auto new_reference = reference_greedy(fresh, prompt, 24);
   int reused = 0;
   for (const auto& out : second) {
@@ -357,7 +332,7 @@ BOOST_AUTO_TEST_CASE(a_draft_reuses_its_cached_kv_and_drops_it_with_the_targets)
 
   // Seeded sampling with a different draft: the same tokens and logprobs as without the cache.
   auto related = perturbed(target, 78, 0.05f);
-  auto draft = model_with(target, "prefix-cache-draft-related", related);
+  auto draft = model_dir_with(target, "prefix-cache-draft-related", related);
   std::vector<GenerateReqInput> sampled;
   for (int s = 0; s < 8; ++s)
     sampled.push_back(sample_of(prompt, s, 20));
@@ -365,8 +340,8 @@ BOOST_AUTO_TEST_CASE(a_draft_reuses_its_cached_kv_and_drops_it_with_the_targets)
   auto draft_only = engine_config{};
   draft_only.disable_radix_cache = true;
   auto without_cache = start(target, draft, draft_only);
-  auto a = run_all(*with_cache, sampled);
-  auto b = run_all(*without_cache, sampled);
+  auto a = run_together(*with_cache, sampled);
+  auto b = run_together(*without_cache, sampled);
   for (std::size_t s = 0; s < a.size(); ++s) {
     BOOST_TEST(a[s].output_ids == b[s].output_ids, "sample " << s);
     BOOST_TEST(a[s].output_token_logprobs == b[s].output_token_logprobs, "sample " << s);
@@ -377,14 +352,7 @@ BOOST_AUTO_TEST_CASE(a_draft_reuses_its_cached_kv_and_drops_it_with_the_targets)
 // router choices, and report the same routed_experts as an engine without the cache. A request
 // that does not replay routing caches blocks without choices, which a replaying one skips.
 BOOST_AUTO_TEST_CASE(routing_replay_reuses_blocks_that_kept_the_routers_choices) {
-  auto dir = scratch_dir("prefix-cache-moe");
-  if (!fs::exists(dir / "config.json")) {
-    model::make_model_options o;
-    o.arch = "qwen3-moe";
-    o.out = dir;
-    o.seed = 13;
-    BOOST_REQUIRE(model::make_model(o).has_value());
-  }
+  auto dir = tiny_moe_model("prefix-cache-moe", 13);
   auto prompt = random_tokens(70, 8);
   std::vector<GenerateReqInput> group;
   for (int s = 0; s < 6; ++s) {
@@ -396,9 +364,9 @@ BOOST_AUTO_TEST_CASE(routing_replay_reuses_blocks_that_kept_the_routers_choices)
   auto cached = start(dir);
   auto plain = cached->generate(sample_of(prompt, 99, 4)); // caches blocks without choices
   BOOST_REQUIRE(plain.success);
-  auto with_cache = run_all(*cached, group);
+  auto with_cache = run_together(*cached, group);
   auto uncached = start(dir, {}, no_cache());
-  auto without = run_all(*uncached, group);
+  auto without = run_together(*uncached, group);
   int reused = 0;
   for (std::size_t s = 0; s < group.size(); ++s) {
     BOOST_TEST_CONTEXT("sample " << s) {

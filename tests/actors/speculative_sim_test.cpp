@@ -21,13 +21,7 @@ namespace {
 // A model directory beside `dir` whose weights are `dir`'s moved by noise (a different but
 // related model: a draft that agrees with the target often, not always).
 fs::path perturbed_model(const fs::path& dir, const std::string& name, uint64_t seed, float scale) {
-  auto out = scratch_dir(name);
-  fs::remove_all(out);
-  fs::create_directories(out);
-  fs::copy_file(dir / "config.json", out / "config.json");
-  fs::copy_file(dir / "tokenizer.json", out / "tokenizer.json");
-  BOOST_REQUIRE(model::write_checkpoint(out, perturbed(dir, seed, scale)).has_value());
-  return out;
+  return model_dir_with(dir, name, perturbed(dir, seed, scale));
 }
 
 std::vector<std::vector<int32_t>> random_prompts(int n, uint64_t seed) {
@@ -285,12 +279,7 @@ BOOST_AUTO_TEST_CASE(frozen_draft_keeps_accepting_after_a_target_only_update) {
                                                   << " before the update, " << length << " after");
   BOOST_TEST(length > 1.0);
   // Speculation on equals speculation off: a fresh engine on the new weights without a draft.
-  auto fresh_dir = scratch_dir("frozen-draft-fresh");
-  fs::remove_all(fresh_dir);
-  fs::create_directories(fresh_dir);
-  fs::copy_file(target / "config.json", fresh_dir / "config.json");
-  fs::copy_file(target / "tokenizer.json", fresh_dir / "tokenizer.json");
-  BOOST_REQUIRE(model::write_checkpoint(fresh_dir, step).has_value());
+  auto fresh_dir = model_dir_with(target, "frozen-draft-fresh", step);
   auto fresh = start(fresh_dir);
   BOOST_TEST(run_all(*fresh) == outs);
 }

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <chrono>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <memory>
 #include <random>
@@ -139,6 +141,48 @@ inline std::unique_ptr<model::qwen3_model> load_model(const fs::path& dir,
 }
 
 // Greedy decoding with the model library directly: the reference for the pipeline.
+// A tiny Qwen3-MoE (make-model's tiny preset, every layer sparse), made once per name.
+inline fs::path tiny_moe_model(const std::string& name, uint64_t seed) {
+  auto dir = scratch_dir(name);
+  if (!fs::exists(dir / "config.json")) {
+    model::make_model_options o;
+    o.arch = "qwen3-moe";
+    o.out = dir;
+    o.seed = seed;
+    auto ok = model::make_model(o);
+    BOOST_REQUIRE_MESSAGE(ok.has_value(), (ok ? std::string() : ok.error()));
+  }
+  return dir;
+}
+
+// A model directory `name` holding `tensors` with `base`'s config and tokenizer: an update
+// written to disk, what a fresh engine on the new weights loads.
+inline fs::path model_dir_with(const fs::path& base, const std::string& name,
+                               const std::vector<NamedTensor>& tensors) {
+  auto dir = scratch_dir(name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy_file(base / "config.json", dir / "config.json");
+  fs::copy_file(base / "tokenizer.json", dir / "tokenizer.json");
+  BOOST_REQUIRE(model::write_checkpoint(dir, tensors).has_value());
+  return dir;
+}
+
+// Sends every request at once and waits for all (a hang guard, not a timing assertion); each
+// must succeed.
+inline std::vector<GenerateReqOutput> run_together(Engine& e, const std::vector<GenerateReqInput>& reqs) {
+  std::vector<std::future<GenerateReqOutput>> running;
+  for (const auto& r : reqs)
+    running.push_back(e.generate_async(r));
+  std::vector<GenerateReqOutput> outs;
+  for (auto& f : running) {
+    BOOST_REQUIRE(f.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
+    outs.push_back(f.get());
+    BOOST_REQUIRE_MESSAGE(outs.back().success, outs.back().message);
+  }
+  return outs;
+}
+
 inline std::vector<int32_t> reference_greedy(const fs::path& dir, std::vector<int32_t> prompt, int n) {
   auto m = load_model(dir);
   auto cache = m->make_cache();

@@ -10,7 +10,7 @@ debian_packages=(
   nlohmann-json3-dev libxxhash-dev libspdlog-dev libfmt-dev libcli11-dev libpcre2-dev
   clang libclang-rt-14-dev llvm    # libFuzzer targets (make fuzz-smoke); llvm-symbolizer for reports
 )
-python_packages=(numpy safetensors tokenizers xxhash websockets jinja2 wheel)  # wheel: pip install ./python
+python_packages=(numpy safetensors tokenizers xxhash websockets jinja2)
 
 missing=()
 for p in "${debian_packages[@]}"; do
@@ -25,8 +25,13 @@ if ((${#missing[@]})); then
 fi
 
 python=${PYTHON:-python3}
-if ! "$python" -c "import numpy, safetensors, tokenizers, xxhash, websockets, jinja2, wheel" 2>/dev/null; then
+if ! "$python" -c "import numpy, safetensors, tokenizers, xxhash, websockets, jinja2" 2>/dev/null; then
   echo "setup: installing Python packages: ${python_packages[*]}"
   "$python" -m pip install -q "${python_packages[@]}"
+fi
+# pip builds python/ (the trainer package) with setuptools' bdist_wheel, which setuptools before
+# 70.1 takes from `wheel`. Best effort: without it the package test installs by copying.
+if ! "$python" -c "import wheel" 2>/dev/null; then
+  "$python" -m pip install -q wheel 2>/dev/null || echo "setup: could not install wheel (offline?)"
 fi
 echo "setup: ok"

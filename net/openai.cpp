@@ -87,10 +87,11 @@ ojson matched_stop(const GenerateReqOutput& out) {
   return nullptr;
 }
 
-ojson usage(int32_t prompt_tokens, int32_t completion_tokens) {
+ojson usage(int32_t prompt_tokens, int32_t completion_tokens, int32_t cached_tokens) {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
-          {"total_tokens", int64_t(prompt_tokens) + completion_tokens}};
+          {"total_tokens", int64_t(prompt_tokens) + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
 ojson completion_logprobs(const openai_reply_context& cx, const GenerateReqOutput& out, int64_t& offset) {
@@ -144,7 +145,7 @@ ojson completion_response(const openai_reply_context& cx, const GenerateReqOutpu
                   {"matched_stop", matched_stop(out)}};
   auto j = base(cx, "text_completion");
   j["choices"] = ojson::array({choice});
-  j["usage"] = usage(out.prompt_tokens, out.completion_tokens);
+  j["usage"] = usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens);
   j["weight_version"] = out.weight_version;
   return j;
 }
@@ -172,7 +173,7 @@ ojson chat_response(const openai_reply_context& cx, const GenerateReqOutput& out
                   {"matched_stop", matched_stop(out)}};
   auto j = base(cx, "chat.completion");
   j["choices"] = ojson::array({choice});
-  j["usage"] = usage(out.prompt_tokens, out.completion_tokens);
+  j["usage"] = usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens);
   j["weight_version"] = out.weight_version;
   return j;
 }
@@ -207,10 +208,10 @@ ojson chat_finish_chunk(const openai_reply_context& cx, const GenerateReqOutput&
 }
 
 ojson usage_chunk(const openai_reply_context& cx, std::string_view object, int32_t prompt_tokens,
-                  int32_t completion_tokens) {
+                  int32_t completion_tokens, int32_t cached_tokens) {
   auto j = base(cx, object);
   j["choices"] = ojson::array();
-  j["usage"] = usage(prompt_tokens, completion_tokens);
+  j["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens);
   return j;
 }
 

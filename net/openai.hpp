@@ -42,7 +42,8 @@ std::string token_string(const openai_reply_context& cx, int32_t id);
 ojson finish_reason(const GenerateReqOutput& out);
 // SGLang's matched_stop: the stop token id or stop string that ended the request, or null.
 ojson matched_stop(const GenerateReqOutput& out);
-ojson usage(int32_t prompt_tokens, int32_t completion_tokens);
+// OpenAI's usage, with prompt_tokens_details.cached_tokens: prompt tokens the prefix cache served.
+ojson usage(int32_t prompt_tokens, int32_t completion_tokens, int32_t cached_tokens);
 
 // Completion logprobs of the tokens of `out`: {tokens, token_logprobs, top_logprobs,
 // text_offset}. text_offset[i] is `offset` plus the length in characters (code points) of
@@ -70,7 +71,7 @@ ojson chat_content_chunk(const openai_reply_context& cx, const GenerateReqOutput
 ojson chat_finish_chunk(const openai_reply_context& cx, const GenerateReqOutput& last, bool include_usage);
 // The chunk after the last when stream_options.include_usage: no choices, the usage.
 ojson usage_chunk(const openai_reply_context& cx, std::string_view object, int32_t prompt_tokens,
-                  int32_t completion_tokens);
+                  int32_t completion_tokens, int32_t cached_tokens);
 
 // GET /v1/models: the one served model.
 ojson models_list(std::string_view model, int64_t created);

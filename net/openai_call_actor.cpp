@@ -139,6 +139,16 @@ void on_chunk(openai_actor* self, const GenerateReqOutput& chunk) {
     event(self, chat_finish_chunk(s.cx, chunk, s.include_usage));
 }
 
+// The prompt tokens the prefix cache served, for the usage of n choices of one prompt (whose
+// prompt is counted once): the most any choice got.
+template <class Outputs>
+int32_t most_cached(const Outputs& samples) {
+  int32_t most = 0;
+  for (const auto& o : samples)
+    most = std::max(most, o.cached_tokens);
+  return most;
+}
+
 // The last choice of an n > 1 request is in: n choices, or the first failure (the others were
 // aborted).
 void samples_done(openai_actor* self) {
@@ -153,7 +163,8 @@ void samples_done(openai_actor* self) {
       int32_t completion = 0;
       for (const auto& o : samples)
         completion += o.completion_tokens;
-      event(self, usage_chunk(s.cx, chunk_object(s.kind), samples[0].prompt_tokens, completion));
+      event(self, usage_chunk(s.cx, chunk_object(s.kind), samples[0].prompt_tokens, completion,
+                              most_cached(samples)));
     }
     return end_stream(self);
   }
@@ -171,7 +182,7 @@ void samples_done(openai_actor* self) {
     body["choices"].push_back(std::move(choice));
     completion += samples[k].completion_tokens;
   }
-  body["usage"] = usage(samples[0].prompt_tokens, completion);
+  body["usage"] = usage(samples[0].prompt_tokens, completion, most_cached(samples));
   reply_json(self, 200, body);
 }
 
@@ -224,7 +235,8 @@ void send_generate(openai_actor* self, GenerateReqInput req) {
         after_reply(*s.st, s.info, "http", true, out.success, 0);
         if (s.stream && s.events_sent) {
           if (s.include_usage && out.success)
-            event(self, usage_chunk(s.cx, chunk_object(s.kind), out.prompt_tokens, out.completion_tokens));
+            event(self, usage_chunk(s.cx, chunk_object(s.kind), out.prompt_tokens, out.completion_tokens,
+                                    out.cached_tokens));
           return end_stream(self);
         }
         if (!out.success)

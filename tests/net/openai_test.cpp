@@ -54,7 +54,8 @@ BOOST_AUTO_TEST_CASE(completion_response_whole) {
              R"("text":"Pab","logprobs":{"tokens":["token_id:97","token_id:98"],"token_logprobs":[-0.5,-1.25],)"
              R"("top_logprobs":[{"token_id:97":-0.5,"token_id:99":-2.0},{"token_id:98":-1.25}],)"
              R"("text_offset":[1,12]},"finish_reason":"stop","matched_stop":"\n"}],)"
-             R"("usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7},"weight_version":"7"})");
+             R"("usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7,"prompt_tokens_details":{"cached_tokens":0}},)"
+             R"("weight_version":"7"})");
 }
 
 BOOST_AUTO_TEST_CASE(chat_response_and_token_texts_from_the_tokenizer) {
@@ -98,9 +99,10 @@ BOOST_AUTO_TEST_CASE(stream_chunks) {
   BOOST_TEST(fin["object"] == "chat.completion.chunk");
   BOOST_TEST(fin["choices"][0]["delta"].dump() == "{}");
   BOOST_TEST(fin["choices"][0]["finish_reason"] == "stop");
-  auto u = usage_chunk(cx, "chat.completion.chunk", 5, 2);
+  auto u = usage_chunk(cx, "chat.completion.chunk", 5, 2, 4);
   BOOST_TEST(u["choices"].dump() == "[]");
   BOOST_TEST(u["usage"]["total_tokens"] == 7);
+  BOOST_TEST(u["usage"]["prompt_tokens_details"]["cached_tokens"] == 4);
   BOOST_TEST(models_list("/models/q", 3).dump() ==
              R"({"object":"list","data":[{"id":"/models/q","object":"model","created":3,"owned_by":"rlserve","root":"/models/q"}]})");
 }

@@ -134,6 +134,13 @@ def main():
             again = generate(port, {"input_ids": shared, "sampling_params": {"temperature": 0, "max_new_tokens": 2}})
             t.check(again["meta_info"]["cached_tokens"] == 0, "nothing reused after a flush")
 
+            # OpenAI's usage reports the cached prompt tokens too: the request above cached 4
+            # whole blocks of `shared` (its 75 + 1 positions), the partial fifth one it kept.
+            status, comp = http(port, "POST", "/v1/completions",
+                                {"prompt": shared, "max_tokens": 2, "temperature": 0})
+            t.check(status == 200 and comp["usage"]["prompt_tokens_details"]["cached_tokens"] == 64,
+                    f"usage {comp.get('usage')}")
+
             # New weights: nothing of the old ones is reused, tokens follow the new weights.
             generate(port, {"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 2}})
             status, out = http(port, "POST", "/update_weights_from_disk", {"model_path": other})

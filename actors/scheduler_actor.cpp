@@ -573,16 +573,19 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32
     r.kv_tokens += ran;
   }
   r.prefill_left = std::max<int64_t>(r.prefill_left - ran, 0);
-  if (st.options.prefix_cache) {
-    drop_copy_pin(st, r);
-    cache_full_blocks(st, r);
-  }
+  if (st.options.prefix_cache)
+    drop_copy_pin(st, r); // the batch that copied has run
+  // Below, every path ends in finish() (whose release_kv caches the request's full blocks) or
+  // caches the blocks filled by this batch itself, once its tokens are known.
   if (r.abort_requested) {
     finish(self, std::string(rid), abort_reason(r));
     return;
   }
-  if (!sampled)
-    return; // a prefill chunk: nothing to report yet
+  if (!sampled) { // a prefill chunk: nothing to report yet
+    if (st.options.prefix_cache)
+      cache_full_blocks(st, r);
+    return;
+  }
   if (r.req.sampling_params.max_new_tokens == 0) { // it ran to score its prompt
     finish(self, std::string(rid), FinishReason{"length", std::nullopt, std::nullopt, {}});
     return;
@@ -603,7 +606,7 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32
     finish(self, std::string(rid), std::move(reason));
   } else {
     emit(self, r, std::nullopt);
-    if (st.options.prefix_cache) // blocks filled by the accepted proposals just appended
+    if (st.options.prefix_cache) // with the tokens just appended (a verification's too)
       cache_full_blocks(st, r);
   }
 }

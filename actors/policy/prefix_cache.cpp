@@ -84,7 +84,6 @@ prefix_cache::match prefix_cache::lookup(std::span<const int32_t> tokens, int64_
   match m;
   const auto limit = std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size()));
   const node* at = root_.get();
-  bool draft_run = true;
   for (int64_t end = block_size_; end <= limit; end += block_size_) {
     auto it = at->children.find(tokens.subspan(static_cast<std::size_t>(end - block_size_),
                                                static_cast<std::size_t>(block_size_)));
@@ -92,9 +91,6 @@ prefix_cache::match prefix_cache::lookup(std::span<const int32_t> tokens, int64_
       break;
     node* n = it->second.get();
     m.path.push_back(n);
-    draft_run = draft_run && n->draft_ready;
-    if (draft_run)
-      m.draft_tokens = end;
     if (n->refs == 0)
       ++m.unpinned;
     at = n;

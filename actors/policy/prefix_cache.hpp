@@ -40,7 +40,6 @@ public:
   struct match {
     std::vector<node*> path;
     int64_t tokens = 0;       // path.size() * block_size
-    int64_t draft_tokens = 0; // the leading part the draft runner's pool holds too
     int64_t unpinned = 0;     // nodes of the path (and copy_from) nobody pins now
     node* copy_from = nullptr;
     int64_t copy_tokens = 0;  // 1 .. block_size - 1 with copy_from, else 0

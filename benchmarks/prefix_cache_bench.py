@@ -13,7 +13,7 @@ then the ratios. Checks that both servers return the same tokens for every sampl
         [--model DIR | --arch qwen3-moe --preset small] [--prompts 8] [--samples 16]
         [--prompt-len 256] [--tokens 16] [--rounds 3] [--serve-arg=--kv-cache-tokens=65536 ...]
 
-The issue's GPU shape: --device cuda --prompts 64 --samples 16 --prompt-len 1024 --tokens 256
+The GPU shape it is meant for: --device cuda --prompts 64 --samples 16 --prompt-len 1024 --tokens 256
 on a Qwen3-30B-A3B-shaped model directory (--model).
 """
 import argparse
@@ -21,30 +21,9 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import tempfile
-import threading
-import time
-import urllib.request
 
-
-def call(port, method, path, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=3600) as r:
-        return json.loads(r.read())
-
-
-def start(rlserve, model, device, extra):
-    proc = subprocess.Popen([rlserve, "serve", "--port", "0", "--model", model, "--device", device, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = proc.stdout.readline()
-    if "listening on" not in line:
-        proc.kill()
-        raise SystemExit(f"serve did not start: {line!r}")
-    return proc, int(line.split("listening on ")[1].split(" ")[0].rsplit(":", 1)[1])
+from serve_util import call, make_model, start_server, timed_concurrently
 
 
 def one_round(port, prompts, samples, tokens, seed):
@@ -58,13 +37,7 @@ def one_round(port, prompts, samples, tokens, seed):
             "sampling_params": {"n": samples, "temperature": 1.0, "max_new_tokens": tokens,
                                 "ignore_eos": True, "sampling_seed": seed + 1000 * i}})
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
+    elapsed = timed_concurrently(one, len(prompts))
     outs = [[s["output_ids"] for s in r] for r in results]
     assert all(len(s) == tokens for group in outs for s in group)
     prefill = call(port, "GET", "/get_server_info")["prefill_tokens"] - before
@@ -89,12 +62,11 @@ def main():
         model = args.model
         if not model:
             model = os.path.join(tmp, "model")
-            subprocess.run([args.rlserve, "make-model", "--arch", args.arch, "--preset", args.preset,
-                            "--out", model, "--seed", "1"], check=True, capture_output=True)
+            make_model(args.rlserve, model, args.arch, args.preset)
         vocab = json.load(open(os.path.join(model, "config.json")))["vocab_size"]
-        servers = {"cache": start(args.rlserve, model, args.device, args.serve_arg),
-                   "no cache": start(args.rlserve, model, args.device,
-                                     args.serve_arg + ["--disable-radix-cache"])}
+        serve = [args.rlserve, "--model", model, "--device", args.device, *args.serve_arg]
+        servers = {"cache": start_server(*serve),
+                   "no cache": start_server(*serve, "--disable-radix-cache")}
         try:
             rng = random.Random(0)
             stats = {name: [] for name in servers}

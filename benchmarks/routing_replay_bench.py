@@ -13,39 +13,22 @@ and prints tokens per second (median over rounds) per shape.
         [--batch 16] [--tokens 32] [--rounds 5]
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import tempfile
-import threading
-import time
-import urllib.request
 
-
-def post(port, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/generate", data=json.dumps(body).encode(),
-                                 method="POST")
-    req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return json.loads(r.read())
+from serve_util import call, make_model, start_server, timed_concurrently
 
 
 def round_of(port, batch, tokens, routed):
     outs = [None] * batch
 
     def one(i):
-        outs[i] = post(port, {"input_ids": [3 + i, 7, 11, 5 + i, 9], "return_routed_experts": i in routed,
+        outs[i] = call(port, "POST", "/generate", {"input_ids": [3 + i, 7, 11, 5 + i, 9], "return_routed_experts": i in routed,
                               "sampling_params": {"max_new_tokens": tokens, "temperature": 0,
                                                   "ignore_eos": True}})
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(batch)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
+    elapsed = timed_concurrently(one, batch)
     assert all(o["meta_info"]["completion_tokens"] == tokens for o in outs)
     assert all(("routed_experts" in o["meta_info"]) == (i in routed) for i, o in enumerate(outs))
     return batch * tokens / elapsed
@@ -61,12 +44,8 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, "moe")
-        subprocess.run([args.rlserve, "make-model", "--arch", "qwen3-moe", "--preset", args.preset,
-                        "--out", model, "--seed", "1"], check=True, capture_output=True)
-        proc = subprocess.Popen([args.rlserve, "serve", "--port", "0", "--model", model, "--device", "cpu"],
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = proc.stdout.readline()
-        port = int(line.split("listening on ")[1].split(" ")[0].rsplit(":", 1)[1])
+        make_model(args.rlserve, model, "qwen3-moe", args.preset)
+        proc, port = start_server(args.rlserve, "--model", model, "--device", "cpu")
         try:
             shapes = {"none": set(), "one": {0}, "all": set(range(args.batch))}
             round_of(port, args.batch, args.tokens, set())  # warm-up

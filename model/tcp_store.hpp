@@ -2,8 +2,8 @@
 // how an engine rank joins the store a torch.distributed trainer's rank 0 hosts at
 // init_method "tcp://master_address:master_port" and fetches the NCCL unique id of the trainer's
 // weight-update group, as ProcessGroupNCCL does (docs/protocol.md, "Joining a trainer's NCCL
-// group"). Tested against PyTorch 2.11's store on the GPU machine and a store written from the
-// protocol in tests/python/test_tcp_store.py.
+// group"). Tested against a store written from the protocol (tests/python/test_tcp_store.py);
+// tests/gpu/test_tcp_store.py holds it to PyTorch's own store on the GPU machine.
 //
 // The protocol (torch/csrc/distributed/c10d TCPStore.cpp and TCPStoreBackend.hpp): one byte of
 // query type, then arguments — strings and byte values as u64 length + bytes, numbers as raw

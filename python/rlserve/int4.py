@@ -10,15 +10,9 @@ Recipes per group of G input elements (float32 arithmetic, round half to even):
 The input is what the engine quantizes: the weight rounded to bfloat16 first."""
 from typing import Dict
 
-from .tensors import Tensor, tensor_from_array
+from .tensors import Tensor, bfloat16_bits, tensor_from_array
 
 RECIPES = ("int4-asym", "int4-sym-qat", "int4-sym")
-
-
-def _bf16_round(np, x):
-    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint32)
-    return (bits << 16).view(np.float32)
 
 
 def _pack8(np, nibbles):
@@ -47,7 +41,7 @@ def quantize_module(weight, recipe: str = "int4-asym", group_size: int = 128,
     if g <= 0 or k % g or n % 8 or k % 8:
         raise ValueError(f"shape [{n}, {k}] with group size {group_size}: k must be a multiple of the "
                          "group size, and n and k of 8")
-    x = _bf16_round(np, w).reshape(n, k // g, g)
+    x = (bfloat16_bits(w).astype(np.uint32) << 16).view(np.float32).reshape(n, k // g, g)
     f32 = np.float32
     if recipe == "int4-asym":
         lo = np.minimum(x.min(axis=-1), f32(0))

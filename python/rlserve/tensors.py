@@ -1,6 +1,5 @@
 """What a tensor travels as: a dtype name (PyTorch's: "bfloat16", "float32", ...), a shape and
 its raw little-endian bytes in row-major order — the engine's load format for that name."""
-import struct
 from dataclasses import dataclass
 from typing import Sequence, Tuple
 
@@ -36,17 +35,17 @@ def tensor_from_bytes(dtype: str, shape: Sequence[int], data: bytes) -> Tensor:
     return Tensor(dtype, tuple(int(d) for d in shape), bytes(data))
 
 
-def _float32_to_bfloat16_bits(words):
-    """Round-to-nearest-even float32 bit patterns -> bfloat16 bit patterns (NaN kept a NaN), as
-    the engine's and PyTorch's conversions do."""
-    out = []
-    for w in words:
-        if (w & 0x7F800000) == 0x7F800000 and (w & 0x007FFFFF):
-            out.append((w >> 16) | 0x0040)  # a quiet NaN
-            continue
-        rounding = 0x7FFF + ((w >> 16) & 1)
-        out.append(((w + rounding) >> 16) & 0xFFFF)
-    return out
+def bfloat16_bits(array):
+    """NumPy values -> their bfloat16 bit patterns (uint16, same shape): round to nearest even,
+    NaN kept a quiet NaN, as the engine's and PyTorch's conversions do."""
+    import numpy as np
+    words = np.asarray(array).astype("<f4")
+    w = words.view("<u4").astype(np.uint64)
+    bits = ((w + 0x7FFF + ((w >> 16) & 1)) >> 16).astype(np.uint16)
+    u = words.view("<u4")
+    nan = ((u & 0x7F800000) == 0x7F800000) & ((u & 0x007FFFFF) != 0)
+    bits[nan] = ((u[nan] >> 16) | 0x0040).astype(np.uint16)
+    return bits
 
 
 def tensor_from_array(array, dtype: str = None) -> Tensor:
@@ -70,17 +69,6 @@ def tensor_from_array(array, dtype: str = None) -> Tensor:
             raise ValueError(f"numpy dtype {name} has no engine dtype; pass dtype=")
         return Tensor(name, tuple(a.shape), a.astype(a.dtype.newbyteorder("<")).tobytes())
     if dtype == "bfloat16":
-        words = a.astype("<f4").reshape(-1).view("<u4")
-        # Vectorized round-to-nearest-even; NaNs stay quiet NaNs.
-        w = words.astype(np.uint64)
-        bits = ((w + 0x7FFF + ((w >> 16) & 1)) >> 16).astype(np.uint16)
-        nan = ((words & 0x7F800000) == 0x7F800000) & ((words & 0x007FFFFF) != 0)
-        bits[nan] = ((words[nan] >> 16) | 0x0040).astype(np.uint16)
-        return Tensor("bfloat16", tuple(a.shape), bits.astype("<u2").tobytes())
+        return Tensor("bfloat16", tuple(a.shape), bfloat16_bits(a).astype("<u2").tobytes())
     return Tensor(dtype, tuple(a.shape), a.astype(np.dtype(dtype).newbyteorder("<")).tobytes())
 
-
-def bfloat16_bits(values: Sequence[float]):
-    """float values -> bfloat16 bit patterns without NumPy (small tensors, tests)."""
-    words = [struct.unpack("<I", struct.pack("<f", float(v)))[0] for v in values]
-    return _float32_to_bfloat16_bits(words)

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import urllib.error
+import urllib.request
 
 
 def rlserve_bin():
@@ -51,3 +53,22 @@ def start_server(env, *extra):
         raise AssertionError(f"serve did not start: {line!r} {proc.stderr.read()}")
     port = int(line.split("listening on ")[1].split(" ")[0].rsplit(":", 1)[1])
     return proc, port
+
+
+def http(port, method, path, body=None):
+    """(status, parsed JSON or text) of one request to the server at 127.0.0.1:port; `body` is
+    JSON-encoded unless it is bytes already."""
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            text = r.read().decode()
+            status = r.status
+    except urllib.error.HTTPError as e:
+        text, status = e.read().decode(), e.code
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text

@@ -25,7 +25,6 @@ import json
 import math
 import os
 import sys
-import urllib.error
 import urllib.request
 
 import numpy as np
@@ -37,24 +36,6 @@ from test_qwen3_parity import load_weights, reference_logits  # noqa: E402
 
 TIE_GAP = 1e-3
 LOGPROB_TOL = 2e-3
-
-
-def http(port, method, path, body=None):
-    """(status, parsed JSON or text) of one request."""
-    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            text = r.read().decode()
-            status = r.status
-    except urllib.error.HTTPError as e:
-        text, status = e.read().decode(), e.code
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
 
 
 def sse_events(port, body):
@@ -76,17 +57,17 @@ def sse_events(port, body):
 
 
 def generate(port, body):
-    status, out = http(port, "POST", "/generate", body)
+    status, out = t.http(port, "POST", "/generate", body)
     t.check(status == 200, f"/generate {body} -> {status} {out}")
     return out
 
 
 def refused(port, body, needle):
-    status, out = http(port, "POST", "/generate", body)
+    status, out = t.http(port, "POST", "/generate", body)
     t.check(status == 400, f"{body} should be refused, got {status} {out}")
     message = json.dumps(out)
     t.check(needle in message, f"{body}: the error should name {needle!r}: {message}")
-    status, health = http(port, "GET", "/health")
+    status, health = t.http(port, "GET", "/health")
     t.check(status == 200, f"the server stopped answering after {body}: {status} {health}")
 
 
@@ -422,9 +403,9 @@ def test_parallel_samples(port, tok):
     refused(port, {"text": []}, "text")
     refused(port, {"input_ids": prompt, "sampling_params": {"n": 5000}}, "at most")
     # A batch larger than the body bound of one request is refused whole, saying so.
-    status, body = http(port, "POST", "/generate", {"text": ["word " * 260_000, "more"]})
+    status, body = t.http(port, "POST", "/generate", {"text": ["word " * 260_000, "more"]})
     t.check(status == 413 and "a batch of prompts counts whole" in json.dumps(body), f"{status} {body}")
-    t.check(http(port, "GET", "/health")[0] == 200, "the server stopped answering after a 413")
+    t.check(t.http(port, "GET", "/health")[0] == 200, "the server stopped answering after a 413")
     print("n > 1 and batches: ok")
 
 

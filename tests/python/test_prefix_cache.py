@@ -17,8 +17,6 @@
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 
 import numpy as np
 
@@ -29,24 +27,8 @@ from test_qwen3_parity import load_weights, reference_logits  # noqa: E402
 TIE_GAP = 1e-3
 
 
-def http(port, method, path, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            text, status = r.read().decode(), r.status
-    except urllib.error.HTTPError as e:
-        text, status = e.read().decode(), e.code
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
-
-
 def generate(port, body):
-    status, out = http(port, "POST", "/generate", body)
+    status, out = t.http(port, "POST", "/generate", body)
     t.check(status == 200, f"/generate -> {status} {out}")
     return out
 
@@ -94,7 +76,7 @@ def main():
 
         plain, plain_port = t.start_server(env, "--model", model, "--device", "cpu", "--disable-radix-cache")
         try:
-            status, info = http(plain_port, "GET", "/get_server_info")
+            status, info = t.http(plain_port, "GET", "/get_server_info")
             t.check(status == 200 and info["disable_radix_cache"] is True, f"off: {info}")
             uncached = grpo_group(plain_port, prompt)
             t.check(all(o["meta_info"]["cached_tokens"] == 0 for o in uncached), "nothing cached when off")
@@ -104,7 +86,7 @@ def main():
 
         proc, port = t.start_server(env, "--model", model, "--device", "cpu")
         try:
-            status, info = http(port, "GET", "/get_server_info")
+            status, info = t.http(port, "GET", "/get_server_info")
             t.check(status == 200 and info["disable_radix_cache"] is False, f"on: {info}")
             cached = grpo_group(port, prompt)
             reuse = sorted(o["meta_info"]["cached_tokens"] for o in cached)
@@ -119,31 +101,31 @@ def main():
             out = check_greedy(port, cfg, w, shared, 8, "shared prefix")
             t.check(out["meta_info"]["cached_tokens"] == 70, f"70 shared tokens reused: {out['meta_info']}")
 
-            status, info = http(port, "GET", "/get_server_info")
+            status, info = t.http(port, "GET", "/get_server_info")
             t.check(info["cache_hit_rate"] > 0.5, f"cache_hit_rate {info['cache_hit_rate']}")
-            status, text = http(port, "GET", "/metrics")
+            status, text = t.http(port, "GET", "/metrics")
             t.check("rlserve_prefix_cache_hit_rate" in text and "rlserve_prefill_tokens_total" in text,
                     "metrics name the cache")
-            status, loads = http(port, "GET", "/v1/loads")
+            status, loads = t.http(port, "GET", "/v1/loads")
             t.check(loads["loads"][0]["cache_hit_rate"] > 0.5, f"/v1/loads {loads}")
 
-            status, out = http(port, "POST", "/flush_cache", {})
+            status, out = t.http(port, "POST", "/flush_cache", {})
             t.check(status == 200, f"flush_cache -> {status} {out}")
-            status, info = http(port, "GET", "/get_server_info")
+            status, info = t.http(port, "GET", "/get_server_info")
             t.check(info["prefix_cached_tokens"] == 0, f"flushed: {info['prefix_cached_tokens']}")
             again = generate(port, {"input_ids": shared, "sampling_params": {"temperature": 0, "max_new_tokens": 2}})
             t.check(again["meta_info"]["cached_tokens"] == 0, "nothing reused after a flush")
 
             # OpenAI's usage reports the cached prompt tokens too: the request above cached 4
             # whole blocks of `shared` (its 75 + 1 positions), the partial fifth one it kept.
-            status, comp = http(port, "POST", "/v1/completions",
+            status, comp = t.http(port, "POST", "/v1/completions",
                                 {"prompt": shared, "max_tokens": 2, "temperature": 0})
             t.check(status == 200 and comp["usage"]["prompt_tokens_details"]["cached_tokens"] == 64,
                     f"usage {comp.get('usage')}")
 
             # New weights: nothing of the old ones is reused, tokens follow the new weights.
             generate(port, {"input_ids": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 2}})
-            status, out = http(port, "POST", "/update_weights_from_disk", {"model_path": other})
+            status, out = t.http(port, "POST", "/update_weights_from_disk", {"model_path": other})
             t.check(status == 200 and out["success"], f"update -> {status} {out}")
             out = check_greedy(port, cfg, w_other, prompt, 8, "after the update")
             t.check(out["meta_info"]["cached_tokens"] == 0, f"old blocks reused after an update: {out['meta_info']}")
@@ -153,11 +135,11 @@ def main():
 
             # Bad input: refused with a message, the server still answers.
             for body, needle in [({"timeout_s": "soon"}, "timeout_s"), ({"timeout_s": -1}, "timeout_s")]:
-                status, out = http(port, "POST", "/flush_cache", body)
+                status, out = t.http(port, "POST", "/flush_cache", body)
                 t.check(status == 400 and needle in json.dumps(out), f"flush_cache {body} -> {status} {out}")
-            status, out = http(port, "POST", "/generate", {"input_ids": prompt, "sampling_params": {"n": 0}})
+            status, out = t.http(port, "POST", "/generate", {"input_ids": prompt, "sampling_params": {"n": 0}})
             t.check(status == 400 and "n" in json.dumps(out), f"n = 0 -> {status} {out}")
-            status, _ = http(port, "GET", "/health")
+            status, _ = t.http(port, "GET", "/health")
             t.check(status == 200, "the server still answers")
         finally:
             proc.terminate()

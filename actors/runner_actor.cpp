@@ -15,6 +15,7 @@
 #include "kernels/bf16.hpp"
 #include "model/qwen3.hpp"
 #include "model/cuda_ipc.hpp"
+#include "model/nccl_group.hpp"
 #include "model/qwen3_gpu.hpp"
 #include "model/sampler.hpp"
 #include "model/speculative.hpp"
@@ -136,7 +137,9 @@ RunnerManifest make_manifest(const runner_options& options, const model::qwen3_m
     out.aliases.push_back({"lm_head.weight", "model.embed_tokens.weight"});
   auto& caps = out.capabilities;
   caps.device_tensors = gpu != nullptr;
-  caps.weight_update_groups = false; // no NCCL transport in this runner yet
+  // A GPU runner's weight_updater joins groups on its device (a draft reads what the target's
+  // group received, on the same GPU).
+  caps.weight_update_groups = gpu != nullptr && model::nccl_group::available();
   caps.device_checksums = gpu != nullptr;
   for (auto& p : m.parameters())
     if (p.name.ends_with(".weight_packed"))

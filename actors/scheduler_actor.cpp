@@ -1116,11 +1116,11 @@ bool may_change_weights_uncounted(const typename Op::input& req, const typename 
 // (between batches, one at a time); the reply goes back once the version stamped on results is
 // fresh. If the updater dies meanwhile, `waits` answers with the reason.
 template <class Op>
-auto forward_to_updater(scheduler_pointer self) {
+void forward_as_control(scheduler_pointer self, typename Op::input req,
+                        caf::typed_response_promise<typename Op::output> rp) {
   using In = typename Op::input;
   using Out = typename Op::output;
-  return [self](In& req) -> caf::result<Out> {
-    auto rp = self->make_response_promise<Out>();
+  {
     enqueue_control(self, [self, req = std::move(req), rp]() mutable {
       auto finish = [self, rp, uncounted = std::make_shared<In>(req)](Out out) mutable {
         if (may_change_weights_uncounted<Op>(*uncounted, out))
@@ -1139,7 +1139,8 @@ auto forward_to_updater(scheduler_pointer self) {
       self->state.waits.template request<Out>(
         self, self->state.updater, std::move(req),
         [self, finish, failed](Out& out) mutable {
-          if constexpr (std::is_same_v<In, UpdateWeightsFromTensorReqInput>) {
+          if constexpr (std::is_same_v<In, UpdateWeightsFromTensorReqInput> ||
+                        std::is_same_v<In, UpdateWeightsFromDistributedReqInput>) {
             // Outside begin/end and while generation runs, a tensor update commits at once
             // (SGLang applies each call as it comes); while paused it waits for
             // continue_generation.
@@ -1162,7 +1163,45 @@ auto forward_to_updater(scheduler_pointer self) {
         },
         [finish, failed](const std::string& why) mutable { finish(failed(why)); });
     });
-    return rp;
+  }
+}
+
+template <class Op>
+auto forward_to_updater(scheduler_pointer self) {
+  using In = typename Op::input;
+  using Out = typename Op::output;
+  return [self](In& req) -> caf::result<Out> {
+    if constexpr (std::is_same_v<In, InitWeightsUpdateGroupReqInput> ||
+                  std::is_same_v<In, DestroyWeightsUpdateGroupReqInput>) {
+      // Joining and leaving a group touch no served weight and may wait on a trainer for as
+      // long as the request's deadline: straight to the updater, and batches go on meanwhile.
+      return self->delegate(self->state.updater, std::move(req));
+    } else {
+      auto rp = self->make_response_promise<Out>();
+      if constexpr (std::is_same_v<In, UpdateWeightsFromDistributedReqInput>) {
+        if (req.received == 0) {
+          // The trainer's broadcast is received first, outside the one-at-a-time weight
+          // operations (batches run meanwhile); staging it is the weight operation.
+          self->state.waits.template request_of<ReceivedBroadcast>(
+            self, self->state.updater,
+            [self, rp, req](ReceivedBroadcast& r) mutable {
+              if (!r.success) {
+                rp.deliver(Out{false, std::move(r.message)});
+                return;
+              }
+              req.received = r.buffer_id;
+              forward_as_control<Op>(self, std::move(req), rp);
+            },
+            [rp](const std::string& why) mutable {
+              rp.deliver(Out{false, "the weight updater failed: " + why});
+            },
+            receive_atom_v, req);
+          return rp;
+        }
+      }
+      forward_as_control<Op>(self, std::move(req), rp);
+      return rp;
+    }
   };
 }
 

@@ -14,6 +14,7 @@
 #include "actors/guard.hpp"
 #include "actors/policy/update_session.hpp"
 #include "actors/watch.hpp"
+#include "actors/weight_group_actor.hpp"
 #include "caf/all.hpp"
 #include "messages/registration_check.hpp"
 #include "messages/enums.hpp"
@@ -33,12 +34,44 @@ struct runner_entry {
   std::unordered_map<std::string, std::string> aliases; // alias -> canonical name
 };
 
+// One NCCL weight-update group this engine joined (actors/weight_group_actor.hpp).
+struct group_entry {
+  std::string name;
+  weight_group_actor actor;
+  std::shared_ptr<std::atomic<bool>> cancel; // cuts short the group's waits (destroy, shutdown)
+  std::set<uint64_t> tickets;                // received updates whose buffers runners may still read
+  bool leaving = false;                      // destroyed: leaves once no ticket is outstanding
+  std::vector<caf::typed_response_promise<DestroyWeightsUpdateGroupReqOutput>> destroyed;
+
+  group_entry() = default;
+  group_entry(const group_entry&) = delete;
+  group_entry& operator=(const group_entry&) = delete;
+  // The last reference goes with the weight_updater (the engine stops) or after the group left:
+  // a wait still in progress on the group's thread ends at once, and so does the thread.
+  ~group_entry() {
+    if (cancel)
+      cancel->store(true);
+    if (actor)
+      caf::anon_send_exit(actor, caf::exit_reason::user_shutdown);
+  }
+};
+
+// The bytes of one update_weights_from_distributed, received and waiting to be staged.
+struct received_update {
+  std::shared_ptr<group_entry> group;
+  uint64_t buffer_id = 0;
+  std::vector<NamedDeviceTensor> tensors; // pointers into the group's buffers
+};
+
 struct updater_state {
   // Not an aggregate: under C++20, CAF 0.17's stateful_actor would otherwise try to build the
   // state from the actor pointer (parenthesized aggregate init makes is_constructible true).
   updater_state() = default;
 
   std::vector<std::unique_ptr<runner_entry>> runners; // target first
+  std::map<std::string, std::shared_ptr<group_entry>> groups; // joined or joining, by name
+  std::map<uint64_t, received_update> received;               // by ticket
+  uint64_t next_ticket = 1;
   // The session rules and the weight version (the one place it lives).
   policy::update_session session{"0"};
   bool allow_non_finite = false; // engine option allow_non_finite_weights
@@ -651,6 +684,237 @@ void disk_update(updater_pointer self, UpdateWeightFromDiskReqInput& req,
   start_plan(self, io, st.session.disk(req.selector, req.weight_version), std::move(answer));
 }
 
+// ---- NCCL weight-update groups ------------------------------------------------------------------
+
+// The CUDA ordinal of a GPU runner's device ("cuda:0 (NVIDIA H200)" -> 0).
+expected<int> cuda_ordinal(const std::string& device) {
+  int ordinal = -1;
+  if (std::sscanf(device.c_str(), "cuda:%d", &ordinal) != 1 || ordinal < 0)
+    return fail("the target runner's device \"" + device + "\" is not a CUDA device");
+  return ordinal;
+}
+
+// Sends the group its destroy once no runner reads its buffers any more; answers every
+// destroy_weights_update_group waiting for it.
+void leave_group(updater_pointer self, const std::shared_ptr<group_entry>& group) {
+  if (!group->leaving || !group->tickets.empty())
+    return;
+  auto answer = [group](DestroyWeightsUpdateGroupReqOutput out) {
+    for (auto& rp : group->destroyed)
+      rp.deliver(out);
+    group->destroyed.clear();
+  };
+  self->state.waits.template request<DestroyWeightsUpdateGroupReqOutput>(
+    self, group->actor, DestroyWeightsUpdateGroupReqInput{group->name},
+    [answer](DestroyWeightsUpdateGroupReqOutput& out) mutable { answer(std::move(out)); },
+    [answer, name = group->name](const std::string& why) mutable {
+      answer({true, "weight-update group \"" + name + "\" is gone (" + why + ")"});
+    });
+}
+
+// Destroys a group: no new update may use it; it leaves once its outstanding buffers are
+// released. `rp`, when given, gets the answer.
+void destroy_group(updater_pointer self, const std::shared_ptr<group_entry>& group,
+                   std::optional<caf::typed_response_promise<DestroyWeightsUpdateGroupReqOutput>> rp = {}) {
+  auto& st = self->state;
+  if (auto it = st.groups.find(group->name); it != st.groups.end() && it->second == group)
+    st.groups.erase(it);
+  const bool first = !group->leaving;
+  group->leaving = true;
+  group->cancel->store(true);
+  if (rp)
+    group->destroyed.push_back(std::move(*rp));
+  if (first)
+    leave_group(self, group);
+}
+
+// The group's buffers of a received update are no longer read.
+void release_ticket(updater_pointer self, uint64_t ticket) {
+  auto& st = self->state;
+  auto it = st.received.find(ticket);
+  if (it == st.received.end())
+    return;
+  auto group = it->second.group;
+  self->send(group->actor, ReleaseBroadcast{it->second.buffer_id});
+  group->tickets.erase(ticket);
+  st.received.erase(it);
+  leave_group(self, group);
+}
+
+// Why an NCCL update may not be staged (checked before receiving, from the manifests and the
+// session), or nothing.
+std::optional<std::string> distributed_refusal(updater_state& st, const UpdateWeightsFromDistributedReqInput& req) {
+  if (req.load_format && *req.load_format != "flattened_bucket")
+    return "load_format \"" + *req.load_format + "\" is not supported (none: one broadcast per "
+           "tensor, or \"flattened_bucket\")";
+  auto targets = select(st, req.selector);
+  if (!targets)
+    return targets.error();
+  if (const auto* r = lacking(*targets, &RunnerCapabilities::device_tensors))
+    return runs_on(*r) + " and cannot read the tensors the target receives (use selector "
+                         "\"target\", and update the draft inline or from disk)";
+  std::vector<NamedDeviceTensor> specs;
+  for (std::size_t i = 0; i < req.names.size(); ++i) {
+    NamedDeviceTensor t;
+    t.name = req.names[i];
+    t.tensor.type = req.dtypes[i];
+    t.tensor.shape = req.shapes[i];
+    specs.push_back(std::move(t));
+  }
+  if (auto routed = route_device(*targets, specs, st, req.selector); !routed)
+    return routed.error();
+  return st.session.update_refusal(req.selector, req.requester);
+}
+
+// After a failed receive, the group is destroyed and an open session this requester may
+// abort is aborted (the old weights keep serving); `answer` gets `why` with what was done.
+void receive_failed(updater_pointer self, const std::shared_ptr<group_entry>& group, const std::string& why,
+                    policy::requester_id requester, std::function<void(std::string)> answer) {
+  destroy_group(self, group);
+  std::string text = why + "; weight-update group \"" + group->name +
+                     "\" was destroyed (init_weights_update_group again to go on)";
+  auto& session = self->state.session;
+  if (!session.open() || policy::update_session{session}.end(true, std::nullopt, requester).refused) {
+    answer(text + "; nothing was staged");
+    return;
+  }
+  auto io = std::make_shared<plan_io>();
+  io->op = policy::session_op::end;
+  start_plan(self, io, session.end(true, std::nullopt, requester),
+             [text, answer](bool, std::string message) { answer(text + "; the session was aborted (" + message + ")"); });
+}
+
+// Receives the broadcast of one update_weights_from_distributed into the group's buffers: a
+// ticket to stage it with, or a failure. A request the manifests or the session refuse still
+// receives, and drops, the trainer's bytes, so the group's next broadcast lines up.
+void receive_distributed(updater_pointer self, UpdateWeightsFromDistributedReqInput req,
+                         std::function<void(ReceivedBroadcast)> done) {
+  auto& st = self->state;
+  auto refuse = [&](std::string why) {
+    ReceivedBroadcast out;
+    out.success = false;
+    out.message = std::move(why);
+    done(std::move(out));
+  };
+  auto it = st.groups.find(req.group_name);
+  if (it == st.groups.end()) {
+    std::string names;
+    for (auto& [name, g] : st.groups)
+      names += (names.empty() ? "" : ", ") + ("\"" + name + "\"");
+    refuse("no weight-update group named \"" + req.group_name + "\" exists (" +
+           (names.empty() ? std::string("none is joined") : "joined: " + names) +
+           "); call init_weights_update_group first");
+    return;
+  }
+  auto group = it->second;
+  ReceiveBroadcast msg;
+  msg.flattened = req.load_format && *req.load_format == "flattened_bucket";
+  msg.timeout_s = req.timeout_s.value_or(0);
+  std::optional<std::string> refusal;
+  if (req.names.size() != req.dtypes.size() || req.names.size() != req.shapes.size()) {
+    refusal = "names, dtypes and shapes have different lengths (" + std::to_string(req.names.size()) +
+              ", " + std::to_string(req.dtypes.size()) + ", " + std::to_string(req.shapes.size()) + ")";
+  } else {
+    for (std::size_t i = 0; i < req.names.size() && !refusal; ++i) {
+      int64_t numel = 1;
+      for (auto d : req.shapes[i])
+        if (d < 0 || (d > 0 && numel > INT64_MAX / 16 / d))
+          refusal = "tensor '" + req.names[i] + "': shape " + shape_string(req.shapes[i]) +
+                    " has a negative or overflowing dimension";
+        else
+          numel *= d;
+      msg.tensors.push_back({req.names[i], req.dtypes[i], req.shapes[i]});
+    }
+  }
+  if (refusal) {
+    // The trainer's bytes cannot be counted, so they cannot be taken: the group is out of step.
+    receive_failed(self, group, "update_weights_from_distributed: " + *refusal, req.requester,
+                   [refuse](std::string text) mutable { refuse(std::move(text)); });
+    return;
+  }
+  refusal = distributed_refusal(st, req);
+  msg.keep = !refusal;
+  const auto requester = req.requester;
+  st.waits.template request<ReceivedBroadcast>(
+    self, group->actor, std::move(msg),
+    [self, group, refusal, requester, done](ReceivedBroadcast& r) mutable {
+      if (r.group_broken) {
+        receive_failed(self, group, r.message, requester, [done](std::string text) mutable {
+          ReceivedBroadcast out;
+          out.success = false;
+          out.message = std::move(text);
+          done(std::move(out));
+        });
+        return;
+      }
+      if (r.success && refusal) {
+        r.success = false;
+        r.message = *refusal + "; nothing was staged (the broadcast was received and dropped, so "
+                               "weight-update group \"" + group->name + "\" stays in step with the trainer)";
+      }
+      if (r.success) {
+        auto& st = self->state;
+        const auto ticket = st.next_ticket++;
+        st.received[ticket] = received_update{group, r.buffer_id, std::move(r.tensors)};
+        group->tickets.insert(ticket);
+        r.tensors.clear();
+        r.buffer_id = ticket;
+        if (group->leaving) { // destroyed while it received
+          release_ticket(self, ticket);
+          r.success = false;
+          r.message = "weight-update group \"" + group->name + "\" was destroyed during the receive";
+        }
+      }
+      done(std::move(r));
+    },
+    [self, group, requester, done](const std::string& why) mutable {
+      receive_failed(self, group, "weight-update group \"" + group->name + "\" stopped: " + why, requester,
+                     [done](std::string text) mutable {
+                       ReceivedBroadcast out;
+                       out.success = false;
+                       out.message = std::move(text);
+                       done(std::move(out));
+                     });
+    });
+}
+
+// Stages a received update (its ticket) in the open session, or an implicit one, like a tensor
+// update; the group's buffers are released when the plan has run.
+void stage_received(updater_pointer self, const UpdateWeightsFromDistributedReqInput& req, uint64_t ticket,
+                    answer_fn answer) {
+  auto& st = self->state;
+  auto it = st.received.find(ticket);
+  if (it == st.received.end()) {
+    answer(false, "update_weights_from_distributed: the received tensors are gone (was weight-update "
+                  "group \"" + req.group_name + "\" destroyed?); nothing was staged");
+    return;
+  }
+  auto done = [self, ticket, answer](bool ok, std::string message) {
+    release_ticket(self, ticket);
+    answer(ok, std::move(message));
+  };
+  auto targets = select(st, req.selector);
+  if (!targets) {
+    done(false, targets.error() + "; nothing was staged");
+    return;
+  }
+  auto routed = route_device(*targets, it->second.tensors, st, req.selector);
+  if (!routed) {
+    done(false, routed.error() + "; nothing was staged");
+    return;
+  }
+  auto io = std::make_shared<plan_io>();
+  io->op = policy::session_op::tensor_update;
+  io->stage_runners = *targets;
+  io->buckets.resize(targets->size());
+  for (std::size_t i = 0; i < targets->size(); ++i) {
+    io->tensors += (*routed)[i].size();
+    io->buckets[i].device = std::move((*routed)[i]);
+  }
+  io->version = req.weight_version;
+  start_plan(self, io, st.session.update(req.selector, req.requester), std::move(done));
+}
+
 weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<runner_handle> runners,
                                             std::string initial_version, bool allow_non_finite) {
   self->state.allow_non_finite = allow_non_finite;
@@ -669,12 +933,17 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
   for (auto& r : self->state.runners)
     self->monitor(r->handle.actor);
   self->set_down_handler([self](caf::down_msg& dm) {
-    for (auto& r : self->state.runners)
+    auto& st = self->state;
+    for (auto& r : st.runners)
       if (dm.source == r->handle.actor.address())
-        self->state.waits.peer_down(dm.source, "the " + r->handle.manifest.role +
-                                                 " runner stopped (" +
-                                                 self->system().render(dm.reason) + ")");
+        st.waits.peer_down(dm.source, "the " + r->handle.manifest.role + " runner stopped (" +
+                                        self->system().render(dm.reason) + ")");
+    // A weight-update group's actor ends after a failed join or a destroy; its requests fail.
+    st.waits.peer_down(dm.source, "its thread ended (" + self->system().render(dm.reason) + ")");
+    for (auto it = st.groups.begin(); it != st.groups.end();)
+      it = it->second->actor.address() == dm.source ? st.groups.erase(it) : std::next(it);
   });
+
 
   using policy::session_op;
   return guarded_behavior<weight_updater_actor::behavior_type>(
@@ -698,13 +967,26 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
       tensor_update(self, req, rp);
       return rp;
     },
-    [self](UpdateWeightsFromDistributedReqInput& req) {
-      if (auto why = self->state.session.distributed_refusal(req.requester))
-        return UpdateWeightsFromDistributedReqOutput{false, *why};
-      return UpdateWeightsFromDistributedReqOutput{
-        false, "no weight-update group named \"" + req.group_name +
-                 "\" exists (rlserve cannot join NCCL weight-update groups yet; send the tensors by "
-                 "CUDA IPC, inline or from disk)"};
+    [self](UpdateWeightsFromDistributedReqInput& req) -> caf::result<UpdateWeightsFromDistributedReqOutput> {
+      auto rp = self->make_response_promise<UpdateWeightsFromDistributedReqOutput>();
+      auto answer = status_answer(rp);
+      if (req.received != 0) {
+        stage_received(self, req, req.received, std::move(answer));
+        return rp;
+      }
+      // Sent straight here (not through the scheduler): receive, then stage.
+      receive_distributed(self, req, [self, req, answer](ReceivedBroadcast r) mutable {
+        if (!r.success)
+          answer(false, r.message);
+        else
+          stage_received(self, req, r.buffer_id, std::move(answer));
+      });
+      return rp;
+    },
+    [self](receive_atom, UpdateWeightsFromDistributedReqInput& req) -> caf::result<ReceivedBroadcast> {
+      auto rp = self->make_response_promise<ReceivedBroadcast>();
+      receive_distributed(self, std::move(req), [rp](ReceivedBroadcast r) mutable { rp.deliver(std::move(r)); });
+      return rp;
     },
     [self](UpdateWeightFromDiskReqInput& req) -> caf::result<UpdateWeightFromDiskReqOutput> {
       auto rp = self->make_response_promise<UpdateWeightFromDiskReqOutput>();
@@ -740,21 +1022,64 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
                  status_answer(rp));
       return rp;
     },
-    [self](InitWeightsUpdateGroupReqInput& req) {
-      std::vector<runner_entry*> all;
-      for (auto& r : self->state.runners)
-        all.push_back(r.get());
-      const auto* r = lacking(all, &RunnerCapabilities::weight_update_groups);
-      return InitWeightsUpdateGroupReqOutput{
-        false, "cannot join weight-update group \"" + req.group_name + "\": " +
-                 (r ? runs_on(*r) + " and cannot join NCCL weight-update groups"
-                    : std::string("joining NCCL weight-update groups is not implemented")) +
-                 " (send the tensors by CUDA IPC, inline or from disk; get_server_info's "
-                 "weight_transports lists what this engine takes)"};
+    [self](InitWeightsUpdateGroupReqInput& req) -> caf::result<InitWeightsUpdateGroupReqOutput> {
+      auto& st = self->state;
+      auto refuse = [&](const std::string& why) {
+        return InitWeightsUpdateGroupReqOutput{false, "cannot join weight-update group \"" +
+                                                        req.group_name + "\": " + why};
+      };
+      const auto& target = *st.runners.front();
+      if (!target.handle.manifest.capabilities.weight_update_groups)
+        return refuse(runs_on(target) + " and cannot join NCCL weight-update groups (send the "
+                      "tensors by CUDA IPC, inline or from disk; get_server_info's "
+                      "weight_transports lists what this engine takes)");
+      if (req.group_name.empty())
+        return refuse("group_name is empty");
+      if (st.groups.count(req.group_name))
+        return refuse("this engine is in a group of that name already "
+                      "(destroy_weights_update_group it first, or choose another name)");
+      const int rank = req.rank_offset + target.handle.manifest.tp_rank;
+      if (req.rank_offset < 1 || rank >= req.world_size)
+        return refuse("rank_offset " + std::to_string(req.rank_offset) + " gives this engine rank " +
+                      std::to_string(rank) + " of world_size " + std::to_string(req.world_size) +
+                      "; rank 0 is the trainer, which broadcasts, so engines are ranks 1 .. "
+                      "world_size - 1");
+      if (!(req.timeout_s > 0))
+        return refuse("timeout_s must be positive");
+      auto device = cuda_ordinal(target.handle.manifest.device);
+      if (!device)
+        return refuse(device.error());
+      auto group = std::make_shared<group_entry>();
+      group->name = req.group_name;
+      group->cancel = std::make_shared<std::atomic<bool>>(false);
+      group->actor = spawn_weight_group(self->system(), group->cancel);
+      self->monitor(group->actor);
+      st.groups.emplace(group->name, group);
+      auto rp = self->make_response_promise<InitWeightsUpdateGroupReqOutput>();
+      st.waits.template request<InitWeightsUpdateGroupReqOutput>(
+        self, group->actor, JoinWeightGroup{req, *device, rank},
+        [self, group, rp](InitWeightsUpdateGroupReqOutput& out) mutable {
+          if (!out.success) // the group actor ends by itself
+            if (auto it = self->state.groups.find(group->name); it != self->state.groups.end() && it->second == group)
+              self->state.groups.erase(it);
+          rp.deliver(std::move(out));
+        },
+        [self, group, rp](const std::string& why) mutable {
+          if (auto it = self->state.groups.find(group->name); it != self->state.groups.end() && it->second == group)
+            self->state.groups.erase(it);
+          rp.deliver(InitWeightsUpdateGroupReqOutput{false, "weight-update group \"" + group->name +
+                                                              "\" stopped while joining: " + why});
+        });
+      return rp;
     },
-    [](DestroyWeightsUpdateGroupReqInput& req) {
-      return DestroyWeightsUpdateGroupReqOutput{
-        false, "weight-update group \"" + req.group_name + "\" does not exist"};
+    [self](DestroyWeightsUpdateGroupReqInput& req) -> caf::result<DestroyWeightsUpdateGroupReqOutput> {
+      auto it = self->state.groups.find(req.group_name);
+      if (it == self->state.groups.end())
+        return DestroyWeightsUpdateGroupReqOutput{
+          false, "weight-update group \"" + req.group_name + "\" does not exist"};
+      auto rp = self->make_response_promise<DestroyWeightsUpdateGroupReqOutput>();
+      destroy_group(self, it->second, rp);
+      return rp;
     },
     [self](CheckWeightsReqInput& req) -> caf::result<CheckWeightsReqOutput> {
       auto targets = select(self->state, req.selector);

@@ -30,7 +30,13 @@ using weight_updater_actor = caf::typed_actor<
   // generation runs.
   caf::replies_to<settle_atom>::with<EndWeightUpdateReqOutput>,
   // The serving version and whether a session is open.
-  caf::replies_to<version_atom>::with<WeightUpdaterStatus>>::extend_with<weight_operations_actor>;
+  caf::replies_to<version_atom>::with<WeightUpdaterStatus>,
+  // Receives the broadcast of an update_weights_from_distributed into its group's buffers and
+  // answers with a ticket (buffer_id) for the update to be sent with (`received`); a refused
+  // update's bytes are received and dropped. The scheduler asks this outside its one-at-a-time
+  // weight operations, so batches run while a trainer broadcasts.
+  caf::replies_to<receive_atom, UpdateWeightsFromDistributedReqInput>::with<ReceivedBroadcast>>::
+  extend_with<weight_operations_actor>;
 
 struct runner_handle {
   runner_actor actor;

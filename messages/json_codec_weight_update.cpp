@@ -245,6 +245,7 @@ from_json<UpdateWeightsFromDistributedReqInput>(const json& j) {
       check_load_format(r, x.load_format, {"flattened_bucket"});
       r.field("selector", x.selector);
       r.field("torch_empty_cache", x.torch_empty_cache);
+      r.field("timeout_s", x.timeout_s, num_rule{.lo = 0, .lo_open = true});
       r.unsupported("disable_draft_model", nullptr, R"(use "selector": "target")");
       if (!r.ok())
         return;
@@ -289,7 +290,8 @@ json to_json(const UpdateWeightsFromDistributedReqInput& x) {
           {"weight_version", optional_value(x.weight_version)},
           {"load_format", optional_value(x.load_format)},
           {"selector", to_string(x.selector)},
-          {"torch_empty_cache", x.torch_empty_cache}};
+          {"torch_empty_cache", x.torch_empty_cache},
+          {"timeout_s", optional_value(x.timeout_s)}};
 }
 
 template <>

@@ -171,6 +171,40 @@ struct StageDeviceTensors {
   std::vector<NamedDeviceTensor> tensors;
 };
 
+// ---- weight-update groups: the weight_updater and its weight_group actors ---------------------
+
+// Joins the trainer's group as `rank` (rank_offset + tp_rank) with buffers on CUDA device `device`
+// (the target runner's). Answered with an InitWeightsUpdateGroupReqOutput.
+struct JoinWeightGroup {
+  InitWeightsUpdateGroupReqInput request;
+  int32_t device = 0;
+  int32_t rank = 0;
+};
+
+// Receives one update's broadcasts from rank 0 into new device buffers: one broadcast per tensor
+// in order, or (`flattened`) one broadcast of a byte buffer holding them back to back, each at
+// an offset aligned to its element size. `keep` false: receive and drop (a refused update still
+// takes the trainer's bytes, so the next update's broadcasts line up with the trainer's).
+struct ReceiveBroadcast {
+  std::vector<TensorSpec> tensors;
+  bool flattened = false;
+  double timeout_s = 0; // deadline of the whole receive (creating the communicator included)
+  bool keep = true;
+};
+
+struct ReceivedBroadcast {
+  bool success = true;
+  std::string message;
+  uint64_t buffer_id = 0;                 // hand back with ReleaseBroadcast when read
+  std::vector<NamedDeviceTensor> tensors; // device pointers of this process into the buffers
+  bool group_broken = false;              // the group can take no more broadcasts: destroy it
+};
+
+// The buffers of one ReceivedBroadcast are no longer read.
+struct ReleaseBroadcast {
+  uint64_t buffer_id = 0;
+};
+
 struct RunnerReply {
   bool success = true;
   std::string message;
@@ -264,6 +298,27 @@ typename Inspector::result_type inspect(Inspector& f, StageTensors& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StageDeviceTensors& x) {
   return f(caf::meta::type_name("StageDeviceTensors"), x.tensors);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JoinWeightGroup& x) {
+  return f(caf::meta::type_name("JoinWeightGroup"), x.request, x.device, x.rank);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ReceiveBroadcast& x) {
+  return f(caf::meta::type_name("ReceiveBroadcast"), x.tensors, x.flattened, x.timeout_s, x.keep);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ReceivedBroadcast& x) {
+  return f(caf::meta::type_name("ReceivedBroadcast"), x.success, x.message, x.buffer_id, x.tensors,
+           x.group_broken);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ReleaseBroadcast& x) {
+  return f(caf::meta::type_name("ReleaseBroadcast"), x.buffer_id);
 }
 
 template <class Inspector>

@@ -31,6 +31,10 @@ struct RunnerManifest;
 struct StageTensors;
 struct StageDeviceTensors;
 struct RunnerReply;
+struct JoinWeightGroup;
+struct ReceiveBroadcast;
+struct ReceivedBroadcast;
+struct ReleaseBroadcast;
 struct RunnerCheckOutput;
 struct WeightUpdaterStatus;
 } // namespace rlserve
@@ -65,6 +69,10 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlserve, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(rlserve, (rlserve::StageTensors))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::StageDeviceTensors))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::RunnerReply))
+  CAF_ADD_TYPE_ID(rlserve, (rlserve::JoinWeightGroup))
+  CAF_ADD_TYPE_ID(rlserve, (rlserve::ReceiveBroadcast))
+  CAF_ADD_TYPE_ID(rlserve, (rlserve::ReceivedBroadcast))
+  CAF_ADD_TYPE_ID(rlserve, (rlserve::ReleaseBroadcast))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::RunnerCheckOutput))
   CAF_ADD_TYPE_ID(rlserve, (rlserve::WeightUpdaterStatus))
 
@@ -78,5 +86,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(rlserve, caf::first_custom_type_id)
   CAF_ADD_ATOM(rlserve, rlserve, version_atom, "version")   // weight version queries/updates
   CAF_ADD_ATOM(rlserve, rlserve, stats_atom, "stats")       // scheduler: queue depths
   CAF_ADD_ATOM(rlserve, rlserve, cancel_atom, "cancel")     // front door: abort an own request
+  CAF_ADD_ATOM(rlserve, rlserve, poll_atom, "poll")         // weight_group: look for the NCCL id
+  CAF_ADD_ATOM(rlserve, rlserve, receive_atom, "receive")   // updater: receive an NCCL update
 
 CAF_END_TYPE_ID_BLOCK(rlserve)

@@ -64,10 +64,17 @@ struct UpdateWeightsFromDistributedReqInput {
   std::optional<std::string> load_format; // none: one broadcast per tensor; "flattened_bucket"
   runner_selector selector = runner_selector::all;
   bool torch_empty_cache = false;
+  // (rlserve) deadline of the receive, the communicator's creation included; none: the group's
+  // timeout_s from init_weights_update_group.
+  std::optional<double> timeout_s;
   // (internal) who sent it: 0 for HTTP and in-process callers, else the websocket connection.
   // Set by the server, never read from JSON: a session begun on a connection takes its updates
   // and its end from that connection only.
   uint64_t requester = 0;
+  // (internal) the weight_updater's ticket for the bytes it already received for this update
+  // (the scheduler has the broadcast received outside its one-at-a-time weight operations, so
+  // generation runs meanwhile, then sends the update with its ticket). 0: not yet received.
+  uint64_t received = 0;
 };
 
 struct UpdateWeightsFromDistributedReqOutput {
@@ -272,7 +279,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, UpdateWeightsFromDistributedReqInput& x) {
   return f(caf::meta::type_name("UpdateWeightsFromDistributedReqInput"), x.names, x.dtypes,
            x.shapes, x.group_name, x.flush_cache, x.abort_all_requests, x.weight_version,
-           x.load_format, x.selector, x.torch_empty_cache, x.requester);
+           x.load_format, x.selector, x.torch_empty_cache, x.timeout_s, x.requester, x.received);
 }
 
 template <class Inspector>

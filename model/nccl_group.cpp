@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
 #if RLSERVE_HAVE_NCCL
 
 #include <cstring>
@@ -39,8 +41,8 @@ expected<ncclDataType_t> nccl_type(dtype t) {
 }
 
 // Polls the communicator (and `done`, an event of the work, when given) every millisecond until
-// neither is in progress: ncclSuccess, an error, or ncclInProgress when `deadline` passed.
-ncclResult_t wait_for(ncclComm_t comm, cudaEvent_t done, nccl_group::clock::time_point deadline) {
+// neither is in progress: ncclSuccess, an error, or ncclInProgress when the limit came first.
+ncclResult_t wait_for(ncclComm_t comm, cudaEvent_t done, nccl_group::limit until) {
   while (true) {
     ncclResult_t state = ncclSuccess;
     if (auto r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess)
@@ -56,7 +58,7 @@ ncclResult_t wait_for(ncclComm_t comm, cudaEvent_t done, nccl_group::clock::time
       if (e != cudaErrorNotReady)
         return ncclUnhandledCudaError;
     }
-    if (nccl_group::clock::now() >= deadline)
+    if (nccl_group::clock::now() >= until.deadline || until.cancelled())
       return ncclInProgress;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -83,7 +85,7 @@ struct nccl_group::impl {
         // Finalize flushes issued work; bounded, then abort if it does not finish.
         auto f = ncclCommFinalize(comm);
         if ((f == ncclSuccess || f == ncclInProgress) &&
-            wait_for(comm, nullptr, clock::now() + std::chrono::seconds(10)) == ncclSuccess)
+            wait_for(comm, nullptr, limit{clock::now() + std::chrono::seconds(10)}) == ncclSuccess)
           ncclCommDestroy(comm);
         else
           ncclCommAbort(comm);
@@ -99,7 +101,40 @@ struct nccl_group::impl {
 nccl_group::nccl_group(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 nccl_group::~nccl_group() = default;
 
+// Why a wait that ended in ncclInProgress gave up.
+static std::string gave_up(const nccl_group::limit& until, const std::string& timed_out) {
+  return until.cancelled() ? "the group was destroyed while it waited" : timed_out;
+}
+
 bool nccl_group::broken() const { return impl_->broken; }
+bool nccl_group::available() { return true; }
+
+expected<device_buffer> device_buffer::allocate(int device, std::size_t bytes) {
+  device_buffer out;
+  out.device_ = device;
+  out.bytes_ = bytes;
+  if (bytes == 0)
+    return out;
+  if (auto e = cudaSetDevice(device); e != cudaSuccess)
+    return fail(fmt::format("cudaSetDevice({}): {}", device, cudaGetErrorString(e)));
+  void* p = nullptr;
+  if (auto e = cudaMalloc(&p, bytes); e != cudaSuccess) {
+    (void)cudaGetLastError(); // an allocation failure is not sticky; clear it for the next call
+    return fail(fmt::format("cannot allocate {} MiB on CUDA device {} to receive the broadcast: {}",
+                            (bytes + (1u << 20) - 1) >> 20, device, cudaGetErrorString(e)));
+  }
+  out.data_ = static_cast<std::byte*>(p);
+  return out;
+}
+
+void device_buffer::free() {
+  if (data_) {
+    cudaSetDevice(device_);
+    cudaFree(data_);
+  }
+  data_ = nullptr;
+  bytes_ = 0;
+}
 int nccl_group::rank() const { return impl_->rank; }
 int nccl_group::world_size() const { return impl_->world_size; }
 const std::string& nccl_group::name() const { return impl_->name; }
@@ -122,7 +157,7 @@ expected<std::vector<uint8_t>> nccl_group::new_unique_id() {
 
 expected<std::unique_ptr<nccl_group>> nccl_group::create(std::span<const uint8_t> unique_id, int world_size,
                                                          int rank, int device, std::string name,
-                                                         clock::time_point deadline) {
+                                                         limit until) {
   const auto what = fmt::format("weight-update group \"{}\" (rank {} of {})", name, rank, world_size);
   if (unique_id.size() != NCCL_UNIQUE_ID_BYTES)
     return fail(fmt::format("{}: an NCCL unique id is {} bytes, got {}", what, NCCL_UNIQUE_ID_BYTES,
@@ -150,12 +185,14 @@ expected<std::unique_ptr<nccl_group>> nccl_group::create(std::span<const uint8_t
     p->broken = true;
     return fail(fmt::format("{}: ncclCommInitRankConfig failed: {}", what, nccl_text(r, p->comm)));
   }
-  r = wait_for(p->comm, nullptr, deadline);
+  r = wait_for(p->comm, nullptr, until);
   if (r == ncclInProgress) {
     p->broken = true; // the destructor aborts the half-made communicator
-    return fail(fmt::format("{}: the other ranks did not join before the deadline (is the trainer "
-                            "creating its communicator for this group, with world_size {}?); "
-                            "the group was aborted", what, world_size));
+    return fail(fmt::format("{}: {}; the group was aborted", what,
+                            gave_up(until, fmt::format("the other ranks did not join before the deadline "
+                                                       "(is the trainer creating its communicator for "
+                                                       "this group, with world_size {}?)",
+                                                       world_size))));
   }
   if (r != ncclSuccess) {
     p->broken = true;
@@ -164,7 +201,7 @@ expected<std::unique_ptr<nccl_group>> nccl_group::create(std::span<const uint8_t
   return std::unique_ptr<nccl_group>(new nccl_group(std::move(p)));
 }
 
-status nccl_group::broadcast(std::span<const nccl_buffer> buffers, int root, clock::time_point deadline) {
+status nccl_group::broadcast(std::span<const nccl_buffer> buffers, int root, limit until) {
   auto& p = *impl_;
   const auto what = fmt::format("weight-update group \"{}\"", p.name);
   if (p.broken)
@@ -195,23 +232,25 @@ status nccl_group::broadcast(std::span<const nccl_buffer> buffers, int root, clo
     return fail(fmt::format("{}: enqueueing {} broadcasts failed: {}", what, buffers.size(), nccl_text(r, p.comm)));
   }
   // Work may still be enqueueing (non-blocking); the event follows it on the stream.
-  if (auto w = wait_for(p.comm, nullptr, deadline); w != ncclSuccess) {
+  if (auto w = wait_for(p.comm, nullptr, until); w != ncclSuccess) {
     p.broken = true;
-    return fail(fmt::format("{}: {} ; the group was aborted", what,
-                            w == ncclInProgress ? "enqueueing the broadcasts did not finish before the deadline"
-                                                : "enqueueing the broadcasts failed: " + nccl_text(w, p.comm)));
+    return fail(fmt::format("{}: {}; the group was aborted", what,
+                            w == ncclInProgress
+                              ? gave_up(until, "enqueueing the broadcasts did not finish before the deadline")
+                              : "enqueueing the broadcasts failed: " + nccl_text(w, p.comm)));
   }
   if (auto e = cudaEventRecord(p.done, p.stream); e != cudaSuccess) {
     p.broken = true;
     return fail(fmt::format("{}: cudaEventRecord: {}", what, cudaGetErrorString(e)));
   }
-  r = wait_for(p.comm, p.done, deadline);
+  r = wait_for(p.comm, p.done, until);
   if (r == ncclInProgress) {
     p.broken = true;
-    return fail(fmt::format("{}: {} broadcasts from rank {} did not complete before the deadline (the "
-                            "trainer stopped sending, or sent other tensors); the group was aborted "
-                            "and the received bytes are not used",
-                            what, buffers.size(), root));
+    return fail(fmt::format("{}: {}; the group was aborted and the received bytes are not used", what,
+                            gave_up(until, fmt::format("{} broadcasts from rank {} did not complete before "
+                                                       "the deadline (the trainer stopped sending, or sent "
+                                                       "other tensors)",
+                                                       buffers.size(), root))));
   }
   if (r != ncclSuccess) {
     p.broken = true;
@@ -238,12 +277,15 @@ struct nccl_group::impl {
 nccl_group::nccl_group(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 nccl_group::~nccl_group() = default;
 expected<std::unique_ptr<nccl_group>> nccl_group::create(std::span<const uint8_t>, int, int, int, std::string,
-                                                         clock::time_point) {
+                                                         limit) {
   return fail(k_no_nccl);
 }
+bool nccl_group::available() { return false; }
+expected<device_buffer> device_buffer::allocate(int, std::size_t) { return fail(k_no_nccl); }
+void device_buffer::free() {}
 expected<std::vector<uint8_t>> nccl_group::new_unique_id() { return fail(k_no_nccl); }
 std::string nccl_group::version() { return k_no_nccl; }
-status nccl_group::broadcast(std::span<const nccl_buffer>, int, clock::time_point) { return fail(k_no_nccl); }
+status nccl_group::broadcast(std::span<const nccl_buffer>, int, limit) { return fail(k_no_nccl); }
 bool nccl_group::broken() const { return true; }
 int nccl_group::rank() const { return 0; }
 int nccl_group::world_size() const { return 0; }
@@ -252,3 +294,23 @@ const std::string& nccl_group::name() const { return impl_->name; }
 } // namespace rlserve::model
 
 #endif
+
+namespace rlserve::model {
+
+device_buffer::device_buffer(device_buffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)),
+      device_(other.device_) {}
+
+device_buffer& device_buffer::operator=(device_buffer&& other) noexcept {
+  if (this != &other) {
+    free();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+device_buffer::~device_buffer() { free(); }
+
+} // namespace rlserve::model

@@ -11,7 +11,9 @@
 // Without NCCL in the build every function fails with a message saying so.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -30,15 +32,53 @@ struct nccl_buffer {
   dtype type = dtype::u8;
 };
 
+// Device memory that receives a broadcast: `bytes` on CUDA device `device`, freed with the object
+// (a weight-update group's staging; without CUDA in the build, allocate fails saying so).
+class device_buffer {
+public:
+  static expected<device_buffer> allocate(int device, std::size_t bytes);
+  device_buffer() = default;
+  device_buffer(device_buffer&& other) noexcept;
+  device_buffer& operator=(device_buffer&& other) noexcept;
+  device_buffer(const device_buffer&) = delete;
+  device_buffer& operator=(const device_buffer&) = delete;
+  ~device_buffer();
+
+  std::byte* data() const { return data_; }
+  std::size_t size() const { return bytes_; }
+  int device() const { return device_; }
+
+private:
+  void free();
+  std::byte* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  int device_ = 0;
+};
+
 class nccl_group {
 public:
   using clock = std::chrono::steady_clock;
 
+  // When a wait gives up: at `deadline`, or as soon as `*cancel` turns true (a destroy that
+  // should not wait for a stuck trainer; may be null).
+  struct limit {
+    clock::time_point deadline;
+    const std::atomic<bool>* cancel = nullptr;
+    bool cancelled() const { return cancel && cancel->load(std::memory_order_relaxed); }
+  };
+
   // Joins as `rank` of `world_size` on CUDA device `device` with the group's 128-byte unique id;
-  // gives up (aborting the half-made communicator) at `deadline`. `name` appears in messages.
+  // gives up (aborting the half-made communicator) at the limit. `name` appears in messages.
   static expected<std::unique_ptr<nccl_group>> create(std::span<const uint8_t> unique_id, int world_size,
                                                       int rank, int device, std::string name,
-                                                      clock::time_point deadline);
+                                                      limit until);
+  static expected<std::unique_ptr<nccl_group>> create(std::span<const uint8_t> unique_id, int world_size,
+                                                      int rank, int device, std::string name,
+                                                      clock::time_point deadline) {
+    return create(unique_id, world_size, rank, device, std::move(name), limit{deadline});
+  }
+  // Whether this build can join groups at all (it has NCCL).
+  static bool available();
   // A new unique id, as a rank 0 makes one (tests, and trainers that send theirs).
   static expected<std::vector<uint8_t>> new_unique_id();
   // "NCCL 2.28.9", or why there is none.
@@ -50,7 +90,10 @@ public:
 
   // Receives (or, as `root`, sends) one broadcast per buffer, in order, as one NCCL group call on
   // the group's stream, and waits until all are done or `deadline` (then aborts: broken()).
-  status broadcast(std::span<const nccl_buffer> buffers, int root, clock::time_point deadline);
+  status broadcast(std::span<const nccl_buffer> buffers, int root, limit until);
+  status broadcast(std::span<const nccl_buffer> buffers, int root, clock::time_point deadline) {
+    return broadcast(buffers, root, limit{deadline});
+  }
 
   bool broken() const;
   int rank() const;

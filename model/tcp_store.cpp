@@ -349,24 +349,33 @@ expected<std::vector<uint8_t>> tcp_store_client::get(std::string_view key, clock
   return value;
 }
 
-expected<joined_trainer_store> join_trainer_store(const std::string& host, int port, std::string_view group_name,
-                                                  tcp_store_client::clock::time_point deadline) {
-  if (group_name.empty())
-    return fail("group_name: empty; name the trainer's weight-update group");
+expected<counted_in_trainer_store> count_in_trainer_store(const std::string& host, int port,
+                                                          tcp_store_client::clock::time_point deadline) {
   auto client = tcp_store_client::connect(host, port, deadline);
   if (!client)
     return std::move(client).take_failure();
   auto joined = client->add(tcp_store_join_key, 1, deadline);
   if (!joined)
     return std::move(joined).take_failure();
+  return counted_in_trainer_store{std::move(*client), *joined};
+}
+
+expected<joined_trainer_store> join_trainer_store(const std::string& host, int port, std::string_view group_name,
+                                                  tcp_store_client::clock::time_point deadline) {
+  if (group_name.empty())
+    return fail("group_name: empty; name the trainer's weight-update group");
+  auto counted = count_in_trainer_store(host, port, deadline);
+  if (!counted)
+    return std::move(counted).take_failure();
+  auto client = std::move(counted->client);
   const auto key = nccl_unique_id_key(group_name);
-  auto id = client->get(key, deadline);
+  auto id = client.get(key, deadline);
   if (!id)
     return std::move(id).take_failure();
   if (id->size() != nccl_unique_id_bytes)
-    return fail(fmt::format("{}: {} holds {} bytes, not an NCCL unique id ({} bytes)", client->where(), key,
+    return fail(fmt::format("{}: {} holds {} bytes, not an NCCL unique id ({} bytes)", client.where(), key,
                             id->size(), nccl_unique_id_bytes));
-  return joined_trainer_store{std::move(*client), std::move(*id), *joined};
+  return joined_trainer_store{std::move(client), std::move(*id), counted->joined};
 }
 
 } // namespace rlserve::model

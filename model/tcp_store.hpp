@@ -120,6 +120,14 @@ struct joined_trainer_store {
   std::vector<uint8_t> nccl_unique_id; // 128 bytes
   int64_t joined = 0;                  // the join counter after this rank's increment
 };
+// The first half: connect and count in, without waiting for the unique id (which a PyTorch
+// trainer publishes only when it creates its communicator, at the group's first collective).
+struct counted_in_trainer_store {
+  tcp_store_client client;
+  int64_t joined = 0;
+};
+expected<counted_in_trainer_store> count_in_trainer_store(const std::string& host, int port,
+                                                          tcp_store_client::clock::time_point deadline);
 expected<joined_trainer_store> join_trainer_store(const std::string& host, int port,
                                                   std::string_view group_name,
                                                   tcp_store_client::clock::time_point deadline);

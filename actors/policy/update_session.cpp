@@ -193,14 +193,13 @@ session_plan update_session::post_process(bool restore, bool post_process_quanti
   return p;
 }
 
-std::optional<std::string> update_session::distributed_refusal(requester_id who) const {
-  if (!open())
-    return "no weight-update session is open; call begin_weight_update first";
-  if (phase_ == phase::committing)
-    return "the weight-update session is being committed";
-  if (kind_ == kind::disk)
-    return std::string(disk_running);
-  return foreign(who);
+std::optional<std::string> update_session::update_refusal(runner_selector sel, requester_id who) const {
+  if (phase_ == phase::closed)
+    return std::nullopt;
+  auto plan = update_session{*this}.update(sel, who);
+  if (plan.refused)
+    return plan.message;
+  return std::nullopt;
 }
 
 session_verdict update_session::relabel(const std::string& new_version) {

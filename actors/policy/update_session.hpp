@@ -89,9 +89,9 @@ public:
   std::optional<std::string> disk_refusal() const;
   session_plan disk(runner_selector sel, std::optional<std::string> version);
   session_plan post_process(bool restore, bool post_process_quantization, runner_selector sel);
-  // update_weights_from_distributed: refused by a non-empty string, or nothing (the caller then
-  // needs a weight-update group).
-  std::optional<std::string> distributed_refusal(requester_id who) const;
+  // Why update(sel, who) would be refused now, or nothing; changes nothing. An NCCL update asks
+  // before it receives, so that a refused one still takes (and drops) the trainer's broadcast.
+  std::optional<std::string> update_refusal(runner_selector sel, requester_id who) const;
   // update_weight_version: relabels the serving weights.
   session_verdict relabel(const std::string& new_version);
 

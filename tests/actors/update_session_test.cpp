@@ -124,7 +124,7 @@ void run(const scenario& sc) {
     } else if (w[0] == "relabel") {
       verdict(s.relabel(w.size() > 1 ? w[1] : ""));
     } else if (w[0] == "distributed") {
-      auto why = s.distributed_refusal(who);
+      auto why = s.update_refusal(runner_selector::all, who);
       got = why ? "refused" : "nothing";
       message = why.value_or("");
     } else if (w[0] == "prepared") {

@@ -52,7 +52,7 @@ RLSERVE_FIELD_COUNT(InitWeightsUpdateGroupReqInput, 8)
 RLSERVE_FIELD_COUNT(InitWeightsUpdateGroupReqOutput, 2)
 RLSERVE_FIELD_COUNT(DestroyWeightsUpdateGroupReqInput, 1)
 RLSERVE_FIELD_COUNT(DestroyWeightsUpdateGroupReqOutput, 2)
-RLSERVE_FIELD_COUNT(UpdateWeightsFromDistributedReqInput, 11)
+RLSERVE_FIELD_COUNT(UpdateWeightsFromDistributedReqInput, 13)
 RLSERVE_FIELD_COUNT(UpdateWeightsFromDistributedReqOutput, 2)
 RLSERVE_FIELD_COUNT(NamedDeviceTensor, 2)
 RLSERVE_FIELD_COUNT(UpdateWeightsFromTensorReqInput, 9)
@@ -97,6 +97,10 @@ RLSERVE_FIELD_COUNT(RunnerManifest, 14)
 RLSERVE_FIELD_COUNT(StageTensors, 1)
 RLSERVE_FIELD_COUNT(StageDeviceTensors, 1)
 RLSERVE_FIELD_COUNT(RunnerReply, 3)
+RLSERVE_FIELD_COUNT(JoinWeightGroup, 3)
+RLSERVE_FIELD_COUNT(ReceiveBroadcast, 4)
+RLSERVE_FIELD_COUNT(ReceivedBroadcast, 5)
+RLSERVE_FIELD_COUNT(ReleaseBroadcast, 1)
 RLSERVE_FIELD_COUNT(RunnerCheckOutput, 7)
 RLSERVE_FIELD_COUNT(WeightUpdaterStatus, 4)
 
@@ -652,23 +656,27 @@ struct samples<UpdateWeightsFromDistributedReqInput>
     x.load_format = "flattened_bucket";
     x.selector = runner_selector::draft;
     x.torch_empty_cache = true;
+    x.timeout_s = 30.5;
     x.requester = 7;
+    x.received = 5;
     return x;
   }
-  // JSON never carries `requester` (the server sets it).
+  // JSON never carries `requester` (the server sets it) or `received` (the scheduler does).
   static UpdateWeightsFromDistributedReqInput from_client() {
     auto x = full();
     x.requester = 0;
+    x.received = 0;
     return x;
   }
   static UpdateWeightsFromDistributedReqInput sparse() {
     auto x = from_client();
     x.weight_version.reset();
     x.load_format.reset();
+    x.timeout_s.reset();
     return x;
   }
   static std::vector<UpdateWeightsFromDistributedReqInput> json() { return {from_client(), sparse()}; }
-  static std::vector<std::size_t> json_default_only() { return {10}; }
+  static std::vector<std::size_t> json_default_only() { return {11, 12}; }
 };
 
 template <>
@@ -989,6 +997,30 @@ struct samples<StageTensors> : simple_samples<StageTensors> {
 template <>
 struct samples<StageDeviceTensors> : simple_samples<StageDeviceTensors> {
   static StageDeviceTensors full() { return {samples<NamedDeviceTensor>::json()}; }
+};
+
+template <>
+struct samples<JoinWeightGroup> : simple_samples<JoinWeightGroup> {
+  static JoinWeightGroup full() { return {samples<InitWeightsUpdateGroupReqInput>::full(), 3, 2}; }
+};
+
+template <>
+struct samples<ReceiveBroadcast> : simple_samples<ReceiveBroadcast> {
+  static ReceiveBroadcast full() {
+    return {{samples<TensorSpec>::full(), TensorSpec{"v", dtype::i32, {7}}}, true, 12.5, false};
+  }
+};
+
+template <>
+struct samples<ReceivedBroadcast> : simple_samples<ReceivedBroadcast> {
+  static ReceivedBroadcast full() {
+    return {false, "m", 9, {samples<NamedDeviceTensor>::full()}, true};
+  }
+};
+
+template <>
+struct samples<ReleaseBroadcast> : simple_samples<ReleaseBroadcast> {
+  static ReleaseBroadcast full() { return {77}; }
 };
 
 template <>

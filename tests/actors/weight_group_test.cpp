@@ -1,0 +1,188 @@
+// The weight_group actor (actors/weight_group_actor.hpp) with a trainer's TCPStore played by
+// the test (tests/support/fake_tcp_store.hpp): what runs without a GPU — joining through the
+// store, a receive whose trainer never creates its communicator (it fails at its deadline and
+// breaks the group), a destroy that cuts a wait short, a trainer that dies, impossible
+// requests. Creating the communicator and the broadcasts need NCCL and GPUs: see
+// tests/gpu/test_nccl_update.py and tests/model/nccl_group_gpu_test.cpp.
+#include <boost/test/unit_test.hpp>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "actors/weight_group_actor.hpp"
+#include "caf/all.hpp"
+#include "messages/all.hpp"
+#include "messages/base64.hpp"
+#include "model/tcp_store.hpp"
+#include "tests/support/fake_tcp_store.hpp"
+
+using namespace rlserve;
+using namespace std::chrono_literals;
+
+namespace {
+
+using seconds = std::chrono::duration<double>;
+
+struct fixture {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  test::fake_tcp_store store;
+  std::shared_ptr<std::atomic<bool>> cancel = std::make_shared<std::atomic<bool>>(false);
+  weight_group_actor group = spawn_weight_group(sys, cancel);
+
+  ~fixture() {
+    cancel->store(true);
+    caf::anon_send_exit(group, caf::exit_reason::user_shutdown);
+  }
+
+  InitWeightsUpdateGroupReqInput request(int port, double timeout_s = 5) {
+    InitWeightsUpdateGroupReqInput r;
+    r.master_address = "127.0.0.1";
+    r.master_port = port;
+    r.rank_offset = 1;
+    r.world_size = 2;
+    r.group_name = "G";
+    r.timeout_s = timeout_s;
+    return r;
+  }
+
+  template <class Out, class In>
+  Out ask(In msg) {
+    caf::scoped_actor self{sys};
+    Out out;
+    self->request(group, caf::infinite, std::move(msg))
+      .receive([&](Out& o) { out = std::move(o); },
+               [&](caf::error& e) {
+                 out.success = false;
+                 out.message = "CAF error: " + sys.render(e);
+               });
+    return out;
+  }
+
+  InitWeightsUpdateGroupReqOutput join(InitWeightsUpdateGroupReqInput r) {
+    return ask<InitWeightsUpdateGroupReqOutput>(JoinWeightGroup{std::move(r), 0, 1});
+  }
+
+  ReceivedBroadcast receive(double timeout_s, std::vector<TensorSpec> tensors = {{"w", dtype::bf16, {4, 8}}}) {
+    return ask<ReceivedBroadcast>(ReceiveBroadcast{std::move(tensors), false, timeout_s, true});
+  }
+
+  DestroyWeightsUpdateGroupReqOutput destroy() {
+    cancel->store(true); // as the weight_updater does
+    return ask<DestroyWeightsUpdateGroupReqOutput>(DestroyWeightsUpdateGroupReqInput{"G"});
+  }
+};
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(weight_group_test)
+
+BOOST_FIXTURE_TEST_CASE(joins_through_the_store_and_counts_itself_in, fixture) {
+  auto joined = join(request(store.port()));
+  BOOST_TEST(joined.success, joined.message);
+  BOOST_TEST(contains(joined.message, "rank 1 of 2"), joined.message);
+  // PyTorch's rank 0 waits in init_process_group until world_size - 1 ranks have counted in.
+  BOOST_TEST(store.counter(std::string(model::tcp_store_join_key)) == 1);
+  // Nothing to receive needs no communicator.
+  auto empty = receive(1, {});
+  BOOST_TEST(empty.success, empty.message);
+  auto left = destroy();
+  BOOST_TEST(left.success, left.message);
+  BOOST_TEST(contains(left.message, "left weight-update group \"G\""), left.message);
+}
+
+BOOST_FIXTURE_TEST_CASE(a_receive_gives_up_at_its_deadline_when_the_trainer_never_creates_its_communicator,
+                        fixture) {
+  BOOST_TEST(join(request(store.port())).success);
+  auto started = std::chrono::steady_clock::now();
+  auto r = receive(0.3);
+  auto took = seconds(std::chrono::steady_clock::now() - started).count();
+  BOOST_TEST(!r.success);
+  BOOST_TEST(r.group_broken);
+  BOOST_TEST(contains(r.message, model::nccl_unique_id_key("G")), r.message);
+  BOOST_TEST(contains(r.message, "has not created its communicator"), r.message);
+  BOOST_TEST(took < 30.0); // bounded: no hang (the deadline was 0.3 s)
+  // The group is broken now: a later broadcast could not be matched with the trainer's.
+  auto again = receive(5);
+  BOOST_TEST(!again.success);
+  BOOST_TEST(again.group_broken);
+  BOOST_TEST(contains(again.message, "is broken"), again.message);
+  BOOST_TEST(destroy().success);
+}
+
+BOOST_FIXTURE_TEST_CASE(a_destroy_cuts_a_waiting_receive_short, fixture) {
+  BOOST_TEST(join(request(store.port(), 600)).success);
+  auto started = std::chrono::steady_clock::now();
+  auto waiting = std::async(std::launch::async, [&] { return receive(600); });
+  std::this_thread::sleep_for(200ms);
+  auto left = destroy();
+  auto r = waiting.get();
+  BOOST_TEST(left.success, left.message);
+  BOOST_TEST(!r.success);
+  BOOST_TEST(contains(r.message, "destroyed while it waited"), r.message);
+  BOOST_TEST(seconds(std::chrono::steady_clock::now() - started).count() < 60.0);
+}
+
+BOOST_FIXTURE_TEST_CASE(a_trainer_that_dies_breaks_the_group, fixture) {
+  BOOST_TEST(join(request(store.port())).success);
+  store.close_all();
+  std::this_thread::sleep_for(300ms); // the group looks for the id every 20 ms
+  auto r = receive(600);
+  BOOST_TEST(!r.success);
+  BOOST_TEST(r.group_broken);
+  BOOST_TEST(contains(r.message, "store went away"), r.message);
+}
+
+BOOST_FIXTURE_TEST_CASE(a_published_id_without_a_peer_fails_and_breaks_the_group, fixture) {
+  BOOST_TEST(join(request(store.port())).success);
+  // The trainer publishes its unique id but never joins NCCL itself (or, in CI, there is no GPU
+  // or no NCCL): the communicator cannot be made, and the receive says why.
+  store.set(model::nccl_unique_id_key("G"), std::vector<uint8_t>(model::nccl_unique_id_bytes, 7));
+  auto r = receive(1);
+  BOOST_TEST(!r.success);
+  BOOST_TEST(r.group_broken);
+  BOOST_TEST(!r.message.empty());
+  BOOST_TEST(destroy().success);
+}
+
+BOOST_FIXTURE_TEST_CASE(a_wrong_sized_id_is_named, fixture) {
+  BOOST_TEST(join(request(store.port())).success);
+  store.set(model::nccl_unique_id_key("G"), std::vector<uint8_t>(5, 1));
+  auto r = receive(2);
+  BOOST_TEST(!r.success);
+  BOOST_TEST(contains(r.message, "not an NCCL unique id"), r.message);
+}
+
+BOOST_FIXTURE_TEST_CASE(an_impossible_shape_breaks_the_group, fixture) {
+  BOOST_TEST(join(request(store.port())).success);
+  auto r = receive(1, {{"w", dtype::bf16, {-1, 4}}});
+  BOOST_TEST(!r.success);
+  BOOST_TEST(r.group_broken);
+  BOOST_TEST(contains(r.message, "'w'"), r.message);
+}
+
+BOOST_FIXTURE_TEST_CASE(joining_a_store_nobody_serves_fails_at_the_deadline, fixture) {
+  const int port = store.port();
+  store.close_all(); // nothing listens on the port now
+  auto started = std::chrono::steady_clock::now();
+  auto joined = join(request(port, 0.5));
+  BOOST_TEST(!joined.success);
+  BOOST_TEST(contains(joined.message, "127.0.0.1:" + std::to_string(port)), joined.message);
+  BOOST_TEST(seconds(std::chrono::steady_clock::now() - started).count() < 30.0);
+}
+
+BOOST_FIXTURE_TEST_CASE(a_unique_id_join_without_a_peer_fails_with_a_sentence, fixture) {
+  auto r = request(0, 1);
+  r.master_address.clear();
+  r.nccl_unique_id = hex_encode(std::vector<uint8_t>(model::nccl_unique_id_bytes, 3));
+  auto joined = join(r);
+  BOOST_TEST(!joined.success);
+  BOOST_TEST(!joined.message.empty());
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -14,6 +14,8 @@
 #     update  benchmarks/update_bench (CUDA IPC update at Qwen3-30B-A3B shape, INT4 and BF16 experts)
 #     xxh3    benchmarks/gpu/kernels_bench --only xxh3 (device checksums vs a copy)
 #     store   tests/gpu/test_tcp_store.py (join-store against PyTorch's TCPStore and NCCL group)
+#     nccl    tests/gpu/test_nccl_update.py (NCCL groups through `rlserve serve`, one GPU) and
+#             tests/gpu/test_nccl_update_2gpu.py (the broadcast itself; skips below two GPUs)
 #     prefix  benchmarks/prefix_cache_bench.py (GRPO rounds with the prefix cache on and off, on
 #             a make-model --preset a3b-slice checkpoint: Qwen3-30B-A3B layer shapes)
 # Nothing is built here, and nothing about the GPU is changed.
@@ -78,6 +80,16 @@ for what in "$@"; do
       tail -10 "$OUT/tcp_store.log"
       echo "store: exit $st"
       [ $st -eq 0 ] || rc=1
+      ;;&
+    nccl|all)
+      for t in test_nccl_update test_nccl_update_2gpu; do
+        echo "=== $t"
+        timeout "${NCCL_TIMEOUT:-400}" python3 tests/gpu/$t.py > "$OUT/$t.log" 2>&1
+        st=$?
+        tail -40 "$OUT/$t.log"
+        echo "$t: exit $st"
+        [ $st -eq 0 ] || rc=1
+      done
       ;;&
     prefix|all)
       echo "=== prefix_cache_bench (a3b-slice)"

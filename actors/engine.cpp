@@ -410,6 +410,7 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
                    std::shared_ptr<model::qwen3_gpu_model> gpu) {
     runner_options o{role, 0, 1, dir, config.kv_block_size, kv_blocks, config.allow_non_finite_weights,
                      true, p->profile};
+    o.weights_cpu_backup = config.enable_weights_cpu_backup;
     return gpu ? spawn_gpu_runner(sys, std::move(o), std::move(m), std::move(gpu))
                : spawn_cpu_runner(sys, std::move(o), std::move(m));
   };

@@ -68,6 +68,10 @@ struct engine_config {
   // runners, on the device for GPU runners). Refused by default: such weights make a dense model
   // emit token 0 with logprob -inf and a MoE model fail every request, all while reporting success.
   bool allow_non_finite_weights = false;
+  // release_memory_occupation copies the weights to pinned host memory and resume restores them
+  // (SGLang's --enable-weights-cpu-backup). Without it they are undefined after a resume until
+  // the trainer sends new ones (a colocated trainer always does).
+  bool enable_weights_cpu_backup = false;
   // GPU runners: device bytes one weight-update session may stage before its commit (0: one full
   // copy of the served weights). A message that would exceed it is refused whole.
   std::size_t gpu_staging_budget_bytes = 0;

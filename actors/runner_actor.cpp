@@ -51,6 +51,8 @@ struct runner_state {
   std::optional<std::map<std::string, HostTensor>> snapshot;
   std::optional<std::map<std::string, uint64_t>> gpu_snapshot; // GPU runner: digests of the device bytes
   uint64_t resets = 0; // seeds reset_tensors, so every reset writes different values
+  // CPU runner: the tags release_memory_occupation marked (a GPU runner's model knows its own).
+  model::qwen3_gpu_model::memory_tags cpu_released;
   static inline const char* name = "runner";
 };
 
@@ -268,9 +270,73 @@ bool run_gpu_decodes(runner_state& st, ForwardBatch& batch, ForwardBatchOutput& 
 
 ForwardBatchOutput run_batch_untraced(runner_state& st, ForwardBatch& batch);
 
+model::qwen3_gpu_model::memory_tags released(const runner_state& st) {
+  return st.gpu ? st.gpu->released_memory() : st.cpu_released;
+}
+
+// Why `what` cannot run while memory is released (the weights; with `all`, anything), or nothing.
+std::optional<std::string> released_refusal(const runner_state& st, bool all, const std::string& what) {
+  const auto r = released(st);
+  std::string tags;
+  auto add = [&](bool on, const char* tag) {
+    if (on)
+      tags += (tags.empty() ? "" : ", ") + std::string(tag);
+  };
+  add(r.weights, "weights");
+  add(all && r.kv_cache, "kv_cache");
+  add(all && r.cuda_graph, "cuda_graph");
+  if (tags.empty())
+    return std::nullopt;
+  return "the " + st.options.role + " runner cannot " + what + ": the memory of " + tags +
+         " is released (resume_memory_occupation first)";
+}
+
+model::qwen3_gpu_model::memory_tags tags_of(const std::vector<std::string>& tags) {
+  model::qwen3_gpu_model::memory_tags t;
+  for (const auto& tag : tags) {
+    t.weights = t.weights || tag == "weights";
+    t.kv_cache = t.kv_cache || tag == "kv_cache";
+    t.cuda_graph = t.cuda_graph || tag == "cuda_graph";
+  }
+  if (tags.empty())
+    t = {true, true, true};
+  return t;
+}
+
+RunnerReply change_memory(runner_state& st, const std::vector<std::string>& tag_names, bool release) {
+  const auto tags = tags_of(tag_names);
+  std::string names;
+  for (const auto& n : tag_names.empty() ? std::vector<std::string>{"weights", "kv_cache", "cuda_graph"} : tag_names)
+    names += (names.empty() ? "" : ", ") + n;
+  if (!st.gpu) {
+    auto& r = st.cpu_released;
+    if (tags.weights) r.weights = release;
+    if (tags.kv_cache) r.kv_cache = release;
+    if (tags.cuda_graph) r.cuda_graph = release;
+    return {true, st.options.role + " runner (CPU): " + (release ? "marked released" : "resumed") + ": " + names +
+                    " (its memory is host memory and stays allocated)"};
+  }
+  const auto before = st.gpu->mapped_bytes();
+  auto done = release ? st.gpu->release_memory(tags, st.options.weights_cpu_backup) : st.gpu->resume_memory(tags);
+  if (!done)
+    return {false, st.options.role + " runner: " + done.error()};
+  const auto after = st.gpu->mapped_bytes();
+  const auto moved = release ? before - std::min(before, after) : after - std::min(before, after);
+  return {true, st.options.role + " runner: " + (release ? "released " : "took ") + std::to_string(moved >> 20) +
+                  " MiB on " + st.gpu->device_name() + " (" + names + ")" +
+                  (release && tags.weights && st.options.weights_cpu_backup ? "; weights backed up in host memory" : "")};
+}
+
 // One forward batch, traced on the runner's timeline while a profile runs (forward and sampling
 // together; on the GPU the host waits for the device inside it).
 ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
+  if (auto why = released_refusal(st, true, "run a forward batch")) {
+    ForwardBatchOutput out;
+    out.success = false;
+    out.message = *why;
+    out.step = batch.step;
+    return out;
+  }
   const auto& profile = st.options.profile;
   if (!profile || !profile->active())
     return run_batch_untraced(st, batch);
@@ -820,6 +886,13 @@ RunnerCheckOutput check_on_device(runner_state& st, const CheckWeightsReqInput& 
 }
 
 RunnerCheckOutput check(runner_state& st, const CheckWeightsReqInput& req) {
+  if (auto why = released_refusal(st, false, "read its weights")) {
+    RunnerCheckOutput out;
+    out.success = false;
+    out.message = *why;
+    out.role = st.options.role;
+    return out;
+  }
   if (st.gpu)
     return check_on_device(st, req);
   RunnerCheckOutput out;
@@ -894,6 +967,12 @@ RunnerCheckOutput check(runner_state& st, const CheckWeightsReqInput& req) {
 }
 
 GetWeightsByNameReqOutput get_weights(runner_state& st, const GetWeightsByNameReqInput& req) {
+  if (auto why = released_refusal(st, false, "read its weights")) {
+    GetWeightsByNameReqOutput out;
+    out.success = false;
+    out.message = *why;
+    return out;
+  }
   GetWeightsByNameReqOutput out;
   auto t = st.model->parameter(req.name);
   if (t && st.gpu && served_on_device(req.name)) {
@@ -948,6 +1027,8 @@ runner_actor::behavior_type runner(runner_pointer self, runner_options options,
         self->state.sequences.erase(id);
     },
     [self](restore_atom) {
+      if (auto why = released_refusal(self->state, false, "take new weights"))
+        return RunnerReply{false, *why, true};
       self->state.staged.clear();
       if (auto& gpu = self->state.gpu) {
         // Updates are staged on the device beside the serving weights (INT4 modules as
@@ -970,9 +1051,21 @@ runner_actor::behavior_type runner(runner_pointer self, runner_options options,
                                  (q ? " (CPU: INT4 modules are kept in load format; nothing to restore)"
                                     : "")};
     },
-    [self](StageTensors& msg) { return stage(self->state, msg); },
-    [self](StageDeviceTensors& msg) { return stage_device_tensors(self->state, msg); },
-    [self](commit_atom) { return commit(self->state); },
+    [self](StageTensors& msg) {
+      if (auto why = released_refusal(self->state, false, "take new weights"))
+        return RunnerReply{false, *why, true};
+      return stage(self->state, msg);
+    },
+    [self](StageDeviceTensors& msg) {
+      if (auto why = released_refusal(self->state, false, "take new weights"))
+        return RunnerReply{false, *why, true};
+      return stage_device_tensors(self->state, msg);
+    },
+    [self](commit_atom) {
+      if (auto why = released_refusal(self->state, false, "commit new weights"))
+        return RunnerReply{false, *why, false};
+      return commit(self->state);
+    },
     [self](discard_atom) {
       auto n = self->state.staged.size();
       self->state.staged.clear();
@@ -985,7 +1078,9 @@ runner_actor::behavior_type runner(runner_pointer self, runner_options options,
       return RunnerReply{true, "dropped " + std::to_string(n) + " staged tensors"};
     },
     [self](CheckWeightsReqInput& req) { return check(self->state, req); },
-    [self](GetWeightsByNameReqInput& req) { return get_weights(self->state, req); });
+    [self](GetWeightsByNameReqInput& req) { return get_weights(self->state, req); },
+    [self](ReleaseMemoryOccupationReqInput& req) { return change_memory(self->state, req.tags, true); },
+    [self](ResumeMemoryOccupationReqInput& req) { return change_memory(self->state, req.tags, false); });
 }
 
 } // namespace

@@ -44,7 +44,12 @@ using runner_actor = caf::typed_actor<
   // checksum / snapshot / compare / reset_tensors over this runner's parameters.
   caf::replies_to<CheckWeightsReqInput>::with<RunnerCheckOutput>,
   // The first values of one parameter, as floats.
-  caf::replies_to<GetWeightsByNameReqInput>::with<GetWeightsByNameReqOutput>>;
+  caf::replies_to<GetWeightsByNameReqInput>::with<GetWeightsByNameReqOutput>,
+  // Gives the device memory of the message's tags back / takes it again (a GPU runner; a CPU
+  // runner keeps its memory and only marks the tags). While anything is released forward batches
+  // fail, and while the weights are, every weight operation does, naming what to resume.
+  caf::replies_to<ReleaseMemoryOccupationReqInput>::with<RunnerReply>,
+  caf::replies_to<ResumeMemoryOccupationReqInput>::with<RunnerReply>>;
 
 struct runner_options {
   std::string role = "target"; // "target" | "draft"
@@ -61,6 +66,10 @@ struct runner_options {
   bool detached = true;
   // Where forward batches are traced while a profile runs (/start_profile); may be null.
   std::shared_ptr<profiler> profile;
+  // release_memory_occupation of the weights copies them to pinned host memory first and resume
+  // restores them (SGLang's --enable-weights-cpu-backup); otherwise they are undefined after
+  // resume until an update writes them.
+  bool weights_cpu_backup = false;
 };
 
 namespace model {

@@ -1,6 +1,7 @@
 #include "actors/scheduler_actor.hpp"
 
 #include <algorithm>
+#include <set>
 #include <array>
 #include <ctime>
 #include <deque>
@@ -196,10 +197,19 @@ struct scheduler_state {
   // every request fails; without the draft decoding goes on unspeculated; without the updater
   // weight operations fail. Any of them makes the engine unhealthy: it needs a restart.
   std::string target_gone, draft_gone, updater_gone;
+  // release_memory_occupation's tags now released: no batch runs and new requests are refused.
+  std::set<std::string> memory_released;
   static inline const char* name = "scheduler";
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
+
+std::string released_tags(const scheduler_state& st) {
+  std::string out;
+  for (const auto& t : st.memory_released)
+    out += (out.empty() ? "" : ", ") + t;
+  return out;
+}
 
 void schedule_step(scheduler_pointer self) {
   auto& st = self->state;
@@ -921,7 +931,8 @@ void step(scheduler_pointer self) {
   const auto plan_begin = profiler::clock::now();
   st.step_scheduled = false;
   check_flushes(self);
-  if (st.paused || st.forward_in_flight || st.control_busy || !st.control_queue.empty())
+  if (st.paused || st.forward_in_flight || st.control_busy || !st.control_queue.empty() ||
+      !st.memory_released.empty())
     return;
   if (st.running.empty() && st.waiting.empty())
     return;
@@ -1205,6 +1216,75 @@ auto forward_to_updater(scheduler_pointer self) {
   };
 }
 
+// release_memory_occupation / resume_memory_occupation, between batches: every runner (target,
+// then draft) gives back or takes again the tagged memory. A release is refused while a request
+// holds KV; releasing the KV empties the prefix cache (its blocks' contents go).
+template <class Out>
+void change_memory(scheduler_pointer self, ReleaseMemoryOccupationReqInput req,
+                   caf::typed_response_promise<Out> rp, bool release) {
+  enqueue_control(self, [self, req = std::move(req), rp, release]() mutable {
+    auto& st = self->state;
+    auto finish = [self, rp](bool ok, std::string message) mutable {
+      rp.deliver(Out{ok, std::move(message)});
+      control_done(self);
+    };
+    std::vector<std::string> tags = req.tags;
+    for (const auto& t : tags)
+      if (t != "weights" && t != "kv_cache" && t != "cuda_graph")
+        return finish(false, "unknown memory tag \"" + t + "\" (expected weights, kv_cache or cuda_graph)");
+    if (tags.empty())
+      tags = {"weights", "kv_cache", "cuda_graph"};
+    if (release && !st.running.empty())
+      return finish(false, "cannot release GPU memory: " + std::to_string(st.running.size()) +
+                             " requests hold KV (pause with mode \"abort\" or \"retract\", or wait "
+                             "until none runs)");
+    if (release && std::find(tags.begin(), tags.end(), "kv_cache") != tags.end() && st.blocks)
+      st.blocks->flush(); // no request runs: every cached block is unpinned
+    std::vector<runner_actor> runners{st.target};
+    if (st.draft)
+      runners.push_back(st.draft);
+    auto messages = std::make_shared<std::string>();
+    auto ok = std::make_shared<bool>(true);
+    auto next = std::make_shared<std::function<void(std::size_t)>>();
+    *next = [self, runners, tags, release, messages, ok, next, finish](std::size_t i) mutable {
+      if (i == runners.size()) {
+        auto& st = self->state;
+        if (*ok)
+          for (const auto& t : tags)
+            release ? (void)st.memory_released.insert(t) : (void)st.memory_released.erase(t);
+        // Copies first: clearing `next` (which breaks the cycle) destroys this closure.
+        auto self_copy = self;
+        auto done = std::move(finish);
+        const bool good = *ok;
+        auto text = *messages;
+        auto keep = next;
+        *keep = nullptr;
+        if (self_copy->state.memory_released.empty())
+          schedule_step(self_copy); // waiting (retracted) requests go on
+        done(good, std::move(text));
+        return;
+      }
+      auto on_reply = [next, messages, ok, i](RunnerReply& r) mutable {
+        *messages += (messages->empty() ? "" : "; ") + r.message;
+        *ok = *ok && r.success;
+        (*next)(i + 1);
+      };
+      auto on_error = [next, messages, ok, i](const std::string& why) mutable {
+        *messages += (messages->empty() ? "" : "; ") + ("a runner did not answer: " + why);
+        *ok = false;
+        (*next)(i + 1);
+      };
+      if (release)
+        self->state.waits.template request<RunnerReply>(self, runners[i], ReleaseMemoryOccupationReqInput{tags},
+                                                         on_reply, on_error);
+      else
+        self->state.waits.template request<RunnerReply>(self, runners[i], ResumeMemoryOccupationReqInput{tags},
+                                                         on_reply, on_error);
+    };
+    (*next)(0);
+  });
+}
+
 // Answers the flush requests waiting for the running requests to end: success once none runs,
 // failure at the deadline. Called on every step and whenever a request ends.
 void check_flushes(scheduler_pointer self) {
@@ -1248,6 +1328,9 @@ void accept_request(scheduler_pointer self, TokenizedGenerateReqInput& req, caf:
   };
   if (!st.target_gone.empty())
     return refuse(st.target_gone);
+  if (!st.memory_released.empty())
+    return refuse("the engine's GPU memory is released (" + released_tags(st) +
+                  "): call resume_memory_occupation before generating");
   if (st.requests.count(rid))
     return refuse("a request with rid \"" + rid + "\" is already running");
   // A request the pool could never hold, even alone, is refused now, not queued forever.
@@ -1415,6 +1498,17 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
             resume(false, "the weight updater failed: " + why);
           });
       });
+      return rp;
+    },
+    [self](ReleaseMemoryOccupationReqInput& req) -> caf::result<ReleaseMemoryOccupationReqOutput> {
+      auto rp = self->make_response_promise<ReleaseMemoryOccupationReqOutput>();
+      change_memory<ReleaseMemoryOccupationReqOutput>(self, req, rp, true);
+      return rp;
+    },
+    [self](ResumeMemoryOccupationReqInput& req) -> caf::result<ResumeMemoryOccupationReqOutput> {
+      auto rp = self->make_response_promise<ResumeMemoryOccupationReqOutput>();
+      ReleaseMemoryOccupationReqInput as_release{req.tags};
+      change_memory<ResumeMemoryOccupationReqOutput>(self, as_release, rp, false);
       return rp;
     },
     [self](FlushCacheReqInput& req) -> caf::result<FlushCacheReqOutput> {

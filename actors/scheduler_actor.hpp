@@ -38,6 +38,11 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<ContinueGenerationReqInput>::with<ContinueGenerationReqOutput>,
   // Drops the prefix cache; refused while requests are running (after waiting up to timeout_s).
   caf::replies_to<FlushCacheReqInput>::with<FlushCacheReqOutput>,
+  // Gives GPU memory back by tag / takes it again, on every runner, between batches; a release
+  // is refused while requests hold KV. While anything is released no batch runs and new
+  // generate requests are refused.
+  caf::replies_to<ReleaseMemoryOccupationReqInput>::with<ReleaseMemoryOccupationReqOutput>,
+  caf::replies_to<ResumeMemoryOccupationReqInput>::with<ResumeMemoryOccupationReqOutput>,
   // Queue depths, pause state and the serving weight version.
   caf::replies_to<GetServerInfoReqInput>::with<GetServerInfoReqOutput>,
   // Internal: run the next batch if there is work and nothing else in flight.

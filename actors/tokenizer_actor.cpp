@@ -719,6 +719,12 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       return rp;
     },
     [self](FlushCacheReqInput& req) { return ask_scheduler<FlushCacheReqOutput>(self, req); },
+    [self](ReleaseMemoryOccupationReqInput& req) {
+      return ask_scheduler<ReleaseMemoryOccupationReqOutput>(self, req);
+    },
+    [self](ResumeMemoryOccupationReqInput& req) {
+      return ask_scheduler<ResumeMemoryOccupationReqOutput>(self, req);
+    },
     [self](GetServerInfoReqInput& req) -> caf::result<GetServerInfoReqOutput> {
       auto rp = self->make_response_promise<GetServerInfoReqOutput>();
       self->state.waits.request<GetServerInfoReqOutput>(

@@ -42,6 +42,9 @@ using tokenizer_actor = caf::typed_actor<
   // Unpauses, after any update operation or session in progress has ended.
   caf::replies_to<ContinueGenerationReqInput>::with<ContinueGenerationReqOutput>,
   caf::replies_to<FlushCacheReqInput>::with<FlushCacheReqOutput>,
+  // release_memory_occupation / resume_memory_occupation: to the scheduler.
+  caf::replies_to<ReleaseMemoryOccupationReqInput>::with<ReleaseMemoryOccupationReqOutput>,
+  caf::replies_to<ResumeMemoryOccupationReqInput>::with<ResumeMemoryOccupationReqOutput>,
   caf::replies_to<GetServerInfoReqInput>::with<GetServerInfoReqOutput>,
   caf::replies_to<HealthCheckReqInput>::with<HealthCheckReqOutput>>
   // And every weight operation: those of a session wait at the pause-aware update lock (their

@@ -154,6 +154,9 @@ void add_serve(CLI::App& app) {
     ->capture_default_str();
   cmd->add_flag("--allow-non-finite-weights", o->engine.allow_non_finite_weights,
                 "Accept NaN and infinity in weight updates (refused by default)");
+  cmd->add_flag("--enable-weights-cpu-backup", o->engine.enable_weights_cpu_backup,
+                "release_memory_occupation keeps a host copy of the weights that resume restores "
+                "(without it the weights are undefined after resume until an update)");
   cmd->add_option("--max-running-requests", o->engine.max_running_requests, "Requests in one batch")
     ->capture_default_str();
   cmd->add_option("--kv-cache-tokens", o->engine.kv_cache_tokens, "Tokens the KV pool holds")

@@ -75,6 +75,8 @@ runner_actor::behavior_type modelless_runner(runner_actor::pointer, RunnerManife
     [](discard_atom) { return RunnerReply{}; },
     [](CheckWeightsReqInput&) { return RunnerCheckOutput{}; },
     [](GetWeightsByNameReqInput&) { return GetWeightsByNameReqOutput{}; },
+    [](ReleaseMemoryOccupationReqInput&) { return RunnerReply{}; },
+    [](ResumeMemoryOccupationReqInput&) { return RunnerReply{}; },
   };
 }
 

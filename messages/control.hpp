@@ -48,6 +48,32 @@ struct FlushCacheReqOutput {
   std::string message;
 };
 
+// Gives the GPU memory of `tags` back to the driver for a colocated trainer (SGLang's
+// release_memory_occupation): "weights", "kv_cache", "cuda_graph" (the forward's activations and
+// workspaces); empty: all three. Refused while a request holds KV (pause with mode "abort" or
+// "retract", or wait until idle). Until resumed, generate requests are refused (queued retracted
+// ones wait), and while the weights are released so is every weight operation. Also the runner's
+// message (tags then canonical: never empty).
+struct ReleaseMemoryOccupationReqInput {
+  std::vector<std::string> tags;
+};
+
+struct ReleaseMemoryOccupationReqOutput {
+  bool success = true;
+  std::string message;
+};
+
+// Takes the memory of `tags` again (empty: all). The weights are those of before with
+// --enable-weights-cpu-backup, else undefined until an update writes them; the KV pool is empty.
+struct ResumeMemoryOccupationReqInput {
+  std::vector<std::string> tags;
+};
+
+struct ResumeMemoryOccupationReqOutput {
+  bool success = true;
+  std::string message;
+};
+
 struct GetServerInfoReqInput {};
 
 struct GetServerInfoReqOutput {
@@ -144,6 +170,26 @@ typename Inspector::result_type inspect(Inspector& f, FlushCacheReqInput& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, FlushCacheReqOutput& x) {
   return f(caf::meta::type_name("FlushCacheReqOutput"), x.success, x.message);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ReleaseMemoryOccupationReqInput& x) {
+  return f(caf::meta::type_name("ReleaseMemoryOccupationReqInput"), x.tags);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ReleaseMemoryOccupationReqOutput& x) {
+  return f(caf::meta::type_name("ReleaseMemoryOccupationReqOutput"), x.success, x.message);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ResumeMemoryOccupationReqInput& x) {
+  return f(caf::meta::type_name("ResumeMemoryOccupationReqInput"), x.tags);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ResumeMemoryOccupationReqOutput& x) {
+  return f(caf::meta::type_name("ResumeMemoryOccupationReqOutput"), x.success, x.message);
 }
 
 template <class Inspector>

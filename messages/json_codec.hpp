@@ -281,6 +281,14 @@ template <> expected<FlushCacheReqInput> from_json<FlushCacheReqInput>(const nlo
 nlohmann::json to_json(const FlushCacheReqInput& x);
 template <> expected<FlushCacheReqOutput> from_json<FlushCacheReqOutput>(const nlohmann::json& j);
 nlohmann::json to_json(const FlushCacheReqOutput& x);
+template <> expected<ReleaseMemoryOccupationReqInput> from_json<ReleaseMemoryOccupationReqInput>(const nlohmann::json& j);
+nlohmann::json to_json(const ReleaseMemoryOccupationReqInput& x);
+template <> expected<ReleaseMemoryOccupationReqOutput> from_json<ReleaseMemoryOccupationReqOutput>(const nlohmann::json& j);
+nlohmann::json to_json(const ReleaseMemoryOccupationReqOutput& x);
+template <> expected<ResumeMemoryOccupationReqInput> from_json<ResumeMemoryOccupationReqInput>(const nlohmann::json& j);
+nlohmann::json to_json(const ResumeMemoryOccupationReqInput& x);
+template <> expected<ResumeMemoryOccupationReqOutput> from_json<ResumeMemoryOccupationReqOutput>(const nlohmann::json& j);
+nlohmann::json to_json(const ResumeMemoryOccupationReqOutput& x);
 
 template <>
 expected<GetServerInfoReqInput> from_json<GetServerInfoReqInput>(const nlohmann::json& j);

@@ -91,6 +91,61 @@ json to_json(const FlushCacheReqOutput& x) {
   return encode_status_reply(x);
 }
 
+namespace {
+// release/resume tags: SGLang's names; none (or null) means all.
+template <class In>
+expected<In> decode_memory_tags(const json& j) {
+  return decode<In>(j, strictness::request, [](object_reader& r, In& x) {
+    r.field("tags", x.tags, list_rule<text_rule>{.elem = {.non_empty = true}});
+    if (!r.ok())
+      return;
+    const path tags = r.at("tags");
+    for (std::size_t i = 0; i < x.tags.size(); ++i)
+      if (x.tags[i] != "weights" && x.tags[i] != "kv_cache" && x.tags[i] != "cuda_graph") {
+        r.cx().fail(tags.index(i), "unknown memory tag " + describe(json(x.tags[i])) +
+                                              " (expected \"weights\", \"kv_cache\" or \"cuda_graph\")");
+        return;
+      }
+  });
+}
+} // namespace
+
+template <>
+expected<ReleaseMemoryOccupationReqInput> from_json<ReleaseMemoryOccupationReqInput>(const json& j) {
+  return decode_memory_tags<ReleaseMemoryOccupationReqInput>(j);
+}
+
+json to_json(const ReleaseMemoryOccupationReqInput& x) {
+  return {{"tags", x.tags}};
+}
+
+template <>
+expected<ReleaseMemoryOccupationReqOutput> from_json<ReleaseMemoryOccupationReqOutput>(const json& j) {
+  return decode_status_reply<ReleaseMemoryOccupationReqOutput>(j);
+}
+
+json to_json(const ReleaseMemoryOccupationReqOutput& x) {
+  return encode_status_reply(x);
+}
+
+template <>
+expected<ResumeMemoryOccupationReqInput> from_json<ResumeMemoryOccupationReqInput>(const json& j) {
+  return decode_memory_tags<ResumeMemoryOccupationReqInput>(j);
+}
+
+json to_json(const ResumeMemoryOccupationReqInput& x) {
+  return {{"tags", x.tags}};
+}
+
+template <>
+expected<ResumeMemoryOccupationReqOutput> from_json<ResumeMemoryOccupationReqOutput>(const json& j) {
+  return decode_status_reply<ResumeMemoryOccupationReqOutput>(j);
+}
+
+json to_json(const ResumeMemoryOccupationReqOutput& x) {
+  return encode_status_reply(x);
+}
+
 template <>
 expected<GetServerInfoReqInput> from_json<GetServerInfoReqInput>(const json& j) {
   return decode_empty_request<GetServerInfoReqInput>(j);

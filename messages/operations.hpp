@@ -43,7 +43,12 @@
   X(continue_generation, continue_generation, ContinueGenerationReqInput,                        \
     ContinueGenerationReqOutput, admin, control) SEP                                             \
   /* Drops cached KV; refused while requests run (after waiting up to timeout_s). */             \
-  X(flush_cache, flush_cache, FlushCacheReqInput, FlushCacheReqOutput, admin, control)
+  X(flush_cache, flush_cache, FlushCacheReqInput, FlushCacheReqOutput, admin, control) SEP        \
+  /* Gives GPU memory back by tag (weights, kv_cache, cuda_graph) / takes it again. */           \
+  X(release_memory_occupation, release_memory_occupation, ReleaseMemoryOccupationReqInput,       \
+    ReleaseMemoryOccupationReqOutput, admin, control) SEP                                        \
+  X(resume_memory_occupation, resume_memory_occupation, ResumeMemoryOccupationReqInput,          \
+    ResumeMemoryOccupationReqOutput, admin, control)
 
 // Weight operations: the scheduler forwards them to the weight_updater between batches, one at a
 // time; the tokenizer orders them against generation by their role.

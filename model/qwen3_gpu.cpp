@@ -30,6 +30,10 @@ status qwen3_gpu_model::impl::init_device() {
     return fail(fmt::format("{}: compute capability {}.{}; the kernels need 8.0 or newer",
                             device_name, prop.major, prop.minor));
   GPU_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  weight_arena = std::make_unique<vmm_arena>(device, "weights");
+  kv_arena = std::make_unique<vmm_arena>(device, "kv_cache");
+  runtime_arena = std::make_unique<vmm_arena>(device, "cuda_graph");
+  update_arena = std::make_unique<vmm_arena>(device, "update scratch");
   if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS)
     return fail(device_name + ": cublasCreate failed");
   cublasSetStream(cublas, stream);
@@ -41,10 +45,11 @@ status qwen3_gpu_model::impl::init_device() {
   cublas_ws = *w;
   if (cublasSetWorkspace(cublas, cublas_ws, ws) != CUBLAS_STATUS_SUCCESS)
     return fail(device_name + ": cublasSetWorkspace failed");
-  auto flag = alloc<uint64_t>(1);
+  auto flag = alloc<uint64_t>(1, &update_bytes);
   if (!flag)
     return std::move(flag).take_failure();
   quant_flag = *flag;
+  GPU_TRY(cudaMemset(quant_flag, 0, sizeof(uint64_t)));
   return {};
 }
 
@@ -52,6 +57,19 @@ status qwen3_gpu_model::impl::build_rope_table() {
   const auto& c = config;
   const int64_t half = c.head_dim / 2;
   rope_positions = std::min<int64_t>(c.max_position_embeddings, max_blocks * options.kv_block_size);
+  auto a = alloc<float>(rope_positions * half);
+  auto b = alloc<float>(rope_positions * half);
+  if (!a || !b)
+    return fail(device_name + ": cannot allocate the RoPE table");
+  rope_cos = *a;
+  rope_sin = *b;
+  return fill_rope_table();
+}
+
+// The RoPE table's values (again after the runtime memory was released and resumed).
+status qwen3_gpu_model::impl::fill_rope_table() {
+  const auto& c = config;
+  const int64_t half = c.head_dim / 2;
   std::vector<float> cs(static_cast<std::size_t>(rope_positions * half));
   std::vector<float> sn(cs.size());
   for (int64_t p = 0; p < rope_positions; ++p)
@@ -62,12 +80,6 @@ status qwen3_gpu_model::impl::build_rope_table() {
       cs[p * half + i] = static_cast<float>(std::cos(angle));
       sn[p * half + i] = static_cast<float>(std::sin(angle));
     }
-  auto a = alloc<float>(static_cast<int64_t>(cs.size()), &weight_bytes);
-  auto b = alloc<float>(static_cast<int64_t>(cs.size()), &weight_bytes);
-  if (!a || !b)
-    return fail(device_name + ": cannot allocate the RoPE table");
-  rope_cos = *a;
-  rope_sin = *b;
   GPU_TRY(cudaMemcpy(rope_cos, cs.data(), cs.size() * 4, cudaMemcpyHostToDevice));
   GPU_TRY(cudaMemcpy(rope_sin, sn.data(), sn.size() * 4, cudaMemcpyHostToDevice));
   return {};
@@ -101,14 +113,17 @@ status qwen3_gpu_model::impl::allocate_runtime() {
   int64_t I_max = std::max(c.intermediate_size, c.moe_intermediate_size);
   const int64_t T = max_tokens;
   bool ok = true;
+  std::vector<std::pair<void*, std::size_t>> grabbed;
   auto grab = [&](auto*& p, int64_t n) {
     using T_ = std::remove_pointer_t<std::remove_reference_t<decltype(p)>>;
     using E_ = std::conditional_t<std::is_void_v<T_>, std::byte, T_>; // workspaces: bytes
     auto a = alloc<E_>(n);
-    if (!a)
+    if (!a) {
       ok = false;
-    else
+    } else {
       p = *a;
+      grabbed.emplace_back(static_cast<void*>(*a), static_cast<std::size_t>(std::max<int64_t>(n, 1)) * sizeof(E_));
+    }
   };
   grab(residual, T * H);
   grab(h, T * H);
@@ -204,9 +219,11 @@ status qwen3_gpu_model::impl::allocate_runtime() {
   if (!ok)
     return fail(fmt::format("{}: cannot allocate kernel workspaces", device_name));
   // Zero the workspaces once (their counters must start at zero; launches leave them so).
-  for (auto& b : blocks)
-    if (b->ptr == moe_ws || b->ptr == gemm_ws || b->ptr == attn_ws || b->ptr == sample_ws)
-      GPU_TRY(cudaMemset(b->ptr, 0, b->bytes));
+  for (auto& [ptr, bytes] : grabbed)
+    if (ptr == moe_ws || ptr == gemm_ws || ptr == attn_ws || ptr == sample_ws)
+      zeroed_workspaces.emplace_back(ptr, bytes);
+  for (auto& [ptr, bytes] : zeroed_workspaces)
+    GPU_TRY(cudaMemset(ptr, 0, bytes));
 
   // Per-step metadata: int32 x (5 T + 2 R + S * max_blocks) then float x 4 R.
   const int64_t ints = 5 * T + 2 * max_rows + max_seqs * max_blocks;
@@ -687,6 +704,8 @@ std::vector<std::pair<std::string, double>> qwen3_gpu_model::take_profile() {
 
 status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float>& logits) {
   auto& p = *impl_;
+  if (auto s = p.require(true, true, "forward"); !s)
+    return s;
   GPU_TRY(cudaSetDevice(p.device)); // the runner's thread may not be the creating one
   int64_t T = 0, S = 0, R = 0;
   bool decode = std::all_of(items.begin(), items.end(), [](const forward_item& it) {
@@ -710,6 +729,60 @@ status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float
   return {};
 }
 
+status qwen3_gpu_model::release_memory(memory_tags tags, bool backup_weights) {
+  auto& p = *impl_;
+  GPU_TRY(cudaSetDevice(p.device));
+  GPU_TRY(cudaStreamSynchronize(p.stream));
+  if (tags.weights)
+    if (auto s = p.weight_arena->release(backup_weights); !s)
+      return s;
+  if (tags.kv_cache)
+    if (auto s = p.kv_arena->release(false); !s)
+      return s;
+  if (tags.cuda_graph)
+    if (auto s = p.runtime_arena->release(false); !s)
+      return s;
+  return {};
+}
+
+status qwen3_gpu_model::resume_memory(memory_tags tags) {
+  auto& p = *impl_;
+  GPU_TRY(cudaSetDevice(p.device));
+  if (tags.weights && p.weight_arena->released())
+    if (auto s = p.weight_arena->resume(); !s)
+      return s;
+  if (tags.kv_cache && p.kv_arena->released()) {
+    if (auto s = p.kv_arena->resume(); !s)
+      return s;
+    for (std::size_t l = 0; l < p.k_cache.size(); ++l) { // as at start: no stale values in unused slots
+      const auto bytes = static_cast<std::size_t>(p.num_slots * p.config.num_key_value_heads * p.config.head_dim) * 2;
+      GPU_TRY(cudaMemset(p.k_cache[l], 0, bytes));
+      GPU_TRY(cudaMemset(p.v_cache[l], 0, bytes));
+    }
+  }
+  if (tags.cuda_graph && p.runtime_arena->released()) {
+    if (auto s = p.runtime_arena->resume(); !s)
+      return s;
+    // What the runtime memory must hold beyond scratch: zeroed workspace counters, the RoPE table.
+    for (auto& [ptr, bytes] : p.zeroed_workspaces)
+      GPU_TRY(cudaMemset(ptr, 0, bytes));
+    if (auto s = p.fill_rope_table(); !s)
+      return s;
+  }
+  GPU_TRY(cudaDeviceSynchronize());
+  return {};
+}
+
+qwen3_gpu_model::memory_tags qwen3_gpu_model::released_memory() const {
+  return {impl_->weight_arena->released(), impl_->kv_arena->released(), impl_->runtime_arena->released()};
+}
+
+std::size_t qwen3_gpu_model::mapped_bytes() const {
+  const auto& p = *impl_;
+  return p.weight_arena->mapped_bytes() + p.kv_arena->mapped_bytes() + p.runtime_arena->mapped_bytes() +
+         p.update_arena->mapped_bytes();
+}
+
 status qwen3_gpu_model::copy_kv_slots(int32_t from, int32_t to, int64_t slots) {
   auto& p = *impl_;
   const auto& c = p.config;
@@ -717,6 +790,8 @@ status qwen3_gpu_model::copy_kv_slots(int32_t from, int32_t to, int64_t slots) {
       std::max(from, to) >= p.options.kv_num_blocks)
     return fail(fmt::format("copy_kv_slots: blocks {} -> {} ({} slots) outside a pool of {} blocks of {}",
                             from, to, slots, p.options.kv_num_blocks, p.options.kv_block_size));
+  if (auto s = p.require(false, true, "copy_kv_slots"); !s)
+    return s;
   GPU_TRY(cudaSetDevice(p.device));
   const auto row = static_cast<std::size_t>(c.num_key_value_heads * c.head_dim); // bf16 per slot
   const auto bytes = static_cast<std::size_t>(slots) * row * sizeof(uint16_t);
@@ -732,6 +807,8 @@ status qwen3_gpu_model::forward_sample(std::span<forward_item> items,
                                        std::span<const gpu_sample_row> rows,
                                        std::vector<int32_t>& tokens, std::vector<float>& logprobs) {
   auto& p = *impl_;
+  if (auto s = p.require(true, true, "forward"); !s)
+    return s;
   GPU_TRY(cudaSetDevice(p.device)); // the runner's thread may not be the creating one
   if (rows.size() != items.size())
     return fail(fmt::format("forward_sample: {} sampling rows for {} sequences", rows.size(), items.size()));
@@ -838,6 +915,10 @@ std::size_t qwen3_gpu_model::weight_bytes() const { return 0; }
 std::size_t qwen3_gpu_model::kv_bytes() const { return 0; }
 status qwen3_gpu_model::forward(std::span<forward_item>, std::vector<float>&) { return fail(k_no_cuda); }
 status qwen3_gpu_model::copy_kv_slots(int32_t, int32_t, int64_t) { return fail(k_no_cuda); }
+status qwen3_gpu_model::release_memory(memory_tags, bool) { return fail(k_no_cuda); }
+status qwen3_gpu_model::resume_memory(memory_tags) { return fail(k_no_cuda); }
+qwen3_gpu_model::memory_tags qwen3_gpu_model::released_memory() const { return {}; }
+std::size_t qwen3_gpu_model::mapped_bytes() const { return 0; }
 status qwen3_gpu_model::forward_sample(std::span<forward_item>, std::span<const gpu_sample_row>,
                                        std::vector<int32_t>&, std::vector<float>&) {
   return fail(k_no_cuda);

@@ -131,6 +131,25 @@ public:
   // forward (a prefix cache's copy-on-write of a partly shared block).
   status copy_kv_slots(int32_t from, int32_t to, int64_t slots);
 
+  // ---- giving GPU memory back to a colocated trainer (release_memory_occupation) ----
+  // The tags of SGLang's release/resume: the weights, the KV pool, and "cuda_graph" — the rest of
+  // the forward's memory (activations and workspaces its graphs replay into, the RoPE table).
+  struct memory_tags {
+    bool weights = false;
+    bool kv_cache = false;
+    bool cuda_graph = false;
+  };
+  // Gives the physical memory of the tagged parts back to the driver (CUDA virtual memory: the
+  // addresses stay reserved, so the CUDA graphs stay valid). With `backup_weights` the weights go
+  // to pinned host memory first and come back on resume; otherwise they are undefined after
+  // resume until an update writes them. The KV pool comes back zeroed. While anything is
+  // released, forward refuses; while the weights are, every weight operation refuses, naming
+  // what to resume. What updates need besides the weights is never released.
+  status release_memory(memory_tags tags, bool backup_weights);
+  status resume_memory(memory_tags tags);
+  memory_tags released_memory() const;
+  std::size_t mapped_bytes() const; // device memory the model's arenas hold now
+
   // ---- weight updates (the INT4 state machine on the device) ----
   // Every INT4 module SERVING -> LOAD_FORMAT (modules already in load format are left alone).
   // Forward refuses to run while any module is in load format.

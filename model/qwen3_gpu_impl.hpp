@@ -34,6 +34,7 @@
 #include "kernels/weight_copy.hpp"
 #include "kernels/xxh3.hpp"
 #include "model/quant/int4_method.hpp"
+#include "model/vmm_arena.hpp"
 
 namespace rlserve::model {
 
@@ -193,8 +194,15 @@ struct qwen3_gpu_model::impl {
   std::string device_name;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
-  std::vector<std::unique_ptr<gpu_detail::device_block>> blocks; // every allocation
-  std::size_t weight_bytes = 0, kv_bytes = 0;
+  // Every long-lived allocation, by what release_memory_occupation calls it: weights, the KV
+  // pool, and the rest (scratch of the forward and its graphs, cuBLAS' workspace, the RoPE table:
+  // "cuda_graph"). Addresses outlive a release, so the graphs stay valid.
+  // What weight updates use besides the weights (the NaN flag, the INT4 repack scratch) is in a
+  // fourth arena that is never released: a colocated trainer updates weights before it resumes
+  // the KV pool and the graphs' memory.
+  std::unique_ptr<vmm_arena> weight_arena, kv_arena, runtime_arena, update_arena;
+  std::vector<std::pair<void*, std::size_t>> zeroed_workspaces; // zero again after a resume
+  std::size_t weight_bytes = 0, kv_bytes = 0, update_bytes = 0;
 
   // weights
   uint16_t *embed = nullptr, *lm_head = nullptr, *final_norm = nullptr;
@@ -283,18 +291,37 @@ struct qwen3_gpu_model::impl {
       cudaStreamDestroy(stream);
   }
 
+  // `count` T's in the arena `account` names: &weight_bytes (weights), &kv_bytes (the KV pool), or
+  // none (runtime); counted there.
   template <class T>
   expected<T*> alloc(int64_t count, std::size_t* account = nullptr) {
-    auto b = std::make_unique<gpu_detail::device_block>();
-    b->bytes = static_cast<std::size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
-    if (auto e = cudaMalloc(&b->ptr, b->bytes); e != cudaSuccess)
-      return fail(fmt::format("CUDA: cannot allocate {} MiB on {}: {}", b->bytes >> 20,
-                              device_name, gpu_detail::cuda_text(e)));
+    auto& arena = account == &weight_bytes  ? *weight_arena
+                  : account == &kv_bytes    ? *kv_arena
+                  : account == &update_bytes ? *update_arena
+                                             : *runtime_arena;
+    const auto bytes = static_cast<std::size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
+    auto p = arena.allocate(bytes);
+    if (!p)
+      return fail(fmt::format("CUDA: cannot allocate {} MiB on {}: {}", bytes >> 20, device_name, p.error()));
     if (account)
-      *account += b->bytes;
-    T* p = static_cast<T*>(b->ptr);
-    blocks.push_back(std::move(b));
-    return p;
+      *account += bytes;
+    return static_cast<T*>(*p);
+  }
+
+  // ---- memory release (release_memory_occupation) ----
+  status fill_rope_table();
+  // Fails naming what to resume when `what` needs released memory.
+  status require(bool weights, bool kv_and_runtime, const char* what) const {
+    std::string missing;
+    if (weights && weight_arena->released())
+      missing = "weights";
+    if (kv_and_runtime && kv_arena->released())
+      missing += (missing.empty() ? "" : ", ") + std::string("kv_cache");
+    if (kv_and_runtime && runtime_arena->released())
+      missing += (missing.empty() ? "" : ", ") + std::string("cuda_graph");
+    if (missing.empty())
+      return {};
+    return fail(fmt::format("{}: the GPU memory of {} is released; resume_memory_occupation first", what, missing));
   }
 
   // ---- setup ----

@@ -203,7 +203,7 @@ status qwen3_gpu_model::impl::allocate_weights(std::optional<random_int4> int4_e
                                                         m.zp_words() * 4)) + 64);
   }
   if (int4_scratch_bytes > 0) {
-    auto s = alloc<std::byte>(static_cast<int64_t>(int4_scratch_bytes));
+    auto s = alloc<std::byte>(static_cast<int64_t>(int4_scratch_bytes), &update_bytes);
     if (!s)
       return std::move(s).take_failure();
     int4_scratch = *s;
@@ -285,6 +285,8 @@ status qwen3_gpu_model::impl::write_expert(const qwen3_model& host, gpu_int4_mod
 }
 
 expected<std::string> qwen3_gpu_model::restore() {
+  if (auto s_ = impl_->require(true, false, "restore"); !s_)
+    return std::move(s_).take_failure();
   auto& p = *impl_;
   GPU_TRY(cudaSetDevice(p.device)); // the runner's thread may not be the creating one
   int64_t done = 0, already = 0;
@@ -303,6 +305,8 @@ expected<std::string> qwen3_gpu_model::restore() {
 }
 
 expected<std::string> qwen3_gpu_model::post_process() {
+  if (auto s_ = impl_->require(true, false, "post_process"); !s_)
+    return std::move(s_).take_failure();
   auto& p = *impl_;
   GPU_TRY(cudaSetDevice(p.device)); // the runner's thread may not be the creating one
   int64_t done = 0, already = 0;
@@ -321,6 +325,8 @@ expected<std::string> qwen3_gpu_model::post_process() {
 }
 
 status qwen3_gpu_model::upload(const qwen3_model& host, std::span<const std::string> names) {
+  if (auto s_ = impl_->require(true, false, "upload"); !s_)
+    return std::move(s_).take_failure();
   auto& p = *impl_;
   GPU_TRY(cudaSetDevice(p.device)); // the runner's thread may not be the creating one
   static constexpr std::string_view k_int4_suffixes[] = {".weight_packed", ".weight_scale",
@@ -468,6 +474,8 @@ struct resolved_source {
 } // namespace
 
 status qwen3_gpu_model::stage(std::span<const update_source> tensors, bool allow_nonfinite) {
+  if (auto s_ = impl_->require(true, false, "a weight update"); !s_)
+    return std::move(s_).take_failure();
   auto& p = *impl_;
   auto& st = *staging_;
   GPU_TRY(cudaSetDevice(p.device));
@@ -756,6 +764,8 @@ status qwen3_gpu_model::upload_chunk(std::span<const NamedTensor> tensors, host_
 }
 
 status qwen3_gpu_model::stage_host(std::span<const NamedTensor> tensors, bool allow_nonfinite) {
+  if (auto s_ = impl_->require(true, false, "a weight update"); !s_)
+    return std::move(s_).take_failure();
   // Uploaded and staged in chunks of at most gpu_options::upload_chunk_bytes (a disk update hands over a
   // whole checkpoint in one message; a device buffer of its size would double the memory an
   // update needs), the upload of chunk i + 1 on a helper thread while chunk i is scanned and
@@ -813,6 +823,8 @@ status qwen3_gpu_model::stage_host(std::span<const NamedTensor> tensors, bool al
 }
 
 expected<std::string> qwen3_gpu_model::commit_staged() {
+  if (auto s_ = impl_->require(true, false, "commit"); !s_)
+    return std::move(s_).take_failure();
   auto& p = *impl_;
   auto& st = *staging_;
   GPU_TRY(cudaSetDevice(p.device));
@@ -855,6 +867,8 @@ std::size_t qwen3_gpu_model::staging_peak_bytes() const { return staging_->peak;
 std::optional<kernels::int4_recipe> qwen3_gpu_model::int4_update_recipe() const { return impl_->int4_recipe; }
 
 status qwen3_gpu_model::read_parameters(std::span<const std::string> names, const parameter_visitor& visit) {
+  if (auto s_ = impl_->require(true, false, "reading weights"); !s_)
+    return std::move(s_).take_failure();
   auto& p = *impl_;
   GPU_TRY(cudaSetDevice(p.device));
   // BF16 slots in one group; INT4 parts grouped by module, each module restored into the scratch
@@ -946,6 +960,8 @@ status qwen3_gpu_model::read_parameters(std::span<const std::string> names, cons
 }
 
 expected<std::vector<uint64_t>> qwen3_gpu_model::digests(std::span<const std::string> names) {
+  if (auto s_ = impl_->require(true, false, "checksums"); !s_)
+    return std::move(s_).take_failure();
   auto& p = *impl_;
   std::vector<uint64_t> out(names.size());
   auto s = read_parameters(names, [&](std::span<const std::size_t> index, std::span<const void* const> ptrs,
@@ -966,6 +982,8 @@ expected<std::vector<uint64_t>> qwen3_gpu_model::digests(std::span<const std::st
 }
 
 expected<HostTensor> qwen3_gpu_model::download(const std::string& name) {
+  if (auto s_ = impl_->require(true, false, "reading a weight"); !s_)
+    return std::move(s_).take_failure();
   auto& p = *impl_;
   std::vector<std::byte> bytes;
   std::string n = name;

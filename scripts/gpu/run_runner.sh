@@ -14,6 +14,7 @@
 #     update  benchmarks/update_bench (CUDA IPC update at Qwen3-30B-A3B shape, INT4 and BF16 experts)
 #     xxh3    benchmarks/gpu/kernels_bench --only xxh3 (device checksums vs a copy)
 #     store   tests/gpu/test_tcp_store.py (join-store against PyTorch's TCPStore and NCCL group)
+#     memory  tests/gpu/test_memory_release.py (release/resume_memory_occupation, 100 cycles)
 #     nccl    tests/gpu/test_nccl_update.py (NCCL groups through `rlserve serve`, one GPU) and
 #             tests/gpu/test_nccl_update_2gpu.py (the broadcast itself; skips below two GPUs)
 #     prefix  benchmarks/prefix_cache_bench.py (GRPO rounds with the prefix cache on and off, on
@@ -79,6 +80,14 @@ for what in "$@"; do
       st=$?
       tail -10 "$OUT/tcp_store.log"
       echo "store: exit $st"
+      [ $st -eq 0 ] || rc=1
+      ;;&
+    memory|all)
+      echo "=== release/resume GPU memory"
+      timeout "${MEMORY_TIMEOUT:-400}" python3 tests/gpu/test_memory_release.py > "$OUT/memory_release.log" 2>&1
+      st=$?
+      tail -30 "$OUT/memory_release.log"
+      echo "memory: exit $st"
       [ $st -eq 0 ] || rc=1
       ;;&
     nccl|all)

@@ -109,7 +109,11 @@ BOOST_AUTO_TEST_CASE(every_route_decodes_and_encodes_its_types) {
   check_route(route_case<ContinueGenerationReqInput, ContinueGenerationReqOutput>{
     "continue_generation", "{}", admin});
   check_route(route_case<FlushCacheReqInput, FlushCacheReqOutput>{"flush_cache", "{}", admin});
-  BOOST_TEST(all_codecs().size() == 18u);
+  check_route(route_case<ReleaseMemoryOccupationReqInput, ReleaseMemoryOccupationReqOutput>{
+    "release_memory_occupation", R"({"tags": ["kv_cache"]})", admin});
+  check_route(route_case<ResumeMemoryOccupationReqInput, ResumeMemoryOccupationReqOutput>{
+    "resume_memory_occupation", "{}", admin});
+  BOOST_TEST(all_codecs().size() == 20u);
 }
 
 // The security boundary as a set: only generation and read-only server state are normal.
@@ -125,7 +129,8 @@ BOOST_AUTO_TEST_CASE(admin_routes_are_exactly_the_privileged_ones) {
                 "update_weights_from_distributed", "update_weights_from_tensor",
                 "update_weights_from_disk", "begin_weight_update", "end_weight_update",
                 "post_process_weights", "update_weight_version", "weights_checker",
-                "get_weights_by_name", "pause_generation", "continue_generation", "flush_cache"}));
+                "get_weights_by_name", "pause_generation", "continue_generation", "flush_cache",
+                "release_memory_occupation", "resume_memory_occupation"}));
 }
 
 BOOST_AUTO_TEST_CASE(routes_are_unique_and_unknown_routes_are_null) {

@@ -80,6 +80,10 @@ RLSERVE_FIELD_COUNT(ContinueGenerationReqInput, 1)
 RLSERVE_FIELD_COUNT(ContinueGenerationReqOutput, 2)
 RLSERVE_FIELD_COUNT(FlushCacheReqInput, 1)
 RLSERVE_FIELD_COUNT(FlushCacheReqOutput, 2)
+RLSERVE_FIELD_COUNT(ReleaseMemoryOccupationReqInput, 1)
+RLSERVE_FIELD_COUNT(ReleaseMemoryOccupationReqOutput, 2)
+RLSERVE_FIELD_COUNT(ResumeMemoryOccupationReqInput, 1)
+RLSERVE_FIELD_COUNT(ResumeMemoryOccupationReqOutput, 2)
 RLSERVE_FIELD_COUNT(GetServerInfoReqInput, 0)
 RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 34)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
@@ -866,6 +870,26 @@ struct samples<FlushCacheReqInput> : simple_samples<FlushCacheReqInput> {
 
 template <>
 struct samples<FlushCacheReqOutput> : status_samples<FlushCacheReqOutput> {};
+
+template <>
+struct samples<ReleaseMemoryOccupationReqInput> : simple_samples<ReleaseMemoryOccupationReqInput> {
+  static ReleaseMemoryOccupationReqInput full() { return {{"weights", "kv_cache"}}; }
+  static std::vector<ReleaseMemoryOccupationReqInput> json() {
+    return {full(), ReleaseMemoryOccupationReqInput{}, ReleaseMemoryOccupationReqInput{{"cuda_graph"}}};
+  }
+};
+
+template <>
+struct samples<ReleaseMemoryOccupationReqOutput> : status_samples<ReleaseMemoryOccupationReqOutput> {};
+
+template <>
+struct samples<ResumeMemoryOccupationReqInput> : simple_samples<ResumeMemoryOccupationReqInput> {
+  static ResumeMemoryOccupationReqInput full() { return {{"weights"}}; }
+  static std::vector<ResumeMemoryOccupationReqInput> json() { return {full(), ResumeMemoryOccupationReqInput{}}; }
+};
+
+template <>
+struct samples<ResumeMemoryOccupationReqOutput> : status_samples<ResumeMemoryOccupationReqOutput> {};
 
 template <>
 struct samples<GetServerInfoReqInput> : simple_samples<GetServerInfoReqInput> {

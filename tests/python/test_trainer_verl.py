@@ -9,7 +9,9 @@ Read from volcengine/verl at commit b178a3cd56f58b2d502255daba591e92833930a7:
                                    {content_type, text}; abort_request {rid, abort_all})
   verl/workers/rollout/sglang_rollout/sglang_rollout.py
                                    ServerAdapter.update_weights: the buckets, then flush_cache
-                                   (no pause, no weight_version: the engine is asleep or idle)
+                                   (no pause, no weight_version: the engine is asleep or idle);
+                                   release: release_memory_occupation {"tags": ["kv_cache",
+                                   "weights"]}; resume(tags): resume_memory_occupation {"tags"}
   verl/workers/rollout/sglang_rollout/async_sglang_server.py
                                    generate: the request fields (rid, input_ids, sampling_params
                                    with max_new_tokens, return_logprob popped from "logprobs")
@@ -21,12 +23,13 @@ Read from volcengine/verl at commit b178a3cd56f58b2d502255daba591e92833930a7:
 
 verl's step has no pause, continue or version call: between rollouts it puts the engine to sleep
 (release_memory_occupation), wakes its weights, sends the buckets, flushes the cache and wakes the
-KV cache. The replay sends the buckets and the flush, then checks that the next rollout is served
-by a new version (rlserve numbers each commit that names no version: "0" -> "1" -> ...) with the
-new weights.
+KV cache. The replay does the same, then checks that the next rollout is served by a new version
+(rlserve numbers each commit that names no version: "0" -> "1" -> ...) with the new weights. On
+the CPU engine a release only marks the memory (it is host memory), so what is checked is the
+protocol: the calls succeed, and while asleep a generate request is refused naming what to
+resume.
 
 What the replay leaves out, and why:
-  - release/resume_memory_occupation (sleep / wake_up): not served.
   - serialized_named_tensors (base64 CUDA IPC pickles) with load_format "flattened_bucket": the
     CPU engine takes the same request with named_tensors (inline base64, docs/protocol.md).
   - return_routed_experts (routing replay): the replay's model is dense, so it would return no
@@ -75,6 +78,14 @@ def main():
             reply = engine.post("/abort_request", {"rid": "", "abort_all": True})
             t.check(reply.raise_for_status("abort_request").json()["success"], reply.text)
 
+            # release: asleep between rollouts.
+            reply = engine.post("/release_memory_occupation", {"tags": ["kv_cache", "weights"]})
+            t.check(reply.raise_for_status("release_memory_occupation").json()["success"], reply.text)
+            asleep = engine.post("/generate", {"input_ids": r.prompt_ids(), "sampling_params": {"max_new_tokens": 2}})
+            t.check("resume_memory_occupation" in asleep.text, f"generate while asleep: {asleep.text}")
+            reply = engine.post("/resume_memory_occupation", {"tags": ["weights"]})
+            t.check(reply.raise_for_status("resume_memory_occupation").json()["success"], reply.text)
+
             # ServerAdapter.update_weights: the buckets, then one flush. Generation is not paused,
             # so each bucket commits as it arrives (SGLang applies it at once too) and, naming no
             # version, moves rlserve's version by one (docs/architecture.md, 'Versions').
@@ -83,6 +94,8 @@ def main():
                 reply = engine.post("/update_weights_from_tensor", {"named_tensors": bucket, "flush_cache": False})
                 t.check(reply.raise_for_status("update_weights_from_tensor").json()["success"], reply.text)
             t.check("flushed" in flush_cache(engine).lower(), "flush_cache's text")
+            reply = engine.post("/resume_memory_occupation", {"tags": ["kv_cache"]})
+            t.check(reply.raise_for_status("resume_memory_occupation").json()["success"], reply.text)
 
             version = generate(engine, "verl-step1-sample0")
             t.check(version == str(len(buckets)), f"the rollout after the update served version {version}")
@@ -90,7 +103,7 @@ def main():
             t.check(sums["ranks"][0]["checksums"] == r.checkpoint_checksums(model_b), "the update did not land")
         finally:
             r.stop(proc)
-    print("ok: verl's step (buckets, flush, next rollout) against rlserve serve")
+    print("ok: verl's step (sleep, wake weights, buckets, flush, wake KV, next rollout) against rlserve serve")
 
 
 if __name__ == "__main__":

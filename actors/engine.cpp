@@ -27,29 +27,32 @@ namespace rlserve {
 
 namespace fs = std::filesystem;
 
-fs::path builtin_model_dir() {
+fs::path builtin_model_dir(bool gpu) {
+  // The GPU kernels need head_dim >= 64 and INT4 groups of 128: the GPU demo's model is the
+  // make-model "medium" Qwen3-MoE, the CPU's the "tiny" dense Qwen3 (fast to run on a core).
+  const char* name = gpu ? "gpu-qwen3-moe" : "tiny-qwen3";
   if (const char* dir = std::getenv("RLSERVE_CACHE_DIR"); dir && *dir)
-    return fs::path(dir) / "tiny-qwen3";
+    return fs::path(dir) / name;
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
-    return fs::path(xdg) / "rlserve" / "tiny-qwen3";
+    return fs::path(xdg) / "rlserve" / name;
   if (const char* home = std::getenv("HOME"); home && *home)
-    return fs::path(home) / ".cache" / "rlserve" / "tiny-qwen3";
-  return fs::temp_directory_path() / "rlserve" / "tiny-qwen3";
+    return fs::path(home) / ".cache" / "rlserve" / name;
+  return fs::temp_directory_path() / "rlserve" / name;
 }
 
-expected<fs::path> ensure_builtin_model() {
-  auto dir = builtin_model_dir();
+expected<fs::path> ensure_builtin_model(bool gpu) {
+  auto dir = builtin_model_dir(gpu);
   std::error_code ec;
-  bool complete = fs::exists(dir / "config.json", ec) && fs::exists(dir / "model.safetensors", ec) &&
-                  fs::exists(dir / "tokenizer.json", ec);
+  bool complete = fs::exists(dir / "config.json", ec) && fs::exists(dir / "tokenizer.json", ec) &&
+                  (fs::exists(dir / "model.safetensors", ec) || fs::exists(dir / "model.safetensors.index.json", ec));
   if (complete)
     return dir;
   fs::create_directories(dir, ec);
   if (ec)
     return fail("cannot create " + dir.string() + " for the built-in model: " + ec.message());
   model::make_model_options options;
-  options.arch = "qwen3";
-  options.preset = "tiny";
+  options.arch = gpu ? "qwen3-moe" : "qwen3";
+  options.preset = gpu ? "medium" : "tiny";
   options.out = dir;
   options.seed = 0;
   if (auto ok = model::make_model(options); !ok)
@@ -315,9 +318,12 @@ static std::vector<std::string> weight_transports(const std::vector<runner_handl
 }
 
 expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
+  auto device = resolve_device(config.device);
+  if (!device)
+    return std::move(device).take_failure();
   auto path = config.model_path;
   if (path.empty()) {
-    auto builtin = ensure_builtin_model();
+    auto builtin = ensure_builtin_model(*device >= 0);
     if (!builtin)
       return std::move(builtin).take_failure();
     path = *builtin;
@@ -325,9 +331,6 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   auto options = load_options(config);
   if (!options)
     return std::move(options).take_failure();
-  auto device = resolve_device(config.device);
-  if (!device)
-    return std::move(device).take_failure();
   // A GPU runner's host side keeps only the checkpoint's own bytes (validation, staging,
   // checksums, get_weights_by_name, uploads); the fp32 compute copies are for CPU forwards and
   // would quadruple the host memory of a BF16 model (about 120 GB more for Qwen3-30B-A3B).

@@ -79,11 +79,13 @@ struct engine_config {
   std::size_t worker_threads = 0;
 };
 
-// Where the built-in tiny model lives: $RLSERVE_CACHE_DIR, else $XDG_CACHE_HOME/rlserve, else
-// ~/.cache/rlserve; the model itself in <that>/tiny-qwen3.
-std::filesystem::path builtin_model_dir();
-// Writes the built-in tiny model there unless it is already complete; returns its directory.
-expected<std::filesystem::path> ensure_builtin_model();
+// Where the built-in model lives: $RLSERVE_CACHE_DIR, else $XDG_CACHE_HOME/rlserve, else
+// ~/.cache/rlserve; the model itself in <that>/tiny-qwen3 (a tiny dense Qwen3 for the CPU), or
+// with `gpu` in <that>/gpu-qwen3-moe (make-model's "medium" Qwen3-MoE: the smallest shapes the
+// GPU kernels run).
+std::filesystem::path builtin_model_dir(bool gpu = false);
+// Writes the built-in model there unless it is already complete; returns its directory.
+expected<std::filesystem::path> ensure_builtin_model(bool gpu = false);
 
 using chunk_callback = std::function<void(const GenerateReqOutput&)>;
 

@@ -18,6 +18,7 @@
 #include "kernels/bf16.hpp"
 #include "model/checkpoint.hpp"
 #include "model/config.hpp"
+#include "model/qwen3_gpu.hpp"
 #include "model/quant/int4_checkpoint.hpp"
 
 namespace rlserve::apps {
@@ -170,7 +171,19 @@ void check(bool ok, const std::string& what) {
     throw command_failed(what);
 }
 
+void run_on(const demo_options& o, bool on_gpu);
+
 void run(const demo_options& o) {
+  // On a GPU (--device auto finds one, or cuda asked for) without a model: the built-in GPU model
+  // with INT4 experts, quantized on the device at load and at the update.
+  const bool on_gpu = o.device != "cpu" && (o.device != "auto" || model::gpu_available());
+  auto opts = o;
+  if (on_gpu && opts.model.empty() && opts.quantize.empty())
+    opts.quantize = "int4-asym";
+  run_on(opts, on_gpu);
+}
+
+void run_on(const demo_options& o, bool on_gpu) {
   // Phase -> seconds, in the order the phases ran.
   struct phase_timings {
     std::vector<std::pair<std::string, double>> rows;
@@ -183,17 +196,17 @@ void run(const demo_options& o) {
     }
   } timings;
   std::printf("rlserve demo: serve rollouts, take new weights from a trainer, verify them, serve "
-              "again (CPU)\n\n");
+              "again (%s)\n\n", on_gpu ? "GPU" : "CPU");
 
   // 1. the model
   auto t = clock_type::now();
   std::filesystem::path path = o.model;
   if (path.empty()) {
-    bool exists = std::filesystem::exists(builtin_model_dir() / "config.json");
+    bool exists = std::filesystem::exists(builtin_model_dir(on_gpu) / "config.json");
     if (!exists)
-      std::printf("[1/7] building the built-in tiny model in %s ...\n",
-                  builtin_model_dir().string().c_str());
-    auto dir = ensure_builtin_model();
+      std::printf("[1/7] building the built-in %s model in %s ...\n", on_gpu ? "GPU" : "tiny",
+                  builtin_model_dir(on_gpu).string().c_str());
+    auto dir = ensure_builtin_model(on_gpu);
     check(dir.has_value(), dir ? "" : dir.error());
     path = *dir;
   }

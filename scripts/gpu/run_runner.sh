@@ -14,6 +14,7 @@
 #     update  benchmarks/update_bench (CUDA IPC update at Qwen3-30B-A3B shape, INT4 and BF16 experts)
 #     xxh3    benchmarks/gpu/kernels_bench --only xxh3 (device checksums vs a copy)
 #     store   tests/gpu/test_tcp_store.py (join-store against PyTorch's TCPStore and NCCL group)
+#     demo    `rlserve demo` (make run) on the GPU: the built-in GPU model, INT4 experts
 #     memory  tests/gpu/test_memory_release.py (release/resume_memory_occupation, 100 cycles)
 #     nccl    tests/gpu/test_nccl_update.py (NCCL groups through `rlserve serve`, one GPU) and
 #             tests/gpu/test_nccl_update_2gpu.py (the broadcast itself; skips below two GPUs)
@@ -80,6 +81,14 @@ for what in "$@"; do
       st=$?
       tail -10 "$OUT/tcp_store.log"
       echo "store: exit $st"
+      [ $st -eq 0 ] || rc=1
+      ;;&
+    demo|all)
+      echo "=== rlserve demo (GPU)"
+      RLSERVE_CACHE_DIR=/tmp/rlserve-cache timeout "${DEMO_TIMEOUT:-200}" "$DEV/rlserve" demo > "$OUT/demo.log" 2>&1
+      st=$?
+      tail -25 "$OUT/demo.log"
+      echo "demo: exit $st"
       [ $st -eq 0 ] || rc=1
       ;;&
     memory|all)

@@ -159,7 +159,7 @@ RunnerManifest make_manifest(const runner_options& options, const model::qwen3_m
 // item before running any), the items at fault are found by trying each alone on a copy of its
 // KV, marked failed in `errors`, and the rest run without them. `items` and `owners` (the index of
 // each item's work) shrink to what ran; `row_of` gets each remaining item's first logits row;
-// `routed_experts` (CPU runner), when given, the routing of every token that ran, item after item.
+// `routed_experts`, when given, the routing of every token that ran, item after item.
 status run_items(runner_state& st, std::vector<model::forward_item>& items,
                  std::vector<std::size_t>& owners, std::vector<std::string>& errors,
                  std::vector<float>& logits, std::vector<std::size_t>& row_of,
@@ -176,7 +176,8 @@ status run_items(runner_state& st, std::vector<model::forward_item>& items,
   if (items.empty())
     return {};
   auto forward = [&](std::span<model::forward_item> batch, std::vector<float>& out) {
-    return st.gpu ? st.gpu->forward(batch, out) : st.model->forward(*st.pool, batch, out, routed_experts);
+    return st.gpu ? st.gpu->forward(batch, out, routed_experts)
+                  : st.model->forward(*st.pool, batch, out, routed_experts);
   };
   if (auto ok = forward(items, logits); ok)
     return ok;
@@ -441,9 +442,6 @@ struct batch_run {
       kv.length = work.kv_length; // drop rejected or stale positions; their blocks stay
     if (work.tokens.empty())
       return "sequence " + id + ": no tokens to run";
-    if (work.return_routed_experts && st.gpu)
-      return "return_routed_experts: the GPU runner does not record the router's choices yet "
-             "(the CPU runner does)";
     // The scheduler never speculates for these: each position's distribution would depend on
     // the proposals before it.
     if ((!work.draft_tokens.empty() || work.propose > 0) && seq.sampling.uses_history())

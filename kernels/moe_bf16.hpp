@@ -34,5 +34,8 @@ kernel_status moe_bf16_ref(const moe_bf16_args& a);
 std::size_t moe_bf16_workspace_bytes(const moe_bf16_args& a);
 kernel_status moe_bf16_workspace_init(const moe_bf16_args& a, void* workspace, cudaStream_t stream);
 kernel_status moe_bf16_launch(const moe_bf16_args& a, void* workspace, cudaStream_t stream);
+// Where the last launch left the router's top-k ids [tokens, top_k] in `workspace` (routing
+// replay reads them), as fused_moe_workspace_parts(...).topk_ids for the INT4 MoE.
+int32_t* moe_bf16_topk_ids(const moe_bf16_args& a, void* workspace);
 
 } // namespace rlserve::kernels

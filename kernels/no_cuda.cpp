@@ -45,6 +45,7 @@ kernel_status moe_bf16_workspace_init(const moe_bf16_args&, void*, cudaStream_t)
   return kernel_status::not_supported;
 }
 kernel_status moe_bf16_launch(const moe_bf16_args&, void*, cudaStream_t) { return kernel_status::not_supported; }
+int32_t* moe_bf16_topk_ids(const moe_bf16_args&, void*) { return nullptr; }
 
 // kernels/sampler.hpp
 std::size_t sample_workspace_bytes(const sample_args&) { return 0; }

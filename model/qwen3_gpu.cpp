@@ -135,6 +135,8 @@ status qwen3_gpu_model::impl::allocate_runtime() {
   grab(act, T * I_max);
   grab(h_rows, max_rows * H);
   grab(router_logits, T * std::max<int64_t>(c.num_experts, 1));
+  if (c.num_experts > 0)
+    grab(routed_record, c.num_hidden_layers * T * c.num_experts_per_tok);
   grab(logits, max_rows * V);
   grab(out_token, max_rows);
   grab(out_logprob, max_rows);
@@ -453,12 +455,20 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
       if (auto s = gemm_bf16(L.router, E, H, h, T, router_logits, E, true); !s)
         return s;
       mark("router GEMM");
+      const int32_t* ids = nullptr;
       if (L.w13 >= 0) {
         const kernels::fused_moe_args f = int4_moe_args(L, T);
         KERNEL_TRY("fused MoE (INT4)", kernels::fused_moe_launch(f, moe_ws, stream));
+        ids = kernels::fused_moe_workspace_parts(f, moe_ws).topk_ids;
       } else {
         const kernels::moe_bf16_args f = bf16_moe_args(L, T);
         KERNEL_TRY("fused MoE (BF16)", kernels::moe_bf16_launch(f, moe_ws, stream));
+        ids = kernels::moe_bf16_topk_ids(f, moe_ws);
+      }
+      if (record_routing && routed_record && ids) {
+        const auto K = static_cast<std::size_t>(c.num_experts_per_tok);
+        GPU_TRY(cudaMemcpyAsync(routed_record + static_cast<std::size_t>(l) * T * K, ids,
+                                static_cast<std::size_t>(T) * K * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream));
       }
     }
     mark(L.sparse ? "MoE" : "dense MLP");
@@ -702,7 +712,8 @@ std::vector<std::pair<std::string, double>> qwen3_gpu_model::take_profile() {
   return out;
 }
 
-status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float>& logits) {
+status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float>& logits,
+                                std::vector<int32_t>* routed_experts) {
   auto& p = *impl_;
   if (auto s = p.require(true, true, "forward"); !s)
     return s;
@@ -711,11 +722,36 @@ status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float
   bool decode = std::all_of(items.begin(), items.end(), [](const forward_item& it) {
     return it.tokens.size() == 1 && it.logit_rows == 1;
   });
-  const bool graph = decode && static_cast<int64_t>(items.size()) <= std::min<int64_t>(p.max_seqs, 256);
+  // Recording the routing is a copy per sparse layer the graphs do not hold: eager then.
+  const bool record = routed_experts != nullptr && p.routed_record != nullptr;
+  const bool graph = !record && decode && static_cast<int64_t>(items.size()) <= std::min<int64_t>(p.max_seqs, 256);
   if (auto s = p.prepare(items, T, S, R, graph); !s)
     return s;
-  if (auto s = p.launch(T, S, R, graph); !s)
-    return s;
+  p.record_routing = record;
+  auto launched = p.launch(T, S, R, graph);
+  p.record_routing = false;
+  if (!launched)
+    return launched;
+  if (routed_experts) {
+    // [T, layers, top_k] as the CPU model gives it (-1 for dense layers), from [layers, T, top_k].
+    const auto& c = p.config;
+    const int64_t L = c.num_hidden_layers, K = std::max<int64_t>(c.num_experts_per_tok, 1);
+    int64_t real = 0;
+    for (const auto& it : items)
+      real += static_cast<int64_t>(it.tokens.size());
+    routed_experts->assign(static_cast<std::size_t>(real * L * K), -1);
+    if (record) {
+      std::vector<int32_t> by_layer(static_cast<std::size_t>(L * T * K));
+      GPU_TRY(cudaMemcpyAsync(by_layer.data(), p.routed_record, by_layer.size() * 4, cudaMemcpyDeviceToHost, p.stream));
+      GPU_TRY(cudaStreamSynchronize(p.stream));
+      for (int64_t l = 0; l < L; ++l) {
+        if (!p.layers[static_cast<std::size_t>(l)].sparse)
+          continue;
+        for (int64_t t = 0; t < real; ++t)
+          std::copy_n(by_layer.data() + (l * T + t) * K, K, routed_experts->data() + (t * L + l) * K);
+      }
+    }
+  }
   int64_t R_real = 0;
   for (const auto& it : items)
     R_real += it.logit_rows;
@@ -913,7 +949,9 @@ const gpu_options& qwen3_gpu_model::options() const { std::abort(); }
 std::string qwen3_gpu_model::device_name() const { return "none"; }
 std::size_t qwen3_gpu_model::weight_bytes() const { return 0; }
 std::size_t qwen3_gpu_model::kv_bytes() const { return 0; }
-status qwen3_gpu_model::forward(std::span<forward_item>, std::vector<float>&) { return fail(k_no_cuda); }
+status qwen3_gpu_model::forward(std::span<forward_item>, std::vector<float>&, std::vector<int32_t>*) {
+  return fail(k_no_cuda);
+}
 status qwen3_gpu_model::copy_kv_slots(int32_t, int32_t, int64_t) { return fail(k_no_cuda); }
 status qwen3_gpu_model::release_memory(memory_tags, bool) { return fail(k_no_cuda); }
 status qwen3_gpu_model::resume_memory(memory_tags) { return fail(k_no_cuda); }

@@ -121,7 +121,11 @@ public:
   // qwen3_model::forward's contract over the device KV pool: items' blocks index this model's
   // pool; on success each kv->length grows by its token count and `logits` holds, item after
   // item, the rows each asked for ([sum of logit_rows, vocab], copied to the host).
-  status forward(std::span<forward_item> items, std::vector<float>& logits);
+  // With `routed_experts` (a MoE model), also the router's top-k experts of every token that ran,
+  // [tokens, layers, top_k] item after item, -1 for dense layers — qwen3_model::forward's
+  // routing replay (that forward runs without CUDA graphs).
+  status forward(std::span<forward_item> items, std::vector<float>& logits,
+                 std::vector<int32_t>* routed_experts = nullptr);
   // Decode fast path: every item one token and one logits row; samples on the device (one row
   // each) and brings back only tokens and logprobs. Runs as a CUDA graph when graphs are on.
   status forward_sample(std::span<forward_item> items, std::span<const gpu_sample_row> rows,

@@ -211,6 +211,10 @@ struct qwen3_gpu_model::impl {
   std::unordered_map<std::string, std::pair<uint16_t*, int64_t>> bf16_slots; // name -> (dst, elements)
   std::unordered_map<std::string, std::pair<int, int64_t>> int4_slots;       // prefix -> (module, expert)
   float *rope_cos = nullptr, *rope_sin = nullptr;
+  // Routing replay (return_routed_experts): while `record_routing`, each sparse layer's top-k ids
+  // [T, top_k] are copied to routed_record + layer * T * top_k (MoE models only).
+  int32_t* routed_record = nullptr;
+  bool record_routing = false;
   int64_t rope_positions = 0;
 
   // KV pool: per layer [slots, kv_heads, head_dim] bf16

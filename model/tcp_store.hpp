@@ -62,8 +62,9 @@ std::vector<uint8_t> u32_request(query q, uint32_t value); // validate, ping
 } // namespace tcp_store_wire
 
 // Wire keys a torch.distributed trainer uses.
-//  - "init/": the join counter. The trainer's rank 0 waits (in init_process_group) until
-//    world_size - 1 clients have added 1 to it; PyTorch's client sends it without the "/" prefix.
+//  - "init/": the join counter. The trainer's rank 0 adds its own 1 and waits (in
+//    init_process_group) until the counter reaches world_size: every other rank adds 1 to it.
+//    PyTorch's client sends it without the "/" prefix.
 //  - the NCCL unique id of the first communicator of a process group made as SGLang's
 //    init_custom_process_group and slime's init_process_group make it (PrefixStore(group_name)
 //    around the store, then PyTorch's own "{group_name}/" and "cuda/" prefixes, then the

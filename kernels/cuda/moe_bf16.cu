@@ -220,6 +220,12 @@ std::size_t moe_bf16_workspace_bytes(const moe_bf16_args& a) {
   return layout_of(a).total;
 }
 
+int32_t* moe_bf16_topk_ids(const moe_bf16_args& a, void* workspace) {
+  if (moe_bf16_can_implement(a) != kernel_status::ok || workspace == nullptr)
+    return nullptr;
+  return reinterpret_cast<int32_t*>(static_cast<unsigned char*>(workspace) + layout_of(a).ids);
+}
+
 kernel_status moe_bf16_workspace_init(const moe_bf16_args& a, void* workspace, cudaStream_t stream) {
   if (auto s = moe_bf16_can_implement(a); s != kernel_status::ok)
     return s;

@@ -86,7 +86,7 @@ BOOST_FIXTURE_TEST_CASE(joins_through_the_store_and_counts_itself_in, fixture) {
   auto joined = join(request(store.port()));
   BOOST_TEST(joined.success, joined.message);
   BOOST_TEST(contains(joined.message, "rank 1 of 2"), joined.message);
-  // PyTorch's rank 0 waits in init_process_group until world_size - 1 ranks have counted in.
+  // The engine adds its 1 to the join counter (a fake store has no rank 0 that counts itself).
   BOOST_TEST(store.counter(std::string(model::tcp_store_join_key)) == 1);
   // Nothing to receive needs no communicator.
   auto empty = receive(1, {});

@@ -198,7 +198,7 @@ def main():
     engine = None
     try:
         model = os.path.join(work, "model")
-        subprocess.run([BIN, "make-model", "--arch", "qwen3-moe", "--preset", "tiny", "--out", model, "--seed", "3"],
+        subprocess.run([BIN, "make-model", "--arch", "qwen3-moe", "--preset", "medium", "--out", model, "--seed", "3"],
                        check=True, stdout=subprocess.DEVNULL)
         engine = Server(model, os.path.join(work, "engine.log"))
         info = engine.call("get_server_info", method="GET")

@@ -3,7 +3,7 @@ import base64
 import json
 import urllib.error
 import urllib.request
-from typing import Any, Dict, Iterator, Mapping, Optional
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence
 
 from .errors import RlserveError
 from .tensors import Tensor
@@ -92,6 +92,15 @@ class HttpClient:
 
     def flush_cache(self, timeout_s: Optional[float] = None):
         return self.request("POST", "/flush_cache", {} if timeout_s is None else {"timeout_s": timeout_s})
+
+    def release_memory_occupation(self, tags: Optional[Sequence[str]] = None):
+        """Gives the engine's GPU memory back ("weights", "kv_cache", "cuda_graph"; None: all).
+        Pause first (mode "abort" or "retract") or wait until idle."""
+        return self.request("POST", "/release_memory_occupation", {"tags": None if tags is None else list(tags)})
+
+    def resume_memory_occupation(self, tags: Optional[Sequence[str]] = None):
+        """Takes the memory of `tags` again (None: all); resume "weights" before sending new ones."""
+        return self.request("POST", "/resume_memory_occupation", {"tags": None if tags is None else list(tags)})
 
     def abort_request(self, rid: str = "", abort_all: bool = False):
         return self.request("POST", "/abort_request", {"rid": rid, "abort_all": abort_all})

@@ -5,7 +5,7 @@ at a time and waits for its reply; chunks of a streamed generate go to a callbac
 import itertools
 import json
 import struct
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from .errors import RlserveError
 from .tensors import Tensor
@@ -135,6 +135,14 @@ class WebSocketClient:
 
     def check_weights(self, action: str = "checksum", selector: str = "all") -> Dict:
         return self.request("weights_checker", {"action": action, "selector": selector})
+
+    def release_memory_occupation(self, tags: Optional[Sequence[str]] = None):
+        """As HttpClient.release_memory_occupation."""
+        return self.request("release_memory_occupation", {"tags": None if tags is None else list(tags)})
+
+    def resume_memory_occupation(self, tags: Optional[Sequence[str]] = None):
+        """As HttpClient.resume_memory_occupation."""
+        return self.request("resume_memory_occupation", {"tags": None if tags is None else list(tags)})
 
     def get_server_info(self) -> Dict:
         return self.request("get_server_info")

@@ -150,6 +150,9 @@ def check_websocket(rlserve, port, model, after_http):
     chunks = []
     with rlserve.WebSocketClient(f"ws://127.0.0.1:{port}/", api_key=ADMIN) as ws:
         ws.pause_generation("retract")
+        # A colocated trainer's sleep and wake around its update (the weights first).
+        ws.release_memory_occupation(["kv_cache", "weights"])
+        ws.resume_memory_occupation(["weights"])
         ws.begin_weight_update()
         try:
             ws.update_weights({"model.no_such.weight": rlserve.tensor_from_bytes("bfloat16", [2], b"\0" * 4)})
@@ -159,6 +162,7 @@ def check_websocket(rlserve, port, model, after_http):
         ws.update_weights(update)  # the session went on
         end = ws.end_weight_update(weight_version="ws-2")
         t.check(end["weight_version"] == "ws-2", end)
+        ws.resume_memory_occupation()
         ws.continue_generation()
         out = ws.generate(input_ids=[9, 8, 7], sampling_params={"max_new_tokens": 5, "temperature": 0,
                                                                   "ignore_eos": True},
@@ -174,7 +178,7 @@ def check_websocket(rlserve, port, model, after_http):
     roles = rank["role_checksums"]
     target = {k: v for k, v in sums.items() if not k.startswith("draft.")}
     t.check(roles["target"] == rlserve.role_checksum(target), f"role checksum {roles}")
-    print("  websocket: session, refusal, binary update, checksums, streaming")
+    print("  websocket: release/resume, session, refusal, binary update, checksums, streaming")
 
 
 def check_int4(rlserve, tmp):

@@ -107,8 +107,9 @@ bool json_codec_seeds(const fs::path& dir) {
     UpdateWeightVersionReqOutput, CheckWeightsReqInput, CheckWeightsReqOutput,
     GetWeightsByNameReqInput, GetWeightsByNameReqOutput, PauseGenerationReqInput,
     PauseGenerationReqOutput, ContinueGenerationReqInput, ContinueGenerationReqOutput,
-    FlushCacheReqInput, FlushCacheReqOutput, GetServerInfoReqInput, GetServerInfoReqOutput,
-    HealthCheckReqInput, HealthCheckReqOutput>(dir) && ok;
+    FlushCacheReqInput, FlushCacheReqOutput, ReleaseMemoryOccupationReqInput,
+    ReleaseMemoryOccupationReqOutput, ResumeMemoryOccupationReqInput, ResumeMemoryOccupationReqOutput,
+    GetServerInfoReqInput, GetServerInfoReqOutput, HealthCheckReqInput, HealthCheckReqOutput>(dir) && ok;
 }
 
 bool config_seeds(const fs::path& dir) {

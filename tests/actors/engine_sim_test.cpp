@@ -302,6 +302,19 @@ BOOST_AUTO_TEST_CASE(device_tensors_on_a_cpu_engine_are_refused_and_the_session_
   auto joined = e->init_weights_update_group(group);
   BOOST_TEST(!joined.success);
   BOOST_TEST(contains(joined.message, "runs on the CPU and cannot join NCCL"), joined.message);
+  // Without a group, an NCCL update names what is missing; destroying one that is not there too.
+  UpdateWeightsFromDistributedReqInput dist;
+  dist.names = {"model.norm.weight"};
+  dist.dtypes = {dtype::bf16};
+  dist.shapes = {{8}};
+  dist.group_name = "g";
+  auto received = e->update_weights_from_distributed(dist);
+  BOOST_TEST(!received.success);
+  BOOST_TEST(contains(received.message, "no weight-update group named \"g\""), received.message);
+  BOOST_TEST(contains(received.message, "init_weights_update_group first"), received.message);
+  auto destroyed = e->destroy_weights_update_group({"g"});
+  BOOST_TEST(!destroyed.success);
+  BOOST_TEST(contains(destroyed.message, "does not exist"), destroyed.message);
   BOOST_TEST(contains(out.message, "session stays open"), out.message);
   auto unknown = device(update[0]);
   unknown.name = "model.layers.0.mlp.gate_projj.weight";

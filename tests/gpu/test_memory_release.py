@@ -17,14 +17,11 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 
 try:
     import torch
@@ -36,77 +33,18 @@ if not torch.cuda.is_available():
     print("SKIPPED: no CUDA device")
     sys.exit(0)
 
-BIN = os.environ.get("RLSERVE_BIN", "build/apps/rlserve")
-FAILURES = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_testlib import BIN, FAILURES, Server, check  # noqa: E402
+
 PROMPTS = [[5, 17, 300, 42, 9], [1000, 7, 7, 21], [3]]
 
 
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        FAILURES.append(what)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, model, extra, log):
-        self.port = free_port()
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen([BIN, "serve", "--model", model, "--device", "cuda", "--port", str(self.port)] + extra,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                self.call("health", method="GET")
-                return
-            except Exception:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"rlserve serve exited: see {log}")
-                time.sleep(0.5)
-        raise RuntimeError("rlserve serve did not become healthy")
-
-    def call(self, route, body=None, method="POST"):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/{route}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=300) as r:
-                text = r.read().decode()
-        except urllib.error.HTTPError as e:
-            if e.code != 400:
-                raise
-            text = e.read().decode()
-        return json.loads(text) if text else {}
-
-    def greedy(self, n=16):
-        out = []
-        for p in PROMPTS:
-            r = self.call("generate", {"input_ids": p, "sampling_params": {"max_new_tokens": n, "temperature": 0}})
-            out.append(r.get("output_ids"))
-        return out
-
-    def digests(self):
-        return self.call("weights_checker", {"action": "checksum"})["ranks"][0]["checksums"]
-
-    def rss(self):
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        return 0
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+def rss(engine):
+    with open(f"/proc/{engine.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def free_mem():
@@ -125,7 +63,7 @@ def main():
         baseline = free_mem()
         engine = Server(model, ["--enable-weights-cpu-backup", "--quantize", "int4-asym"], os.path.join(work, "backup.log"))
         engines.append(engine)
-        before_out = engine.greedy()
+        before_out = engine.greedy(PROMPTS)
         before_sums = engine.digests()
         loaded = free_mem()
         held = baseline - loaded
@@ -147,11 +85,11 @@ def main():
               f"a weight update refused while the weights are released: {u.get('message')}")
         r = engine.call("resume_memory_occupation", {})
         check(r.get("success", True) is not False, f"resume all: {r.get('message', r)}")
-        check(engine.greedy() == before_out, "greedy output after resume equals before (backup restored)")
+        check(engine.greedy(PROMPTS) == before_out, "greedy output after resume equals before (backup restored)")
         check(engine.digests() == before_sums, "every checksum after resume equals before")
 
         # 2. 100 cycles.
-        rss0 = engine.rss()
+        rss0 = rss(engine)
         frees = []
         for i in range(100):
             a = engine.call("release_memory_occupation", {})
@@ -161,11 +99,11 @@ def main():
                 break
             frees.append(free_mem())
         spread = max(frees) - min(frees) if frees else -1
-        rss_growth = engine.rss() - rss0
+        rss_growth = rss(engine) - rss0
         print(f"     100 cycles: free memory spread {spread / 2**20:.2f} MiB, RSS growth {rss_growth >> 20} MiB")
         check(0 <= spread <= 1 << 20, "free memory after each resume within 1 MiB")
         check(rss_growth < 64 << 20, "host RSS flat over 100 cycles")
-        check(engine.greedy() == before_out, "greedy output unchanged after 100 cycles")
+        check(engine.greedy(PROMPTS) == before_out, "greedy output unchanged after 100 cycles")
 
         # 3. refused while a request holds KV (paused in place); a single tag alone.
         res = {}
@@ -183,7 +121,7 @@ def main():
         r = engine.call("release_memory_occupation", {"tags": ["kv_cache"]})
         check(r.get("success", True) is not False, f"release kv_cache alone: {r.get('message')}")
         r = engine.call("resume_memory_occupation", {"tags": ["kv_cache"]})
-        check(r.get("success", True) is not False and engine.greedy() == before_out, "resume kv_cache: same output")
+        check(r.get("success", True) is not False and engine.greedy(PROMPTS) == before_out, "resume kv_cache: same output")
         r = engine.call("release_memory_occupation", {"tags": ["bogus"]})
         check(r.get("success") is False and "bogus" in json.dumps(r), f"an unknown tag is refused: {r}")
         engine.stop()
@@ -192,14 +130,14 @@ def main():
         # 4. no backup: the trainer sends the weights after resume(weights).
         engine = Server(model, [], os.path.join(work, "nobackup.log"))
         engines.append(engine)
-        before_out = engine.greedy()
+        before_out = engine.greedy(PROMPTS)
         check(engine.call("release_memory_occupation", {}).get("success", True) is not False, "release all (no backup)")
         check(engine.call("resume_memory_occupation", {"tags": ["weights"]}).get("success", True) is not False, "resume weights")
         u = engine.call("update_weights_from_disk", {"model_path": model})
         check(u.get("success") is True, f"weights reloaded while KV and graphs are released: {u.get('message')}")
         check(engine.call("resume_memory_occupation", {"tags": ["kv_cache", "cuda_graph"]}).get("success", True) is not False,
               "resume kv_cache and cuda_graph")
-        check(engine.greedy() == before_out, "greedy output equals before")
+        check(engine.greedy(PROMPTS) == before_out, "greedy output equals before")
     finally:
         for e in engines:
             e.stop()

@@ -26,15 +26,12 @@ RLSERVE_BIN names the rlserve binary.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 import threading
 import time
-import urllib.error
-import urllib.request
 from datetime import timedelta
 
 try:
@@ -48,89 +45,35 @@ if not torch.cuda.is_available():
     print("SKIPPED: no CUDA device")
     sys.exit(0)
 
-BIN = os.environ.get("RLSERVE_BIN", "build/apps/rlserve")
-FAILURES = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_testlib import BIN, FAILURES, Server, check, free_port  # noqa: E402
+
+def generate(engine):
+    r = engine.call("generate", {"input_ids": [5, 17, 300], "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+    return r.get("output_ids")
 
 
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        FAILURES.append(what)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, model, log):
-        self.port = free_port()
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen([BIN, "serve", "--model", model, "--device", "cuda", "--port", str(self.port)],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if self.call("health", method="GET") is not None:
-                    return
-            except Exception:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"rlserve serve exited: see {log}")
-            time.sleep(0.5)
-        raise RuntimeError("rlserve serve did not become healthy")
-
-    def call(self, route, body=None, method="POST"):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/{route}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=300) as r:
-                text = r.read().decode()
-        except urllib.error.HTTPError as e:
-            if e.code != 400:
-                raise
-            text = e.read().decode()
-        return json.loads(text) if text else {}
-
-    def digests(self):
-        r = self.call("weights_checker", {"action": "checksum"})
-        return r["ranks"][0]["checksums"]
-
-    def generate(self):
-        r = self.call("generate", {"input_ids": [5, 17, 300], "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
-        return r.get("output_ids")
-
-    def usage(self):
-        pid = self.proc.pid
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
-        threads = len(os.listdir(f"/proc/{pid}/task"))
-        rss = 0
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1]) * 1024
-        gpu = 0
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=30).stdout
-            for line in out.splitlines():
-                p, mib = [x.strip() for x in line.split(",")]
-                if int(p) == pid:
-                    gpu = int(mib) << 20
-        except Exception:
-            pass
-        return {"fds": fds, "threads": threads, "rss": rss, "gpu": gpu}
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+def usage(engine):
+    """The engine process's file descriptors, threads, RSS and GPU memory (nvidia-smi)."""
+    pid = engine.proc.pid
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    threads = len(os.listdir(f"/proc/{pid}/task"))
+    rss = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+    gpu = 0
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+        for line in out.splitlines():
+            p, mib = [x.strip() for x in line.split(",")]
+            if int(p) == pid:
+                gpu = int(mib) << 20
+    except Exception:
+        pass
+    return {"fds": fds, "threads": threads, "rss": rss, "gpu": gpu}
 
 
 # SGLang's and slime's trainer side of the group (init_custom_process_group): rendezvous through
@@ -200,7 +143,7 @@ def main():
         model = os.path.join(work, "model")
         subprocess.run([BIN, "make-model", "--arch", "qwen3-moe", "--preset", "medium", "--out", model, "--seed", "3"],
                        check=True, stdout=subprocess.DEVNULL)
-        engine = Server(model, os.path.join(work, "engine.log"))
+        engine = Server(model, log=os.path.join(work, "engine.log"))
         info = engine.call("get_server_info", method="GET")
         check("nccl" in json.dumps(info.get("weight_transports", info)), "get_server_info lists nccl among the transports")
         before = engine.digests()
@@ -236,7 +179,7 @@ def main():
         check(upd.get("success") is False and "/G/G//cuda//0" in msg, f"the update fails naming the key: {msg}")
         check(took < 30, f"within its deadline (timeout_s 4, answered in {took:.1f} s)")
         engine.call("continue_generation", {})
-        check(engine.generate() is not None, "the engine generates after the failed update")
+        check(generate(engine) is not None, "the engine generates after the failed update")
         r = engine.call("destroy_weights_update_group", {"group_name": "G"})
         check(r.get("success") is False and "does not exist" in r.get("message", ""),
               f"the failed group was destroyed: {r.get('message')}")
@@ -262,7 +205,7 @@ def main():
         check(r.get("success") is False and "/G/G//cuda//0" not in msg,
               "the engine found the trainer's unique id and NCCL's refusal is reported")
         check(took < 60, f"answered in {took:.1f} s")
-        check(engine.generate() is not None, "the engine serves")
+        check(generate(engine) is not None, "the engine serves")
         stop_trainer(trainer)
 
         # 4. a stuck rendezvous: nobody serves the store.
@@ -275,7 +218,7 @@ def main():
         time.sleep(0.3)
         t0 = time.time()
         ok_health = engine.call("health", method="GET") is not None
-        ok_gen = engine.generate() is not None
+        ok_gen = generate(engine) is not None
         ok_pause = engine.call("pause_generation", {"mode": "abort"}).get("success", True)
         ok_cont = engine.call("continue_generation", {}).get("success", True)
         during = time.time() - t0
@@ -306,20 +249,20 @@ def main():
 
         ok, a, b = cycle(-1)  # warm-up
         time.sleep(0.5)
-        base = engine.usage()
+        base = usage(engine)
         bad = []
         for i in range(100):
             ok, a, b = cycle(i)
             if not ok:
                 bad.append((a, b))
         time.sleep(1.0)
-        after = engine.usage()
+        after = usage(engine)
         for i in range(10):
             uid = bytes(torch.cuda.nccl.unique_id()).hex()
             engine.call("init_weights_update_group", {"rank_offset": 1, "world_size": 2, "group_name": f"n{i}",
                                                       "nccl_unique_id": uid, "timeout_s": 0.5})
         time.sleep(1.0)
-        after_nccl = engine.usage()
+        after_nccl = usage(engine)
         print(f"     usage before {base}, after 100 store cycles {after}, after 10 aborted NCCL inits {after_nccl}")
         check(not bad, f"100 init/destroy cycles succeed ({len(bad)} failed: {bad[:1]})")
         check(after["threads"] == base["threads"] and after["fds"] == base["fds"],
@@ -329,7 +272,7 @@ def main():
               "aborted NCCL communicators leave (almost) no threads or descriptors")
         check(after_nccl["gpu"] - after["gpu"] < 256 << 20,
               f"GPU memory growth over 10 aborted NCCL inits: {(after_nccl['gpu'] - after['gpu']) >> 20} MiB")
-        check(engine.generate() is not None, "the engine serves after all of it")
+        check(generate(engine) is not None, "the engine serves after all of it")
     finally:
         for t in trainers:
             stop_trainer(t)

@@ -19,17 +19,12 @@ its update_weights_from_distributed call, inside begin/end. Checked:
 RLSERVE_BIN names the rlserve binary.
 """
 import inspect
-import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-import urllib.error
-import urllib.request
 from datetime import timedelta
 
 try:
@@ -47,62 +42,8 @@ if torch.cuda.device_count() < 2:
           f"{torch.cuda.device_count()} visible")
     sys.exit(0)
 
-BIN = os.environ.get("RLSERVE_BIN", "build/apps/rlserve")
-FAILURES = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        FAILURES.append(what)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, model, extra, log):
-        self.port = free_port()
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen([BIN, "serve", "--model", model, "--device", "cuda:0", "--port", str(self.port)] + extra,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                self.call("health", method="GET")
-                return
-            except Exception:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"rlserve serve exited: see {log}")
-                time.sleep(0.5)
-        raise RuntimeError("rlserve serve did not become healthy")
-
-    def call(self, route, body=None, method="POST"):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/{route}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=600) as r:
-                text = r.read().decode()
-        except urllib.error.HTTPError as e:
-            if e.code != 400:
-                raise
-            text = e.read().decode()
-        return json.loads(text) if text else {}
-
-    def digests(self):
-        return self.call("weights_checker", {"action": "checksum"})["ranks"][0]["checksums"]
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_testlib import BIN, FAILURES, Server, check, free_port  # noqa: E402
 
 
 def join_group(engine, group):
@@ -203,7 +144,7 @@ def main():
             save_file({n: t.cpu() for n, t in out.items()}, os.path.join(new, f))
         named = sorted(trainer.items())
 
-        bf16 = Server(base, [], os.path.join(work, "bf16.log"))
+        bf16 = Server(base, [], os.path.join(work, "bf16.log"), device="cuda:0")
         engines.append(bf16)
         got = run(bf16, named, "slime-pp_0")
         want = {n: xxhash.xxh3_64_hexdigest(t.contiguous().view(torch.uint8).cpu().numpy().tobytes()) for n, t in named}
@@ -216,10 +157,10 @@ def main():
             dist.destroy_process_group(pg)
 
         quant = ["--quantize", "int4-asym", "--group-size", "128"]
-        int4 = Server(base, quant, os.path.join(work, "int4.log"))
+        int4 = Server(base, quant, os.path.join(work, "int4.log"), device="cuda:0")
         engines.append(int4)
         got = run(int4, named, "slime-pp_1")
-        fresh = Server(new, quant, os.path.join(work, "fresh.log"))
+        fresh = Server(new, quant, os.path.join(work, "fresh.log"), device="cuda:0")
         engines.append(fresh)
         check(got == fresh.digests(), "INT4 engine: every digest equals a fresh engine's from the perturbed checkpoint")
     finally:

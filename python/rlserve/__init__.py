@@ -8,6 +8,8 @@
 - tensor_checksum, role_checksum: the digests check_weights reports, from the trainer's bytes.
 - int4.quantize_module: an INT4 module's load-format tensors from its float weight, as an INT4
   engine quantizes a BF16 update (to predict its checksums). Needs NumPy.
+- ipc: CUDA IPC updates from PyTorch tensors on this machine's GPU (the clients'
+  update_weights_from_device). Needs PyTorch.
 - RlserveError: a refusal or failure, with the engine's message and the HTTP status or error code.
 """
 from .errors import RlserveError
@@ -15,8 +17,8 @@ from .tensors import Tensor, tensor_from_array, tensor_from_bytes
 from .checksums import role_checksum, tensor_checksum
 from .http import HttpClient
 from .ws import WebSocketClient
-from . import int4
+from . import int4, ipc
 
 __all__ = ["HttpClient", "WebSocketClient", "Tensor", "tensor_from_array", "tensor_from_bytes",
-           "tensor_checksum", "role_checksum", "RlserveError", "int4"]
+           "tensor_checksum", "role_checksum", "RlserveError", "int4", "ipc"]
 __version__ = "0.1.0"

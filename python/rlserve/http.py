@@ -141,6 +141,18 @@ class HttpClient:
             body["weight_version"] = weight_version
         return self.request("POST", "/update_weights_from_tensor", body)
 
+    def update_weights_from_device(self, tensors, weight_version: Optional[str] = None,
+                                   selector: str = "all", bucket_bytes: int = 512 << 20):
+        """CUDA tensors of this machine's GPU (name -> torch.Tensor), read by the engine through
+        CUDA IPC: one request per bucket of at most `bucket_bytes`. Needs PyTorch; see
+        rlserve.ipc. Returns the replies."""
+        from . import ipc
+        fields: Dict[str, Any] = {"selector": selector}
+        if weight_version is not None:
+            fields["weight_version"] = weight_version
+        return ipc.push_device_tensors(lambda body: self.request("POST", "/update_weights_from_tensor", body),
+                                       tensors, bucket_bytes, **fields)
+
     def update_weights_from_disk(self, model_path: str, weight_version: Optional[str] = None):
         body: Dict[str, Any] = {"model_path": model_path}
         if weight_version is not None:

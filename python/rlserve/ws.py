@@ -109,6 +109,16 @@ class WebSocketClient:
         self._ws.send(binary_frame(req_id, body, tensors))
         return self._wait(req_id, None)
 
+    def update_weights_from_device(self, tensors, weight_version: Optional[str] = None,
+                                   selector: str = "all", bucket_bytes: int = 512 << 20):
+        """CUDA tensors read by the engine through CUDA IPC (see HttpClient's method)."""
+        from . import ipc
+        fields: Dict[str, Any] = {"selector": selector}
+        if weight_version is not None:
+            fields["weight_version"] = weight_version
+        return ipc.push_device_tensors(lambda body: self.request("update_weights_from_tensor", body),
+                                       tensors, bucket_bytes, **fields)
+
     def pause_generation(self, mode: str = "abort"):
         return self.request("pause_generation", {"mode": mode})
 

@@ -16,6 +16,8 @@
 #     store   tests/gpu/test_tcp_store.py (join-store against PyTorch's TCPStore and NCCL group)
 #     demo    `rlserve demo` (make run) on the GPU: the built-in GPU model, INT4 experts
 #     memory  tests/gpu/test_memory_release.py (release/resume_memory_occupation, 100 cycles)
+#     grpo    tests/gpu/test_grpo_qat.py (examples/grpo_qat.py, short: reward, checksums, memory)
+#     grpo-figures  examples/grpo_qat.py, variants a, b, c (train/rollout mismatch), into $OUT/grpo
 #     nccl    tests/gpu/test_nccl_update.py (NCCL groups through `rlserve serve`, one GPU) and
 #             tests/gpu/test_nccl_update_2gpu.py (the broadcast itself; skips below two GPUs)
 #     prefix  benchmarks/prefix_cache_bench.py (GRPO rounds with the prefix cache on and off, on
@@ -97,6 +99,23 @@ for what in "$@"; do
       st=$?
       tail -30 "$OUT/memory_release.log"
       echo "memory: exit $st"
+      [ $st -eq 0 ] || rc=1
+      ;;&
+    grpo|all)
+      echo "=== GRPO with INT4 QAT, colocated (short, as a test)"
+      timeout "${GRPO_TIMEOUT:-400}" python3 tests/gpu/test_grpo_qat.py > "$OUT/grpo_test.log" 2>&1
+      st=$?
+      grep -E "^(ok|FAIL)|passed|Error|error" "$OUT/grpo_test.log" | tail -30
+      echo "grpo: exit $st"
+      [ $st -eq 0 ] || rc=1
+      ;;&
+    grpo-figures)
+      echo "=== GRPO with INT4 QAT: variants a, b, c (the figures of docs/performance.md)"
+      timeout "${GRPO_TIMEOUT:-500}" python3 examples/grpo_qat.py --rlserve "$RLSERVE_BIN" \
+        --out "$OUT/grpo" --steps "${GRPO_STEPS:-20}" > "$OUT/grpo_figures.log" 2>&1
+      st=$?
+      tail -8 "$OUT/grpo_figures.log"
+      echo "grpo-figures: exit $st"
       [ $st -eq 0 ] || rc=1
       ;;&
     nccl|all)

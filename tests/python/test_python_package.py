@@ -13,6 +13,8 @@ checkpoint's own bytes, NumPy for bfloat16 rounding, raw urllib for generation.
 - int4.quantize_module: an INT4 engine (quantized at load, int4-asym g32) takes a BF16 expert
   update; the served weight_packed / weight_scale / weight_zero_point / weight_shape checksums are
   those of the package's tensors from the trainer's float weight.
+- ipc (host side): buckets are cut in order; a host array given to update_weights_from_device is
+  refused by name before anything is sent.
 - tensor_from_array: float32 -> bfloat16 rounds to nearest even (ties, NaN, infinities) as NumPy
   bit arithmetic written here does; Tensor refuses a byte count that does not match its shape.
 """
@@ -98,6 +100,31 @@ def check_tensors(rlserve):
     i32 = rlserve.tensor_from_array(np.arange(6, dtype=np.int32).reshape(2, 3))
     t.check(i32.dtype == "int32" and i32.shape == (2, 3) and len(i32.data) == 24, i32)
     print("  tensors: bfloat16 rounding, shapes, sizes")
+
+
+class Sized:
+    """What rlserve.ipc reads of a tensor to cut buckets (the device path itself needs a GPU:
+    tests/gpu/test_grpo_qat.py)."""
+    def __init__(self, numel):
+        self.n = numel
+
+    def numel(self):
+        return self.n
+
+    def element_size(self):
+        return 2
+
+
+def check_ipc_host_side(rlserve):
+    cut = rlserve.ipc.buckets({"a": Sized(10), "b": Sized(10), "c": Sized(30), "d": Sized(1)}, 40)
+    t.check([[n for n, _ in b] for b in cut] == [["a", "b"], ["c"], ["d"]], cut)
+    client = rlserve.HttpClient("http://127.0.0.1:9")  # nothing listens: no request may leave
+    try:
+        client.update_weights_from_device({"model.norm.weight": np.zeros(4, np.float32)})
+        raise AssertionError("a host array was sent by CUDA IPC")
+    except ValueError as e:
+        t.check("model.norm.weight" in str(e) and "CUDA" in str(e), str(e))
+    print("  ipc: buckets in order, a host tensor refused by name before anything is sent")
 
 
 def raw_generate(port, body):
@@ -219,6 +246,7 @@ def main():
     with t.temp_dir() as tmp:
         rlserve = install(tmp)
         check_tensors(rlserve)
+        check_ipc_host_side(rlserve)
         model = os.path.join(tmp, "model")
         t.run("make-model", "--preset", "tiny", "--out", model, "--seed", "5")
         proc, port = t.start_server(dict(os.environ), "--model", model, "--device", "cpu",

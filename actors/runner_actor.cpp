@@ -292,22 +292,14 @@ std::optional<std::string> released_refusal(const runner_state& st, bool all, co
          " is released (resume_memory_occupation first)";
 }
 
-model::qwen3_gpu_model::memory_tags tags_of(const std::vector<std::string>& tags) {
-  model::qwen3_gpu_model::memory_tags t;
-  for (const auto& tag : tags) {
-    t.weights = t.weights || tag == "weights";
-    t.kv_cache = t.kv_cache || tag == "kv_cache";
-    t.cuda_graph = t.cuda_graph || tag == "cuda_graph";
-  }
-  if (tags.empty())
-    t = {true, true, true};
-  return t;
-}
-
-RunnerReply change_memory(runner_state& st, const std::vector<std::string>& tag_names, bool release) {
-  const auto tags = tags_of(tag_names);
+RunnerReply change_memory(runner_state& st, const std::vector<std::string>& requested, bool release) {
+  const auto tag_names = canonical_memory_tags(requested);
+  auto named = [&](std::string_view tag) {
+    return std::find(tag_names.begin(), tag_names.end(), tag) != tag_names.end();
+  };
+  const model::qwen3_gpu_model::memory_tags tags{named("weights"), named("kv_cache"), named("cuda_graph")};
   std::string names;
-  for (const auto& n : tag_names.empty() ? std::vector<std::string>{"weights", "kv_cache", "cuda_graph"} : tag_names)
+  for (const auto& n : tag_names)
     names += (names.empty() ? "" : ", ") + n;
   if (!st.gpu) {
     auto& r = st.cpu_released;

@@ -1228,12 +1228,9 @@ void change_memory(scheduler_pointer self, ReleaseMemoryOccupationReqInput req,
       rp.deliver(Out{ok, std::move(message)});
       control_done(self);
     };
-    std::vector<std::string> tags = req.tags;
-    for (const auto& t : tags)
-      if (t != "weights" && t != "kv_cache" && t != "cuda_graph")
-        return finish(false, "unknown memory tag \"" + t + "\" (expected weights, kv_cache or cuda_graph)");
-    if (tags.empty())
-      tags = {"weights", "kv_cache", "cuda_graph"};
+    if (const auto i = find_unknown_memory_tag(req.tags))
+      return finish(false, "unknown memory tag \"" + req.tags[*i] + "\" (expected weights, kv_cache or cuda_graph)");
+    const std::vector<std::string> tags = canonical_memory_tags(req.tags);
     if (release && !st.running.empty())
       return finish(false, "cannot release GPU memory: " + std::to_string(st.running.size()) +
                              " requests hold KV (pause with mode \"abort\" or \"retract\", or wait "

@@ -2,9 +2,11 @@
 // info and health.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "caf/meta/type_name.hpp"
@@ -54,6 +56,15 @@ struct FlushCacheReqOutput {
 // "retract", or wait until idle). Until resumed, generate requests are refused (queued retracted
 // ones wait), and while the weights are released so is every weight operation. Also the runner's
 // message (tags then canonical: never empty).
+// SGLang's memory tags, in the order replies name them.
+inline constexpr std::array<std::string_view, 3> k_memory_tags{"weights", "kv_cache", "cuda_graph"};
+
+// The index of the first tag that is not one of k_memory_tags, if any.
+std::optional<std::size_t> find_unknown_memory_tag(const std::vector<std::string>& tags);
+
+// The known tags of `tags` in k_memory_tags order, each once; all three when `tags` is empty.
+std::vector<std::string> canonical_memory_tags(const std::vector<std::string>& tags);
+
 struct ReleaseMemoryOccupationReqInput {
   std::vector<std::string> tags;
 };

@@ -99,13 +99,11 @@ expected<In> decode_memory_tags(const json& j) {
     r.field("tags", x.tags, list_rule<text_rule>{.elem = {.non_empty = true}});
     if (!r.ok())
       return;
-    const path tags = r.at("tags");
-    for (std::size_t i = 0; i < x.tags.size(); ++i)
-      if (x.tags[i] != "weights" && x.tags[i] != "kv_cache" && x.tags[i] != "cuda_graph") {
-        r.cx().fail(tags.index(i), "unknown memory tag " + describe(json(x.tags[i])) +
+    if (const auto i = find_unknown_memory_tag(x.tags)) {
+      const path tags = r.at("tags");
+      r.cx().fail(tags.index(*i), "unknown memory tag " + describe(json(x.tags[*i])) +
                                               " (expected \"weights\", \"kv_cache\" or \"cuda_graph\")");
-        return;
-      }
+    }
   });
 }
 } // namespace

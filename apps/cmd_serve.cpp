@@ -161,6 +161,12 @@ void add_serve(CLI::App& app) {
     ->capture_default_str();
   cmd->add_option("--kv-cache-tokens", o->engine.kv_cache_tokens, "Tokens the KV pool holds")
     ->capture_default_str();
+  cmd->add_flag("--enable-memory-saver", o->server.enable_memory_saver,
+                "Report SGLang's enable_memory_saver as true in /server_info (trainers launched "
+                "with memory offload check it); release/resume_memory_occupation work either way");
+  cmd->add_flag("--enable-return-routed-experts", o->server.enable_return_routed_experts,
+                "Report SGLang's enable_return_routed_experts as true in /server_info (trainers "
+                "with routing replay check it); return_routed_experts works either way");
   cmd->add_flag("--disable-radix-cache", o->engine.disable_radix_cache,
                 "Turn the prefix cache off: every request prefills its whole prompt");
   cmd->add_option("--gpu-staging-budget-mib", o->gpu_staging_budget_mib,

@@ -69,7 +69,11 @@ void event(http_actor* self, std::string data) {
 }
 
 // The reply of a route in SGLang's HTTP shape (docs/sglang-contract.md, 'Routes and auth levels').
-http_reply shape_reply(std::string_view route, bool ok, const json& body) {
+launch_args launch_of(const shared_state& st) {
+  return {st.opts.host, st.port, st.opts.enable_memory_saver, st.opts.enable_return_routed_experts};
+}
+
+http_reply shape_reply(std::string_view route, bool ok, const json& body, const launch_args& launch) {
   http_reply r;
   r.status = ok ? 200 : 400;
   if (!ok) {
@@ -86,7 +90,7 @@ http_reply shape_reply(std::string_view route, bool ok, const json& body) {
   } else if (route == "get_server_info") {
     // SGLang's /server_info: ServerArgs and scheduler_info beside rlserve's state.
     auto info = from_json<GetServerInfoReqOutput>(body);
-    r.body = info ? dump(sglang_server_info(*info)) : dump(body);
+    r.body = info ? dump(sglang_server_info(*info, launch)) : dump(body);
   } else {
     r.body = dump(body);
   }
@@ -226,7 +230,7 @@ void start_route(http_actor* self, http_call call) {
     }
     bool ok = success_of(*j);
     after_reply(*s.st, s.info, "http", true, ok, 0, session_open_of(*j));
-    reply(self, shape_reply(c->route, ok, *j));
+    reply(self, shape_reply(c->route, ok, *j, launch_of(*s.st)));
   });
 }
 
@@ -268,7 +272,7 @@ void start_info(http_actor* self, http_call call) {
             return reply(self, sglang_loads(info, loads, utc_timestamp()));
           default:
             return reply(self, http_reply{info.success ? 200u : 400u, "application/json",
-                                          dump(sglang_server_info(info)), false});
+                                          dump(sglang_server_info(info, launch_of(*s.st))), false});
         }
       },
       [self, kind](caf::error& err) {

@@ -234,7 +234,7 @@ double token_usage(const GetServerInfoReqOutput& info) {
 
 } // namespace
 
-json sglang_server_info(const GetServerInfoReqOutput& info) {
+json sglang_server_info(const GetServerInfoReqOutput& info, const launch_args& launch) {
   json j = to_json(info);
   const bool draft = !info.draft_model_path.empty();
   // ServerArgs: one engine process on one device.
@@ -247,10 +247,12 @@ json sglang_server_info(const GetServerInfoReqOutput& info) {
   j["node_rank"] = 0;
   j["base_gpu_id"] = device_index(info.device);
   j["skip_tokenizer_init"] = false;
-  j["enable_memory_saver"] = false;
+  j["host"] = launch.host;
+  j["port"] = launch.port;
+  j["enable_memory_saver"] = launch.enable_memory_saver;
   j["disable_radix_cache"] = !info.prefix_cache;
   j["cache_hit_rate"] = cache_hit_rate(info);
-  j["enable_return_routed_experts"] = false;
+  j["enable_return_routed_experts"] = launch.enable_return_routed_experts;
   j["disaggregation_mode"] = "null";
   j["encoder_only"] = false;
   j["speculative_algorithm"] = draft ? json("STANDALONE") : json(nullptr);

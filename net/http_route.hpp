@@ -84,7 +84,14 @@ std::string_view server_version();
 // ServerArgs and scheduler_info fields trainers read (model_path, tp_size, dp_size, pp_size,
 // ep_size, dtype, context_length, disaggregation_mode, ...), with the values that describe this
 // engine: one process on one device, so every parallel size is 1.
-nlohmann::json sglang_server_info(const GetServerInfoReqOutput& info);
+// `launch` is what the front was started with: ServerArgs the engine itself does not know.
+struct launch_args {
+  std::string host;
+  uint16_t port = 0;
+  bool enable_memory_saver = false;
+  bool enable_return_routed_experts = false;
+};
+nlohmann::json sglang_server_info(const GetServerInfoReqOutput& info, const launch_args& launch);
 
 // /model_info: SGLang's fields (model_path, tokenizer_path, is_generation, weight_version,
 // model_type, architectures, ...) plus rlserve's (device, vocab_size, max_context_length, ...).

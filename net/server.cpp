@@ -138,6 +138,7 @@ expected<std::unique_ptr<server>> server::start(Engine& engine, server_options o
   if (!port)
     return std::move(port).take_failure();
   p->port = *port;
+  p->st->port = *port;
   p->lst->run();
   p->watchdog = detail::spawn_session_watchdog(p->st);
   for (std::size_t i = 0; i < options.io_threads; ++i)

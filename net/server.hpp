@@ -74,6 +74,12 @@ struct server_options {
   // carrying an Origin header (only browsers send one) from anywhere else is refused, so a web
   // page cannot drive the engine through the user's browser.
   std::vector<std::string> allowed_origins;
+  // SGLang launch flags rlserve takes only to report them in /server_info: trainers with an
+  // external engine compare /server_info with the ServerArgs they would launch (slime and miles
+  // check enable_memory_saver, and enable_return_routed_experts with routing replay). rlserve
+  // serves release/resume_memory_occupation and return_routed_experts either way.
+  bool enable_memory_saver = false;
+  bool enable_return_routed_experts = false;
 };
 
 class server {

@@ -32,6 +32,7 @@ struct shared_state {
   caf::actor_system& sys;
   tokenizer_actor front;
   const server_options opts;
+  uint16_t port = 0; // the port listened on (opts.port, or the one the system chose for 0)
   metrics stats;
   ownership owners;
   std::atomic<uint64_t> next_connection{1};

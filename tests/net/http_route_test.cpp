@@ -148,7 +148,7 @@ GetServerInfoReqOutput sample_info() {
 } // namespace
 
 BOOST_AUTO_TEST_CASE(server_info_carries_the_server_args_trainers_read) {
-  auto j = sglang_server_info(sample_info());
+  auto j = sglang_server_info(sample_info(), launch_args{"10.0.0.5", 30007, false, true});
   // slime's external-engine discovery and sanity check, miles' get_server_info.
   for (const char* one : {"tp_size", "dp_size", "pp_size", "ep_size", "moe_dp_size", "nnodes"})
     BOOST_TEST(j[one] == 1, one);
@@ -156,6 +156,9 @@ BOOST_AUTO_TEST_CASE(server_info_carries_the_server_args_trainers_read) {
   BOOST_TEST(j["base_gpu_id"] == 3);
   BOOST_TEST(j["disaggregation_mode"] == "null");
   BOOST_TEST(j["enable_memory_saver"] == false);
+  BOOST_TEST(j["enable_return_routed_experts"] == true); // the launch flags, as given
+  BOOST_TEST(j["host"] == "10.0.0.5");                  // slime compares host and port too
+  BOOST_TEST(j["port"] == 30007);
   BOOST_TEST(j["encoder_only"] == false);
   BOOST_TEST(j["context_length"] == 4096);
   BOOST_TEST(j["max_total_num_tokens"] == 1000);

@@ -5,6 +5,12 @@ Read from THUDM/slime at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515:
                                                  (_make_request POSTs json=payload or {};
                                                  flush_cache GETs until 200; get_weight_version
                                                  reads ["weight_version"]; health_generate)
+  (and at commit 03b32d8baeb8932ccac1d20151f1474ec07651bb: _compute_server_args, the fields an
+  external engine's /get_server_info must equal: enable_memory_saver (--offload-rollout), host,
+  port, nnodes, node_rank, gpu_id_step, base_gpu_id, tp/dp/pp/ep_size, and
+  enable_return_routed_experts with --use-rollout-routing-replay; release_memory_occupation
+  flushes then POSTs {}, resume_memory_occupation {"tags": [...]}; train.py with
+  --offload-rollout onloads weights, updates, then onloads cuda_graph and kv_cache)
   slime/backends/sglang_utils/external.py        get_server_info: GET /server_info, then
                                                  /get_server_info; reads tp_size, pp_size, ep_size,
                                                  moe_dp_size, num_gpus, disaggregation_mode,
@@ -34,8 +40,9 @@ What the replay leaves out, and why:
     layout the trainers' decoders read ([len(tokens) - 1 - start, layers, top_k] int32, base64).
   - post_process_weights(restore / post_process_quantization): slime sends it only for
     compressed-tensors checkpoints; the tiny model is BF16.
-  - release/resume_memory_occupation (--offload-rollout), pull_weights (slime's patched SGLang),
-    init/destroy_weights_update_group + update_weights_from_distributed (NCCL): not served.
+  - pull_weights (slime's patched SGLang): not served. init/destroy_weights_update_group +
+    update_weights_from_distributed (NCCL) need a GPU engine and a trainer process group:
+    tests/gpu/test_nccl_update*.py.
 """
 import os
 import sys
@@ -144,7 +151,63 @@ def main():
             engine.get("/health_generate").raise_for_status("health_generate")
         finally:
             r.stop(proc)
+        colocated_external_engine(tmp, model_a, model_b)
     print("ok: slime's step (tensor and disk transports) against rlserve serve")
+
+
+def update_weights(engine, model_dir, version):
+    """update_weight_from_tensor: pause, flush, the buckets, continue."""
+    engine.post("/pause_generation", {}).raise_for_status("pause_generation")
+    flush_cache(engine)
+    for bucket in r.inline_buckets(model_dir):
+        payload = {"named_tensors": bucket, "flush_cache": False, "weight_version": version}
+        reply = engine.post("/update_weights_from_tensor", payload).raise_for_status("update").json()
+        t.check(reply["success"], reply)
+    engine.post("/continue_generation", {}).raise_for_status("continue_generation")
+
+
+def onload(engine, tag):
+    reply = engine.post("/resume_memory_occupation", {"tags": [tag]}).raise_for_status(f"onload {tag}").json()
+    t.check(reply["success"], reply)
+
+
+def colocated_external_engine(tmp, model_a, model_b):
+    """slime with --rollout-external, --offload-rollout and --use-rollout-routing-replay: the
+    engine launched with SGLang's matching flags passes _sanity_check_server_args, and the
+    offload cycle (release, onload weights, update, onload cuda_graph then kv_cache) works."""
+    proc, engine = r.start(tmp, model_a, "--enable-memory-saver", "--enable-return-routed-experts")
+    try:
+        info = engine.get("/get_server_info").raise_for_status("get_server_info").json()
+        expect = {"enable_memory_saver": True, "host": "127.0.0.1", "port": engine.port, "nnodes": 1,
+                  "node_rank": 0, "gpu_id_step": 1, "base_gpu_id": 0, "tp_size": 1, "dp_size": 1,
+                  "pp_size": 1, "ep_size": 1, "enable_return_routed_experts": True}
+        wrong = {k: (v, info.get(k)) for k, v in expect.items() if info.get(k) != v}
+        t.check(not wrong, f"_sanity_check_server_args: expected vs actual {wrong}")
+
+        # train.py at start-up: onload weights (nothing was released: a no-op), the first update,
+        # then the rest.
+        onload(engine, "weights")
+        update_weights(engine, model_b, "1")
+        onload(engine, "cuda_graph")
+        onload(engine, "kv_cache")
+        version, _ = generate(engine)
+        t.check(version == "1", version)
+        for step in (2, 3):
+            engine.post("/abort_request", {"abort_all": True}).raise_for_status("abort_request")
+            flush_cache(engine)  # SGLangEngine.release_memory_occupation: flush, then release all
+            reply = engine.post("/release_memory_occupation", {}).raise_for_status("release").json()
+            t.check(reply["success"], reply)
+            onload(engine, "weights")
+            update_weights(engine, model_a if step % 2 == 0 else model_b, str(step))
+            onload(engine, "cuda_graph")
+            onload(engine, "kv_cache")
+            version, _ = generate(engine)
+            t.check(version == str(step), f"offload step {step}: served version {version}")
+        sums = engine.post("/weights_checker", {"action": "checksum"}).raise_for_status("checksum").json()
+        t.check(sums["ranks"][0]["checksums"] == r.checkpoint_checksums(model_b), "the last update did not land")
+    finally:
+        r.stop(proc)
+    print("ok: slime's external-engine check and --offload-rollout cycle against rlserve serve")
 
 
 def get_weight_version(engine):

@@ -40,6 +40,7 @@ class Engine:
     """One rlserve server at http://127.0.0.1:port."""
 
     def __init__(self, port):
+        self.port = port
         self.base = f"http://127.0.0.1:{port}"
 
     def request(self, method, path, payload=None, headers=None, timeout=300):
@@ -71,9 +72,9 @@ def make_models(tmp):
     return a, b
 
 
-def start(tmp, model):
+def start(tmp, model, *extra):
     env = dict(os.environ, RLSERVE_CACHE_DIR=os.path.join(tmp, "cache"))
-    proc, port = t.start_server(env, "--model", model, "--device", "cpu")
+    proc, port = t.start_server(env, "--model", model, "--device", "cpu", *extra)
     return proc, Engine(port)
 
 

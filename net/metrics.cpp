@@ -126,6 +126,20 @@ std::string metrics::render(const GetServerInfoReqOutput* info) const {
     fmt::format_to(it, "rlserve_prefix_cache_hit_rate {:.6f}\n", cache_hit_rate(*info));
     header(out, "rlserve_prefill_tokens_total", "counter", "Tokens prefilled (computed, not served from the cache)");
     fmt::format_to(it, "rlserve_prefill_tokens_total {}\n", info->prefill_tokens);
+    // Speculative decoding (zero without a draft): watch acceptance fall after a target-only
+    // update that left the draft behind.
+    header(out, "rlserve_spec_num_draft_tokens", "gauge", "Draft tokens proposed per step (0: no draft)");
+    fmt::format_to(it, "rlserve_spec_num_draft_tokens {}\n", info->speculative_num_draft_tokens);
+    header(out, "rlserve_spec_verify_steps_total", "counter", "Verification steps of speculative decoding");
+    fmt::format_to(it, "rlserve_spec_verify_steps_total {}\n", info->spec_verify_steps);
+    header(out, "rlserve_spec_accepted_tokens_total", "counter", "Draft tokens the target accepted");
+    fmt::format_to(it, "rlserve_spec_accepted_tokens_total {}\n", info->spec_accepted_tokens);
+    header(out, "rlserve_spec_accept_length", "gauge",
+           "Tokens per verification step (accepted + the target's own), since start");
+    fmt::format_to(it, "rlserve_spec_accept_length {:.6f}\n", info->spec_accept_length);
+    header(out, "rlserve_spec_recent_accept_length", "gauge",
+           "Tokens per verification step over the last 256 verification steps");
+    fmt::format_to(it, "rlserve_spec_recent_accept_length {:.6f}\n", info->spec_recent_accept_length);
   }
   header(out, "rlserve_ignored_request_fields_total", "counter",
          "Top-level request keys rlserve does not know, ignored as SGLang ignores them");

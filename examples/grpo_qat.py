@@ -175,12 +175,15 @@ class Trainer:
         return out
 
 
-def expected_checksums(torch, served, int4, recipe, group_size, num_experts):
+def expected_checksums(torch, served, int4, recipe, group_size, num_experts, numpy_too=False):
     """The checksums the engine must report for `served`: BF16 bytes hashed as they are; with an
-    INT4 engine each expert's module quantized with the package's recipe (one stacked call per
-    layer and projection: rows of experts are independent)."""
+    INT4 engine each expert's module quantized with the package's recipe on the GPU (one stacked
+    call per layer and projection: rows of experts are independent). With `numpy_too`, the first
+    layer's modules are also quantized with the package's NumPy path, which must give the same
+    bytes (returned as the second value: True, False, or None when not checked)."""
     import numpy as np
     out = {}
+    agree = None
     experts = {}
     for name, t in served.items():
         if int4 and ".mlp.experts." in name:
@@ -190,9 +193,13 @@ def expected_checksums(torch, served, int4, recipe, group_size, num_experts):
         else:
             out[name] = rlserve.tensor_checksum(rlserve.tensor_from_array(t))
     for (prefix, proj), by_expert in experts.items():
-        stacked = torch.stack([by_expert[e] for e in range(num_experts)]).float()
+        stacked = torch.stack([by_expert[e] for e in range(num_experts)])
         E, n, k = stacked.shape
-        q = rlserve.int4.quantize_module(stacked.reshape(E * n, k).cpu().numpy(), recipe, group_size)
+        q = rlserve.int4.quantize_module(stacked.reshape(E * n, k), recipe, group_size)
+        if numpy_too and prefix == "model.layers.0":
+            host = rlserve.int4.quantize_module(stacked.reshape(E * n, k).float().cpu().numpy(), recipe, group_size)
+            same = all(host[s].data == q[s].data for s in q)
+            agree = same if agree is None else agree and same
         for suffix, tensor in q.items():
             if suffix == "weight_shape":
                 one = rlserve.tensor_from_array(np.array([n, k], dtype=np.int64))
@@ -203,7 +210,7 @@ def expected_checksums(torch, served, int4, recipe, group_size, num_experts):
                 parts = [tensor.data[e * rows * row_bytes:(e + 1) * rows * row_bytes] for e in range(E)]
             for e in range(E):
                 out[f"{prefix}.mlp.experts.{e}.{proj}.{suffix}"] = rlserve.tensor_checksum(parts[e])
-    return out
+    return out, agree
 
 
 # ---- the engine ---------------------------------------------------------------------------------
@@ -339,8 +346,8 @@ def run_variant(torch, args, key, model_dir, work):
             t_update = time.time() - t1
 
             reported = client.check_weights()["ranks"][0]["checksums"]
-            want = expected_checksums(torch, served, variant["int4"], args.recipe, args.group_size,
-                                      cfg["num_experts"])
+            want, recipes_agree = expected_checksums(torch, served, variant["int4"], args.recipe,
+                                                     args.group_size, cfg["num_experts"], numpy_too=step == 0)
             differ = sorted(n for n in want if reported.get(n) != want[n])
             extra_names = sorted(set(reported) - set(want))
             ok = not differ and not extra_names
@@ -350,7 +357,7 @@ def run_variant(torch, args, key, model_dir, work):
                    "release_waits": release_waits,
                    "trainer_allocated_mib": torch.cuda.memory_allocated() / 2**20,
                    "checksums_match": ok, "tensors_checked": len(want), "buckets": len(replies),
-                   "weight_version": version, "seconds": {"generate": t_gen, "train": t_train,
+                   "weight_version": version, "torch_recipe_equals_numpy": recipes_agree, "seconds": {"generate": t_gen, "train": t_train,
                                                           "update": t_update}}
             if not ok:
                 row["checksums_differ"] = differ[:5]

@@ -7,7 +7,11 @@ Recipes per group of G input elements (float32 arithmetic, round half to even):
                 code = clip(rint(x / scale) + zero, 0, 15)
   int4-sym-qat  scale = max(amax / 7, 1e-5), code = clip(rint(x / scale), -7, 7) + 8
   int4-sym      scale = max(amax / 7.5, 1e-5), code = clip(rint(x / scale), -8, 7) + 8
-The input is what the engine quantizes: the weight rounded to bfloat16 first."""
+The input is what the engine quantizes: the weight rounded to bfloat16 first.
+
+A PyTorch weight is quantized with PyTorch on its own device (fast on a GPU: a trainer can check
+every step's checksums), anything else with NumPy; both follow the recipe above operation by
+operation (IEEE float32 division, round half to even), so they give the same bytes."""
 from typing import Dict
 
 from .tensors import Tensor, bfloat16_bits, tensor_from_array
@@ -28,19 +32,25 @@ def quantize_module(weight, recipe: str = "int4-asym", group_size: int = 128,
     """The load-format tensors of one INT4 Linear whose float weight is `weight` [n, k] (NumPy or
     PyTorch): suffix ("weight_packed", "weight_scale", "weight_shape", and "weight_zero_point"
     when asymmetric) -> Tensor. Prefix the names with the module's ("...down_proj.")."""
-    import numpy as np
     if recipe not in RECIPES:
         raise ValueError(f"recipe {recipe!r}: expected one of {', '.join(RECIPES)}")
-    if type(weight).__module__.startswith("torch"):
-        weight = weight.detach().float().cpu().numpy()
-    w = np.asarray(weight, dtype=np.float32)
-    if w.ndim != 2:
-        raise ValueError(f"a Linear weight is [n, k], got shape {list(w.shape)}")
-    n, k = w.shape
+    if zero_point_layout not in ("standard", "miles"):
+        raise ValueError(f"zero_point_layout {zero_point_layout!r}: expected standard or miles")
+    is_torch = type(weight).__module__.startswith("torch")
+    if not is_torch:
+        import numpy as np
+        weight = np.asarray(weight, dtype=np.float32)
+    shape = tuple(weight.shape)
+    if len(shape) != 2:
+        raise ValueError(f"a Linear weight is [n, k], got shape {list(shape)}")
+    n, k = shape
     g = k if group_size == -1 else group_size
     if g <= 0 or k % g or n % 8 or k % 8:
         raise ValueError(f"shape [{n}, {k}] with group size {group_size}: k must be a multiple of the "
                          "group size, and n and k of 8")
+    if is_torch:
+        return _quantize_torch(weight, recipe, g, zero_point_layout)
+    w = weight
     x = (bfloat16_bits(w).astype(np.uint32) << 16).view(np.float32).reshape(n, k // g, g)
     f32 = np.float32
     if recipe == "int4-asym":
@@ -64,10 +74,48 @@ def quantize_module(weight, recipe: str = "int4-asym", group_size: int = 128,
     if zero is not None:
         if zero_point_layout == "standard":  # [n/8, groups]: packed along n
             packed = np.swapaxes(_pack8(np, np.swapaxes(zero, 0, 1)), 0, 1)
-        elif zero_point_layout == "miles":   # [groups, n/8], AWQ order within each word
+        else:                                # miles: [groups, n/8], AWQ order within each word
             t = np.swapaxes(zero, 0, 1).reshape(k // g, n // 8, 8)[..., [0, 2, 4, 6, 1, 3, 5, 7]]
             packed = _pack8(np, t.reshape(k // g, n))
-        else:
-            raise ValueError(f"zero_point_layout {zero_point_layout!r}: expected standard or miles")
         out["weight_zero_point"] = tensor_from_array(np.ascontiguousarray(packed))
+    return out
+
+
+def _pack8_torch(torch, nibbles):
+    """Eight 4-bit codes along the last axis -> one int32 (the first code in the low bits)."""
+    v = nibbles.to(torch.int64).reshape(*nibbles.shape[:-1], -1, 8)
+    shifts = torch.arange(0, 32, 4, device=v.device, dtype=torch.int64)
+    word = (v << shifts).sum(-1)
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+
+def _quantize_torch(weight, recipe, g, zero_point_layout):
+    import torch
+    x = weight.detach().to(torch.bfloat16).to(torch.float32)
+    n, k = x.shape
+    x = x.reshape(n, k // g, g)
+    zero = None
+    if recipe == "int4-asym":
+        lo = torch.clamp(x.amin(-1), max=0.0)
+        hi = torch.clamp(x.amax(-1), min=0.0)
+        scale = torch.clamp((hi - lo) / 15.0, min=1e-5)
+        zero = torch.clamp(torch.round(-lo / scale), 0, 15).to(torch.int64)
+        codes = torch.clamp(torch.round(x / scale[..., None]).to(torch.int64) + zero[..., None], 0, 15)
+    else:
+        div = 7.0 if recipe == "int4-sym-qat" else 7.5
+        scale = torch.clamp(x.abs().amax(-1) / div, min=1e-5)
+        low = -7 if recipe == "int4-sym-qat" else -8
+        codes = torch.clamp(torch.round(x / scale[..., None]).to(torch.int64), low, 7) + 8
+    out = {
+        "weight_packed": tensor_from_array(_pack8_torch(torch, codes.reshape(n, k))),
+        "weight_scale": tensor_from_array(scale.to(torch.bfloat16)),
+        "weight_shape": tensor_from_array(torch.tensor([n, k], dtype=torch.int64)),
+    }
+    if zero is not None:
+        if zero_point_layout == "standard":
+            packed = _pack8_torch(torch, zero.T.contiguous()).T.contiguous()
+        else:
+            t = zero.T.reshape(k // g, n // 8, 8)[..., [0, 2, 4, 6, 1, 3, 5, 7]]
+            packed = _pack8_torch(torch, t.reshape(k // g, n))
+        out["weight_zero_point"] = tensor_from_array(packed.contiguous())
     return out

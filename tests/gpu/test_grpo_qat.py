@@ -6,6 +6,9 @@ experts) colocated on one GPU, 8 steps of variant a (QAT trainer + INT4 engine) 
   - every step of both variants, every checksum the engine reports after the CUDA IPC update
     equals the trainer's own (xxhash of its BF16 bytes; the package's INT4 recipe for experts),
     and no other tensor is reported; the weight version is the step's;
+  - the package's INT4 recipe in PyTorch (on the GPU, used for every step's checksums) gives the
+    same bytes as its NumPy recipe (the one CI checks against the CPU engine), checked on the
+    first layer at step 0;
   - each release gave memory back to the driver (cudaMemGetInfo, seen by the trainer);
   - the trainer's allocated memory stays flat from step to step: the engine releases PyTorch's
     IPC ref-counter slot of every bucket (else PyTorch keeps each bucket in its limbo);
@@ -62,6 +65,9 @@ def main():
                for s in steps if not s["checksums_match"]]
         check(not bad, f"[{key}] every step's {steps[0]['tensors_checked']} checksums equal the "
               f"trainer's: {bad[:2]}")
+        if key == "a":
+            check(steps[0]["torch_recipe_equals_numpy"] is True,
+                  f"[a] PyTorch and NumPy INT4 recipes agree: {steps[0]['torch_recipe_equals_numpy']}")
         check(all(s["weight_version"] == f"step-{s['step'] + 1}" for s in steps),
               f"[{key}] weight versions: {[s['weight_version'] for s in steps]}")
         check(all(s["released_mib"] > 64 for s in steps),

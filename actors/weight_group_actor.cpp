@@ -186,14 +186,11 @@ ReceivedBroadcast receive(group_state& st, ReceiveBroadcast& msg) {
   std::size_t total = 0;
   std::string misaligned;
   for (const auto& t : msg.tensors) {
-    int64_t numel = 1;
-    for (auto d : t.shape) {
-      if (d < 0 || (d > 0 && numel > INT64_MAX / 16 / d)) {
-        mark_broken(st, "an update announced a tensor of impossible shape");
-        return broken_reply(fmt::format("{}: tensor '{}' has a negative or overflowing shape, so the "
-                                        "trainer's bytes cannot be matched", what(st), t.name));
-      }
-      numel *= d;
+    const int64_t numel = checked_numel(t.shape);
+    if (numel < 0) {
+      mark_broken(st, "an update announced a tensor of impossible shape");
+      return broken_reply(fmt::format("{}: tensor '{}' has a negative or overflowing shape, so the "
+                                      "trainer's bytes cannot be matched", what(st), t.name));
     }
     const std::size_t n = static_cast<std::size_t>(numel) * element_size(t.type);
     if (msg.flattened) {

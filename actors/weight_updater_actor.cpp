@@ -317,13 +317,10 @@ route_device(const std::vector<runner_entry*>& targets, const std::vector<NamedD
   for (const auto& t : bucket) {
     if (!seen.insert(t.name).second)
       return fail("device tensor '" + t.name + "' appears twice in one update");
-    int64_t numel = 1;
-    for (auto d : t.tensor.shape) {
-      if (d < 0 || (d > 0 && numel > INT64_MAX / 16 / d))
-        return fail("device tensor '" + t.name + "': shape " + shape_string(t.tensor.shape) +
-                    " has a negative or overflowing dimension");
-      numel *= d;
-    }
+    const int64_t numel = checked_numel(t.tensor.shape);
+    if (numel < 0)
+      return fail("device tensor '" + t.name + "': shape " + shape_string(t.tensor.shape) +
+                  " has a negative or overflowing dimension");
     auto want = static_cast<uint64_t>(numel) * element_size(t.tensor.type);
     if (t.tensor.nbytes != 0 && t.tensor.nbytes != want)
       return fail("device tensor '" + t.name + "': " + std::to_string(t.tensor.nbytes) + " bytes for " +
@@ -816,13 +813,9 @@ void receive_distributed(updater_pointer self, UpdateWeightsFromDistributedReqIn
               ", " + std::to_string(req.dtypes.size()) + ", " + std::to_string(req.shapes.size()) + ")";
   } else {
     for (std::size_t i = 0; i < req.names.size() && !refusal; ++i) {
-      int64_t numel = 1;
-      for (auto d : req.shapes[i])
-        if (d < 0 || (d > 0 && numel > INT64_MAX / 16 / d))
-          refusal = "tensor '" + req.names[i] + "': shape " + shape_string(req.shapes[i]) +
-                    " has a negative or overflowing dimension";
-        else
-          numel *= d;
+      if (checked_numel(req.shapes[i]) < 0)
+        refusal = "tensor '" + req.names[i] + "': shape " + shape_string(req.shapes[i]) +
+                  " has a negative or overflowing dimension";
       msg.tensors.push_back({req.names[i], req.dtypes[i], req.shapes[i]});
     }
   }

@@ -23,6 +23,20 @@
 
 namespace rlserve {
 
+// The element count of a shape that came from outside, or -1 when a dimension is negative or the
+// count times `element_bytes` would not fit an int64 (so byte counts computed from it cannot
+// overflow). Default: the widest element a tensor here can have.
+inline int64_t checked_numel(std::span<const int64_t> shape, std::size_t element_bytes = 16) {
+  const int64_t limit = INT64_MAX / static_cast<int64_t>(element_bytes == 0 ? 1 : element_bytes);
+  int64_t n = 1;
+  for (auto d : shape) {
+    if (d < 0 || (d > 0 && n > limit / d))
+      return -1;
+    n *= d;
+  }
+  return n;
+}
+
 struct HostTensor {
   dtype type = dtype::f32;
   std::vector<int64_t> shape;
@@ -44,16 +58,7 @@ struct HostTensor {
   }
   // numel, or -1 when a dimension is negative or the byte count of the shape would overflow
   // (shapes come from the outside; check before trusting numel()).
-  int64_t checked_numel() const {
-    int64_t n = 1;
-    auto limit = INT64_MAX / static_cast<int64_t>(element_size(type) == 0 ? 1 : element_size(type));
-    for (auto d : shape) {
-      if (d < 0 || (d > 0 && n > limit / d))
-        return -1;
-      n *= d;
-    }
-    return n;
-  }
+  int64_t checked_numel() const { return rlserve::checked_numel(shape, element_size(type)); }
 
   // Makes a tensor owning a copy of `bytes`.
   static HostTensor copy_of(dtype type, std::vector<int64_t> shape, std::span<const std::byte> bytes);

@@ -152,12 +152,9 @@ expected<std::unique_ptr<ipc_mapping>> ipc_mapping::open(std::span<const NamedDe
   };
   for (const auto& nt : tensors) {
     const auto& t = nt.tensor;
-    int64_t numel = 1;
-    for (auto d : t.shape) {
-      if (d < 0 || (d > 0 && numel > INT64_MAX / 16 / d))
-        return failed(nt.name, "its shape has a negative or overflowing dimension");
-      numel *= d;
-    }
+    const int64_t numel = checked_numel(t.shape);
+    if (numel < 0)
+      return failed(nt.name, "its shape has a negative or overflowing dimension");
     const uint64_t want = static_cast<uint64_t>(numel) * element_size(t.type);
     if (t.nbytes != 0 && t.nbytes != want)
       return failed(nt.name, fmt::format("{} bytes given for {} [{}] ({} expected)", t.nbytes,

@@ -124,6 +124,13 @@ std::variant<http_routed, http_refusal> route_http_request(http::verb method,
     // SGLang serves both on GET and POST. HEAD runs nothing.
     if (!(post || (get && !head)))
       return http_refusal{405, json_error_body("Method Not Allowed", "use POST or GET for " + path)};
+    // Any web page the user opens can make the browser send a GET (an image, a link) without an
+    // Origin header; it must not choose where the server writes.
+    if (!post && query.contains("output_dir"))
+      return http_refusal{400, json_error_body("Bad Request",
+                                               "output_dir is taken only in a POST body (a GET can be "
+                                               "sent by any web page the user opens); without it the "
+                                               "trace goes to the temporary directory")};
     out.call.kind = path == "/start_profile" ? http_call::start_profile : http_call::stop_profile;
     out.call.body = std::move(body);
     out.call.query = std::move(query);

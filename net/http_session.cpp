@@ -29,10 +29,27 @@ std::string lower(std::string_view s) {
   return out;
 }
 
+// The host part of an authority ("host:port", "[v6]:port", "host") names this machine without
+// DNS: an IP literal, localhost, or the address the server was told to listen on. A page whose
+// origin is a DNS name of the attacker's can rebind that name to 127.0.0.1, and the browser then
+// sends Origin and Host both naming it: same-origin by the letter, but not this server's page.
+bool names_this_server(std::string_view authority, const server_options& opts) {
+  std::string_view host = authority;
+  if (host.starts_with("["))
+    return host.find(']') != std::string_view::npos; // an IPv6 literal
+  if (auto colon = host.rfind(':'); colon != std::string_view::npos)
+    host = host.substr(0, colon);
+  if (host.empty())
+    return false;
+  const bool dotted_ipv4 = host.find_first_not_of("0123456789.") == std::string_view::npos;
+  return dotted_ipv4 || host == "localhost" || host == lower(opts.host);
+}
+
 // Only browsers send Origin. A request without one is a program's (curl, a trainer); one with
 // it must come from a page of this server itself (its authority is the Host the request was
-// sent to) or from an origin the operator allowed. Otherwise any web page the user opens could
-// drive the engine through the browser: with no keys configured, admin routes included.
+// sent to, named without DNS: see names_this_server) or from an origin the operator allowed.
+// Otherwise any web page the user opens could drive the engine through the browser: with no
+// keys configured, admin routes included.
 bool origin_allowed(const http::request<http::string_body>& req, const server_options& opts) {
   auto it = req.find(http::field::origin);
   if (it == req.end())
@@ -44,8 +61,8 @@ bool origin_allowed(const http::request<http::string_body>& req, const server_op
   auto scheme = origin.find("://");
   if (scheme == std::string::npos)
     return false; // "null" (a sandboxed page, a file) or garbage
-  auto host = req[http::field::host];
-  return !host.empty() && origin.substr(scheme + 3) == lower(std::string_view(host.data(), host.size()));
+  auto host = lower(std::string_view(req[http::field::host].data(), req[http::field::host].size()));
+  return !host.empty() && origin.substr(scheme + 3) == host && names_this_server(host, opts);
 }
 
 std::vector<std::string> request_tokens(const http::request<http::string_body>& req) {

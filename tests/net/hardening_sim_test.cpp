@@ -353,6 +353,19 @@ BOOST_AUTO_TEST_CASE(http_front_refuses_browser_tricks_and_malformed_requests) {
   auto same = std::map<std::string, std::string>{{"Origin", "http://" + self_host}, {"Host", self_host}};
   r = http_request(s.port(), http::verb::get, "/get_server_info", "", same);
   BOOST_TEST(r.status == 200u);
+  // DNS rebinding: the attacker's name resolves to this machine, so Origin and Host agree, but
+  // the name is not one that designates this server without DNS.
+  const std::string rebound = "evil.example:" + std::to_string(s.port());
+  r = http_request(s.port(), http::verb::post, "/pause_generation", R"({"mode": "abort"})",
+                   {{"Origin", "http://" + rebound}, {"Host", rebound}});
+  BOOST_TEST(r.status == 403u);
+  BOOST_TEST(!s.engine->get_server_info().paused);
+  const std::string local = "localhost:" + std::to_string(s.port());
+  r = http_request(s.port(), http::verb::get, "/get_server_info", "", {{"Origin", "http://" + local}, {"Host", local}});
+  BOOST_TEST(r.status == 200u);
+  const std::string v6 = "[::1]:" + std::to_string(s.port());
+  r = http_request(s.port(), http::verb::get, "/get_server_info", "", {{"Origin", "http://" + v6}, {"Host", v6}});
+  BOOST_TEST(r.status == 200u);
   // A foreign-origin websocket upgrade.
   auto up = raw_exchange(s.port(), "GET / HTTP/1.1\r\nHost: " + self_host +
                                      "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"

@@ -87,8 +87,12 @@ def main():
             # num_steps: the trace is written by itself after that many steps.
             steps_dir = os.path.join(tmp, "steps")
             os.makedirs(steps_dir)
-            reply = engine.get(f"/start_profile?num_steps=2&output_dir={steps_dir}&profile_prefix=grpo",
-                               headers=bearer(ADMIN))
+            # A GET (which any web page can make a browser send) may not choose where to write.
+            refused(engine.get(f"/start_profile?num_steps=2&output_dir={steps_dir}", headers=bearer(ADMIN)),
+                    400, "output_dir")
+            t.check(os.listdir(steps_dir) == [], "a refused GET wrote nothing")
+            reply = engine.post("/start_profile", {"num_steps": 2, "output_dir": steps_dir, "profile_prefix": "grpo"},
+                                headers=bearer(ADMIN))
             t.check(reply.status == 200, reply.text)
             engine.post("/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}},
                         headers=bearer(USER)).raise_for_status("generate while profiling")

@@ -150,18 +150,23 @@ struct pending_generate {
 };
 
 // Receives the streamed chunks of one request, calls the user's callback for each, and quits
-// after the last one (the front door sends every streaming request a final chunk).
+// after the last one (the front door sends every streaming request a final chunk). The callback
+// is the caller's code: an exception it throws is reported and the next chunks still come. Were
+// it to end the sink, the last chunk would never be handed over and the call's future would
+// wait forever (it waits for the reply and the sink's end).
 caf::behavior chunk_sink(caf::event_based_actor* self, chunk_callback cb,
                          std::shared_ptr<pending_generate> pending) {
-  return {
-    [self, cb, pending](GenerateReqOutput& chunk) {
-      cb(chunk);
+  return guarded_behavior<caf::behavior>(
+    "chunk sink", [self, cb, pending](GenerateReqOutput& chunk) {
+      guarded([&] { cb(chunk); },
+              [](const std::string& what) {
+                std::fprintf(stderr, "rlserve: a generate call's chunk callback threw: %s\n", what.c_str());
+              });
       if (chunk.finished) {
         pending->on_sink_finished();
         self->quit();
       }
-    },
-  };
+    });
 }
 
 template <class Out>

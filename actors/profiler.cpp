@@ -1,7 +1,6 @@
 #include "actors/profiler.hpp"
 
 #include <algorithm>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -23,11 +22,16 @@ status profiler::start(profile_options options) {
   if (active())
     return fail("a profile is already running (writing to " + options_.output_dir.string() +
                 "); stop it with /stop_profile first");
+  const auto epoch_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  auto out = model::output_file::create(
+    options.output_dir / fmt::format("{}-{}.trace.json", options.file_prefix, epoch_ms));
+  if (!out)
+    return fail("output_dir: " + out.error());
+  out_ = std::move(*out);
   options_ = std::move(options);
   started_ = clock::now();
-  started_epoch_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
   tracks_.clear();
   events_.clear();
   dropped_ = 0;
@@ -97,16 +101,13 @@ expected<std::string> profiler::write_locked() {
                 {"displayTimeUnit", "ms"},
                 {"otherData", {{"producer", "rlserve"}, {"dropped_events", dropped_},
                                {"scheduler_steps", steps_}}}};
-  auto path = options_.output_dir /
-              fmt::format("{}-{}.trace.json", options_.file_prefix, started_epoch_ms_);
   events_.clear();
   events_.shrink_to_fit();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << trace.dump();
-  out.close();
-  if (!out)
-    return fail("writing the trace to " + path.string() + " failed");
-  last_trace_ = path.string();
+  auto out = std::move(*out_);
+  out_.reset();
+  if (auto ok = out.write_all(trace.dump()); !ok)
+    return fail("writing the trace: " + ok.error());
+  last_trace_ = out.path();
   return last_trace_;
 }
 

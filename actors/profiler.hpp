@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "messages/expected.hpp"
+#include "model/regular_file.hpp"
 
 namespace rlserve {
 
@@ -36,7 +37,9 @@ public:
   static constexpr std::size_t k_max_events = 1 << 20;
 
   // Refused (nothing changes) while a profile runs, or when output_dir is not a writable
-  // directory.
+  // directory. The trace file is created here, so that a path it cannot be written to (a FIFO,
+  // a symbolic link, another kind of file left at its name) is refused now, naming it, rather
+  // than at the write; model::output_file says how it is opened.
   status start(profile_options options);
   // Ends the running profile and writes its trace; the file's path. Refused when none runs.
   expected<std::string> stop();
@@ -64,12 +67,12 @@ private:
   mutable std::mutex mutex_;
   profile_options options_;
   clock::time_point started_;
-  int64_t started_epoch_ms_ = 0;
   std::vector<std::string> tracks_;
   std::vector<event> events_;
   uint64_t dropped_ = 0;
   int64_t steps_ = 0;
   std::string last_trace_;
+  std::optional<model::output_file> out_; // the running profile's trace, open since start()
 };
 
 } // namespace rlserve

@@ -11,6 +11,7 @@
 #include "caf/all.hpp"
 #include "messages/base64.hpp"
 #include "messages/registration_check.hpp"
+#include "messages/validate.hpp"
 #include "model/nccl_group.hpp"
 #include "model/tcp_store.hpp"
 
@@ -52,10 +53,12 @@ std::string what(const group_state& st) {
                      st.request.world_size);
 }
 
+// The deadline of a wait: `timeout_s` when positive (a receive's own), else the group's. Both come
+// from the trainer, so they are clamped (client_wait: at most a day): converting 1e300 s to the
+// clock's nanoseconds unclamped is undefined behaviour, in practice a deadline in the past.
 limit limit_for(const group_state& st, double timeout_s) {
   const double s = timeout_s > 0 ? timeout_s : st.request.timeout_s;
-  return limit{clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
-                                     std::chrono::duration<double>(s)),
+  return limit{clock_type::now() + std::chrono::duration_cast<clock_type::duration>(client_wait(s)),
                st.cancel.get()};
 }
 

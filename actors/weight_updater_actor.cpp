@@ -9,6 +9,7 @@
 #include <set>
 #include <unordered_map>
 
+#include <fmt/format.h>
 #include <xxhash.h>
 
 #include "actors/guard.hpp"
@@ -741,6 +742,12 @@ void release_ticket(updater_pointer self, uint64_t ticket) {
 // Why an NCCL update may not be staged (checked before receiving, from the manifests and the
 // session), or nothing.
 std::optional<std::string> distributed_refusal(updater_state& st, const UpdateWeightsFromDistributedReqInput& req) {
+  // The JSON codec refuses these already; in-process callers reach here unchecked, and a
+  // non-positive wait would otherwise silently become the group's.
+  if (req.timeout_s && !(*req.timeout_s > 0))
+    return fmt::format("timeout_s: {} is not a number of seconds > 0 (leave it out to wait as long "
+                       "as init_weights_update_group's timeout_s)",
+                       *req.timeout_s);
   if (req.load_format && *req.load_format != "flattened_bucket")
     return "load_format \"" + *req.load_format + "\" is not supported (none: one broadcast per "
            "tensor, or \"flattened_bucket\")";
@@ -1038,7 +1045,7 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
                       "; rank 0 is the trainer, which broadcasts, so engines are ranks 1 .. "
                       "world_size - 1");
       if (!(req.timeout_s > 0))
-        return refuse("timeout_s must be positive");
+        return refuse(fmt::format("timeout_s: {} is not a number of seconds > 0", req.timeout_s));
       auto device = cuda_ordinal(target.handle.manifest.device);
       if (!device)
         return refuse(device.error());

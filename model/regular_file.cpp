@@ -18,8 +18,8 @@ namespace rlserve::model {
 namespace {
 
 constexpr std::size_t k_alignment = 64;
-// One read() moves at most this much: Linux caps a read at about 2 GiB anyway.
-constexpr uint64_t k_read_chunk = 1ull << 30;
+// One read() or write() moves at most this much: Linux caps either at about 2 GiB anyway.
+constexpr uint64_t k_io_chunk = 1ull << 30;
 constexpr uint64_t k_huge_page = 2ull << 20;
 constexpr uint64_t k_huge_threshold = 4ull << 20; // smaller files: the allocator's memory
 
@@ -79,7 +79,7 @@ regular_file::~regular_file() {
 status regular_file::read_prefix(std::byte* dst, uint64_t n) const {
   uint64_t done = 0;
   while (done < n) {
-    auto want = static_cast<std::size_t>(std::min(n - done, k_read_chunk));
+    auto want = static_cast<std::size_t>(std::min(n - done, k_io_chunk));
     ssize_t got = ::pread(fd_, dst + done, want, static_cast<off_t>(done));
     if (got < 0) {
       if (errno == EINTR)
@@ -141,6 +141,71 @@ expected<std::string> read_text_file(const std::filesystem::path& path, uint64_t
   if (auto ok = f->read_prefix(reinterpret_cast<std::byte*>(text.data()), f->size()); !ok)
     return std::move(ok).take_failure();
   return text;
+}
+
+expected<output_file> output_file::create(const std::filesystem::path& path) {
+  std::string where = path.string();
+  // No O_TRUNC: a file refused below must not have been emptied first.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    // ELOOP (a symbolic link) and ENXIO (a FIFO nobody reads) say little: name what is there.
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode))
+      return fail(fmt::format("{}: is a symbolic link; the server writes only to a regular file "
+                              "at the path itself (remove the link or name another directory)",
+                              where));
+    if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+      return fail(fmt::format("{}: is {}; expected a regular file or no file", where, file_kind(st.st_mode)));
+    return fail(fmt::format("{}: cannot create: {}", where, std::strerror(err)));
+  }
+  output_file out(fd, std::move(where));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    return fail(fmt::format("{}: cannot stat: {}", out.where_, std::strerror(errno)));
+  if (!S_ISREG(st.st_mode))
+    return fail(fmt::format("{}: is {}; expected a regular file or no file", out.where_, file_kind(st.st_mode)));
+  if (st.st_nlink > 1)
+    return fail(fmt::format("{}: has {} hard links; writing it would change another file too "
+                            "(remove it or name another directory)",
+                            out.where_, st.st_nlink));
+  if (::ftruncate(fd, 0) != 0)
+    return fail(fmt::format("{}: cannot truncate: {}", out.where_, std::strerror(errno)));
+  return out;
+}
+
+output_file::output_file(output_file&& other) noexcept
+  : fd_(std::exchange(other.fd_, -1)), where_(std::move(other.where_)) {}
+
+output_file& output_file::operator=(output_file&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0)
+      ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    where_ = std::move(other.where_);
+  }
+  return *this;
+}
+
+output_file::~output_file() {
+  if (fd_ >= 0)
+    ::close(fd_);
+}
+
+status output_file::write_all(std::string_view bytes) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    auto want = static_cast<std::size_t>(std::min<uint64_t>(bytes.size() - done, k_io_chunk));
+    ssize_t put = ::write(fd_, bytes.data() + done, want);
+    if (put < 0) {
+      if (errno == EINTR)
+        continue;
+      return fail(fmt::format("{}: write failed after {} of {} bytes: {}", where_, done,
+                              bytes.size(), std::strerror(errno)));
+    }
+    done += static_cast<std::size_t>(put);
+  }
+  return {};
 }
 
 } // namespace rlserve::model

@@ -14,6 +14,7 @@
 
 #include "actors/engine.hpp"
 #include "caf/actor_system.hpp"
+#include "caf/scoped_actor.hpp"
 #include "caf/send.hpp"
 #include "messages/json_codec.hpp"
 #include "net/fail.hpp"
@@ -95,7 +96,7 @@ struct server::impl {
   asio::io_context ioc;
   std::shared_ptr<detail::shared_state> st;
   std::shared_ptr<listener> lst;
-  caf::actor watchdog; // net/session_watchdog.hpp; none when its timeout is 0
+  caf::actor watchdog; // net/session_watchdog.hpp (its keeper); none when its timeout is 0
   std::vector<std::thread> threads;
   uint16_t port = 0;
   std::string host;
@@ -163,6 +164,19 @@ std::string server::address() const {
 const metrics& server::stats() const { return impl_->st->stats; }
 
 std::size_t server::kill_connection_actors() { return impl_->st->kill_actors(caf::exit_reason::kill); }
+
+uint64_t server::kill_session_watchdog() {
+  if (!impl_->watchdog)
+    return 0;
+  caf::actor helper;
+  caf::scoped_actor self{impl_->st->sys};
+  self->request(impl_->watchdog, std::chrono::seconds(10), caf::get_atom_v)
+    .receive([&](caf::actor& a) { helper = std::move(a); }, [](caf::error&) {});
+  if (!helper)
+    return 0;
+  caf::anon_send_exit(helper, caf::exit_reason::kill);
+  return helper.id();
+}
 
 void server::stop() {
   auto& p = *impl_;

@@ -105,6 +105,10 @@ public:
   // there were. For tests: their clients must be answered (HTTP 500) or disconnected
   // (websocket), and what their connections held (an update session, a pause) given back.
   std::size_t kill_connection_actors();
+  // Kills the session watchdog (net/session_watchdog.hpp) now, as a crash would, and returns its
+  // actor id; 0 when there is none (its timeout is 0) or its restart is pending. For tests: it
+  // must be started again (a new id) and abort an abandoned HTTP session as before.
+  uint64_t kill_session_watchdog();
 
   struct impl;
 

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "actors/guard.hpp"
+#include "actors/keeper.hpp"
 #include "caf/all.hpp"
 #include "net/log.hpp"
 #include "net/request_accounting.hpp"
@@ -22,7 +24,12 @@ struct watchdog_state {
 
 using watchdog_actor = caf::stateful_actor<watchdog_state>;
 
+void log_failure(const std::string& what) {
+  log_warn("the session watchdog failed handling a message: " + what);
+}
+
 void check(watchdog_actor* self) {
+  self->delayed_send(self, self->state.tick, caf::tick_atom_v); // first: whatever the check does
   auto st = self->state.st;
   if (!st->stopping && st->owners.take_idle_http_session(st->opts.update_session_idle_timeout)) {
     st->stats.disconnect_cleanup("abort_idle_session");
@@ -35,18 +42,25 @@ void check(watchdog_actor* self) {
     self->request(st->front, caf::infinite, end)
       .then(
         [st](EndWeightUpdateReqOutput& out) {
-          if (auto length = st->owners.end_finished()) {
-            st->stats.update_phase("session", *length);
-            st->stats.update_session_ended("aborted");
-          }
-          log_info("idle HTTP session aborted: " + out.message);
+          guarded(
+            [&] {
+              if (auto length = st->owners.end_finished()) {
+                st->stats.update_phase("session", *length);
+                st->stats.update_session_ended("aborted");
+              }
+              log_info("idle HTTP session aborted: " + out.message);
+            },
+            log_failure);
         },
         [self, st](caf::error& err) {
-          st->owners.end_finished();
-          log_warn("aborting an idle HTTP session failed: " + self->system().render(err));
+          guarded(
+            [&] {
+              st->owners.end_finished();
+              log_warn("aborting an idle HTTP session failed: " + self->system().render(err));
+            },
+            log_failure);
         });
   }
-  self->delayed_send(self, self->state.tick, caf::tick_atom_v);
 }
 
 caf::behavior watchdog(watchdog_actor* self, std::shared_ptr<shared_state> st) {
@@ -55,9 +69,7 @@ caf::behavior watchdog(watchdog_actor* self, std::shared_ptr<shared_state> st) {
   self->state.tick = std::min<caf::timespan>(limit / 4, std::chrono::seconds(1));
   self->state.st = std::move(st);
   self->delayed_send(self, self->state.tick, caf::tick_atom_v);
-  return {
-    [self](caf::tick_atom) { check(self); },
-  };
+  return guarded_behavior<caf::behavior>(watchdog_state::name, [self](caf::tick_atom) { check(self); });
 }
 
 } // namespace
@@ -66,7 +78,7 @@ caf::actor spawn_session_watchdog(std::shared_ptr<shared_state> st) {
   if (st->opts.update_session_idle_timeout.count() <= 0)
     return {};
   auto& sys = st->sys;
-  return sys.spawn(watchdog, std::move(st));
+  return spawn_keeper(sys, "session watchdog", [&sys, st] { return sys.spawn(watchdog, st); });
 }
 
 } // namespace rlserve::net::detail

@@ -16,7 +16,10 @@ namespace rlserve::net::detail {
 
 struct shared_state;
 
-// Spawns the watchdog (none when the timeout is 0); it runs until sent an exit.
+// Spawns the watchdog (none when the timeout is 0) under a keeper (actors/keeper.hpp), which
+// starts it again if it dies; the handle is the keeper's: sending it an exit ends both. The
+// watchdog's handlers are guarded (actors/guard.hpp), and its next check is scheduled before
+// the current one runs, so an exception in a check neither ends it nor stops its ticking.
 caf::actor spawn_session_watchdog(std::shared_ptr<shared_state> st);
 
 } // namespace rlserve::net::detail

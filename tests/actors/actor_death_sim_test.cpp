@@ -4,10 +4,12 @@
 // (CAF 0.17 drops the promises a dead actor held; the actors waiting on it monitor it).
 #include <boost/test/unit_test.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 #include "actors/engine.hpp"
@@ -118,6 +120,25 @@ BOOST_AUTO_TEST_CASE(requests_an_actor_held_are_answered_when_it_dies) {
     auto out = answered(running);
     BOOST_TEST(!out.success);
   }
+}
+
+// The chunk sink of a streaming generate_async runs the caller's callback: one that throws
+// used to end the sink before it handed over the last chunk, and the call's future (which waits
+// for the reply and the sink's end) never became ready. Now the exception is reported, every
+// chunk still reaches the callback, and the call completes.
+BOOST_AUTO_TEST_CASE(a_throwing_chunk_callback_neither_ends_the_sink_nor_hangs_the_call) {
+  auto e = start(tiny_model("actor-death", 0));
+  auto chunks = std::make_shared<std::atomic<int>>(0);
+  auto running = e->generate_async(greedy({1, 2, 3}, 6), [chunks](const GenerateReqOutput&) {
+    ++*chunks;
+    throw std::runtime_error("the caller's callback failed");
+  });
+  auto out = answered(running);
+  BOOST_TEST(out.success, out.message);
+  BOOST_TEST(out.output_ids.size() == 6u);
+  BOOST_TEST(chunks->load() >= 2); // called again after it threw, the final chunk included
+  BOOST_TEST(e->generate(greedy({1}, 2)).success);
+  BOOST_TEST(e->health().success);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

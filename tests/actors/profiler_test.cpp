@@ -1,12 +1,14 @@
 // actors/profiler: a profile's life (start, spans, stop or num_steps), the Chrome trace it
 // writes, and its refusals (a second start, a missing or unwritable directory, a stop without a
-// start).
+// start, a FIFO or link at the trace's name).
 #include <boost/test/unit_test.hpp>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "actors/profiler.hpp"
@@ -99,6 +101,66 @@ BOOST_AUTO_TEST_CASE(bad_directories_are_refused) {
     fs::permissions(dir, fs::perms::owner_all);
   }
   BOOST_TEST(!p.active());
+}
+
+// The trace went out through std::ofstream: a FIFO a client left at the trace's name blocked the
+// writing thread (the scheduler's, after num_steps) until someone read it, and a symbolic link
+// there redirected the write to wherever it led. Now the file is opened at start with
+// O_NONBLOCK | O_NOFOLLOW and must be a regular file of one link; the test would hang or write
+// through the links otherwise. The trace's name holds start's millisecond, so every name of
+// the milliseconds around start is taken.
+BOOST_AUTO_TEST_CASE(traces_refuse_fifos_and_links_at_their_name) {
+  auto now_ms = [] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+  };
+  auto dir = fresh_dir("planted");
+  auto victim = dir / "victim.txt";
+  std::ofstream(victim) << "keep me";
+  enum class planted { fifo, symlink, dangling_symlink, hard_link };
+  auto plant = [&](planted kind, const std::string& prefix, int64_t from) {
+    for (int64_t ms = from; ms <= from + 2000; ++ms) {
+      auto path = dir / (prefix + "-" + std::to_string(ms) + ".trace.json");
+      switch (kind) {
+        case planted::fifo: BOOST_REQUIRE(::mkfifo(path.c_str(), 0600) == 0); break;
+        case planted::symlink: fs::create_symlink(victim, path); break;
+        case planted::dangling_symlink: fs::create_symlink(dir / "nowhere", path); break;
+        case planted::hard_link: fs::create_hard_link(victim, path); break;
+      }
+    }
+  };
+  const std::pair<planted, const char*> cases[] = {
+    {planted::fifo, "a FIFO"},
+    {planted::symlink, "a symbolic link"},
+    {planted::dangling_symlink, "a symbolic link"},
+    {planted::hard_link, "hard links"},
+  };
+  int i = 0;
+  for (auto [kind, words] : cases) {
+    const std::string prefix = "p" + std::to_string(i++);
+    plant(kind, prefix, now_ms());
+    profiler p;
+    auto started = p.start({dir, 1, prefix}); // within the 2 s planted: the test takes far less
+    BOOST_REQUIRE(!started.has_value());
+    BOOST_TEST(started.error().find(words) != std::string::npos, started.error());
+    BOOST_TEST(started.error().find(prefix + "-") != std::string::npos, started.error()); // names the file
+    BOOST_TEST(!p.active());
+  }
+  BOOST_TEST(!fs::exists(dir / "nowhere")); // nothing created through the dangling link
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  BOOST_TEST(text == "keep me"); // neither truncated nor written through a link
+
+  // A regular file left at the name is simply replaced by the trace.
+  const auto from = now_ms();
+  for (int64_t ms = from; ms <= from + 2000; ++ms)
+    std::ofstream(dir / ("plain-" + std::to_string(ms) + ".trace.json")) << "old text";
+  profiler p;
+  BOOST_REQUIRE(p.start({dir, std::nullopt, "plain"}).has_value());
+  auto path = p.stop();
+  BOOST_REQUIRE(path.has_value());
+  BOOST_TEST(read_json(*path)["otherData"]["producer"] == "rlserve");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -2,7 +2,7 @@
 // the test (tests/support/fake_tcp_store.hpp): what runs without a GPU — joining through the
 // store, a receive whose trainer never creates its communicator (it fails at its deadline and
 // breaks the group), a destroy that cuts a wait short, a trainer that dies, impossible
-// requests. Creating the communicator and the broadcasts need NCCL and GPUs: see
+// requests, timeouts out of range (clamped in the group, refused by the weight_updater). Creating the communicator and the broadcasts need NCCL and GPUs: see
 // tests/gpu/test_nccl_update.py and tests/model/nccl_group_gpu_test.cpp.
 #include <boost/test/unit_test.hpp>
 
@@ -10,11 +10,14 @@
 #include <future>
 #include <thread>
 
+#include "actors/runner_actor.hpp"
 #include "actors/weight_group_actor.hpp"
+#include "actors/weight_updater_actor.hpp"
 #include "caf/all.hpp"
 #include "messages/all.hpp"
 #include "messages/base64.hpp"
 #include "model/tcp_store.hpp"
+#include "tests/support/engine_support.hpp"
 #include "tests/support/fake_tcp_store.hpp"
 
 using namespace rlserve;
@@ -183,6 +186,76 @@ BOOST_FIXTURE_TEST_CASE(a_unique_id_join_without_a_peer_fails_with_a_sentence, f
   auto joined = join(r);
   BOOST_TEST(!joined.success);
   BOOST_TEST(!joined.message.empty());
+}
+
+// timeout_s had no upper bound: 1e300 s converted to the clock's nanoseconds is undefined
+// behaviour, in practice a deadline in the past, so the receive failed at once. Clamped to a
+// day now, it waits like any long deadline until the destroy cuts it short. A receive's
+// non-positive timeout_s means the group's (the weight_updater sends 0 for "none given").
+BOOST_FIXTURE_TEST_CASE(huge_timeouts_are_clamped_not_overflowed, fixture) {
+  BOOST_TEST(join(request(store.port(), 1e300)).success);
+  auto waiting = std::async(std::launch::async, [&] { return receive(1e300); });
+  BOOST_TEST((waiting.wait_for(500ms) == std::future_status::timeout)); // still waiting
+  auto left = destroy();
+  auto r = waiting.get();
+  BOOST_TEST(left.success, left.message);
+  BOOST_TEST(!r.success);
+  BOOST_TEST(contains(r.message, "destroyed while it waited"), r.message);
+}
+
+BOOST_FIXTURE_TEST_CASE(a_receive_without_a_positive_timeout_waits_as_long_as_the_group, fixture) {
+  BOOST_TEST(join(request(store.port(), 0.3)).success);
+  auto started = std::chrono::steady_clock::now();
+  auto r = receive(-5);
+  BOOST_TEST(!r.success);
+  BOOST_TEST(contains(r.message, "has not created its communicator"), r.message);
+  BOOST_TEST(seconds(std::chrono::steady_clock::now() - started).count() < 30.0);
+}
+
+// Through the weight_updater, which the in-process API reaches without the JSON codec (that
+// refuses these): a timeout_s of update_weights_from_distributed that is not a positive number
+// is refused naming it, and the broadcast is still received and dropped so that the group stays
+// in step with the trainer. A CPU runner stands in for a GPU one (its manifest says cuda:0):
+// the updater joins through the fake store on the CPU, and an update of no tensors receives
+// without NCCL.
+BOOST_FIXTURE_TEST_CASE(a_non_positive_timeout_of_a_distributed_update_is_refused, fixture) {
+  const auto dir = test::tiny_model("weight-group-updater", 5);
+  std::shared_ptr<model::qwen3_model> model = test::load_model(dir);
+  runner_options ro;
+  ro.model_path = dir;
+  auto runner = spawn_cpu_runner(sys, ro, model);
+  caf::scoped_actor self{sys};
+  RunnerManifest manifest;
+  self->request(runner, caf::infinite, manifest_atom_v)
+    .receive([&](RunnerManifest& m) { manifest = std::move(m); },
+             [&](caf::error& e) { BOOST_FAIL(sys.render(e)); });
+  manifest.device = "cuda:0";
+  manifest.capabilities.weight_update_groups = true;
+  manifest.capabilities.device_tensors = true;
+  auto updater = spawn_weight_updater(sys, {{runner, manifest}}, "0");
+  auto ask_updater = [&](auto msg, auto out) {
+    self->request(updater, caf::infinite, std::move(msg))
+      .receive([&](decltype(out)& o) { out = std::move(o); },
+               [&](caf::error& e) { out.message = "CAF error: " + sys.render(e); });
+    return out;
+  };
+  auto joined = ask_updater(request(store.port(), 5), InitWeightsUpdateGroupReqOutput{});
+  BOOST_REQUIRE_MESSAGE(joined.success, joined.message);
+  for (double t : {-1.0, 0.0, std::nan("")}) {
+    UpdateWeightsFromDistributedReqInput req;
+    req.group_name = "G";
+    req.timeout_s = t;
+    auto out = ask_updater(req, UpdateWeightsFromDistributedReqOutput{});
+    BOOST_TEST(!out.success);
+    BOOST_TEST(contains(out.message, "timeout_s: "), out.message);
+    BOOST_TEST(contains(out.message, "is not a number of seconds > 0"), out.message);
+    BOOST_TEST(contains(out.message, "stays in step with the trainer"), out.message);
+  }
+  // The group is still there (a refusal does not break it): destroying it succeeds.
+  auto left = ask_updater(DestroyWeightsUpdateGroupReqInput{"G"}, DestroyWeightsUpdateGroupReqOutput{});
+  BOOST_TEST(left.success, left.message);
+  caf::anon_send_exit(updater, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(runner, caf::exit_reason::user_shutdown);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

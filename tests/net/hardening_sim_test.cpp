@@ -13,6 +13,7 @@
 #include <boost/asio/write.hpp>
 
 #include "messages/validate.hpp"
+#include "model/checkpoint.hpp"
 #include "net/metrics.hpp"
 #include "net/protocol.hpp"
 
@@ -312,6 +313,68 @@ BOOST_AUTO_TEST_CASE(non_finite_weights_are_refused_unless_allowed) {
       BOOST_TEST(e.success, e.message);
     }
   }
+}
+
+// The same through update_weights_from_disk: a checkpoint holding one non-finite value is refused
+// naming the tensor and element, nothing of it is applied (the served checksums stay), the
+// engine keeps answering; an engine that allows non-finite weights loads it.
+BOOST_AUTO_TEST_CASE(non_finite_weights_on_disk_are_refused_unless_allowed) {
+  auto base = tiny_model_dir();
+  auto ckpt = model::checkpoint::open(base);
+  BOOST_REQUIRE_MESSAGE(ckpt.has_value(), (ckpt ? std::string() : ckpt.error()));
+  // Every tensor of the tiny model with 1.0 as its final norm (so the load is visible in the
+  // checksums when allowed), then one NaN, +inf or -inf at element 17.
+  auto with_norm = [&](uint16_t bad_bits) {
+    std::vector<NamedTensor> tensors;
+    for (const auto& name : ckpt->names()) {
+      auto t = ckpt->tensor(name);
+      BOOST_REQUIRE(t.has_value());
+      tensors.push_back({name, std::move(*t)});
+    }
+    std::vector<uint16_t> v(64, 0x3f80);
+    v[17] = bad_bits;
+    for (auto& t : tensors)
+      if (t.name == "model.norm.weight")
+        t.tensor = HostTensor::copy_of(dtype::bf16, {64}, {reinterpret_cast<const std::byte*>(v.data()), 128});
+    return tensors;
+  };
+  auto dir = fs::temp_directory_path() / ("rlserve-nonfinite-" + std::to_string(::getpid()));
+  auto checksums = [](Engine& e) {
+    auto out = e.check_weights(CheckWeightsReqInput{});
+    BOOST_REQUIRE_MESSAGE(out.success, out.message);
+    BOOST_REQUIRE_EQUAL(out.payload.size(), 1u);
+    return out.payload[0].checksums;
+  };
+  for (bool allow : {false, true}) {
+    engine_config cfg;
+    cfg.allow_non_finite_weights = allow;
+    served_engine s({}, cfg);
+    auto c = s.connect(); // the refusal must reach a client as well as the engine's API
+    for (uint16_t bits : {uint16_t{0x7fc0}, uint16_t{0x7f80}, uint16_t{0xff80}}) { // NaN, +inf, -inf
+      fs::remove_all(dir);
+      fs::create_directories(dir);
+      fs::copy_file(base / "config.json", dir / "config.json");
+      fs::copy_file(base / "tokenizer.json", dir / "tokenizer.json");
+      BOOST_REQUIRE(model::write_checkpoint(dir, with_norm(bits)).has_value());
+      const auto before = checksums(*s.engine);
+      UpdateWeightFromDiskReqInput req;
+      req.model_path = dir.string();
+      auto u = c->call<UpdateWeightFromDiskReqOutput>("update_weights_from_disk", req);
+      BOOST_REQUIRE_MESSAGE(u.has_value(), (u ? std::string() : u.error()));
+      BOOST_TEST(u->success == allow, u->message);
+      const auto after = checksums(*s.engine);
+      if (!allow) {
+        BOOST_TEST(u->message.find("model.norm.weight") != std::string::npos, u->message);
+        BOOST_TEST(u->message.find("element 17") != std::string::npos, u->message);
+        BOOST_TEST(u->message.find("allow-non-finite-weights") != std::string::npos, u->message);
+        BOOST_TEST((after == before)); // nothing applied, not even the finite tensors
+      } else {
+        BOOST_TEST(after.at("model.norm.weight") != before.at("model.norm.weight"));
+      }
+      BOOST_TEST(s.engine->generate(greedy_ids({1, 2}, 2)).success);
+    }
+  }
+  fs::remove_all(dir);
 }
 
 // A 100 MB input_ids body took 2 GB of memory to parse: generate requests are bounded by what

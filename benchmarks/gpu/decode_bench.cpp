@@ -10,17 +10,36 @@
 // in expectation for B tokens (exactly k at B = 1). KV bytes: every sequence's cached keys and
 // values, all layers.
 //
-// Each batch size: B fresh sequences prefilled with `--prompt` random tokens (chunked, eager),
+// Each batch size: B fresh sequences prefilled with `--prompt` random tokens (eager, in chunks of
+// at most max_batch_tokens = 2048 tokens as the scheduler runs them: whole prompts while they fit,
+// a longer prompt alone in chunks of 2048, only the chunk that ends a prompt asking for logits),
 // `--warmup` decode steps (the CUDA graph of the bucket is captured there), then `--steps` timed
 // greedy decode steps through forward_sample (forward + sampling on the device, tokens back to the
 // host, as the runner does). Prints a table and, with --json, writes the numbers. With
 // RLSERVE_GPU_PROFILE=1 in the environment the steps run eagerly with events between phases and
-// the time per phase is printed (graph gaps then show as launch overhead).
+// the time per phase is printed (graph gaps then show as launch overhead), followed by the
+// attention share of that eager step and the bandwidth paged attention reached on the KV bytes.
 //
 //   decode_bench [--batches 1,8,32,128] [--prompt 128] [--steps 32] [--mode both|int4|bf16]
-//                [--layers 48] [--no-graphs] [--linears gemv|cublas] [--json FILE]
+//                [--layers 48] [--no-graphs] [--linears gemv|cublas] [--prefill full|none]
+//                [--json FILE]
 // --linears cublas runs the decode-size BF16 linears on cuBLAS instead of the project's GEMV
 // (gpu_options::bf16_gemv), to compare the two.
+// --prefill none skips the prompt's forward: each sequence's KV simply counts `--prompt` positions
+// (whatever the pool holds there: zeros, or an earlier batch's keys) and the rows start from
+// distinct random tokens. Attention then reads the bytes of a real context of that length, so the
+// step time should hold (the routing sees other hidden states than after a real prompt, as it
+// would with other random weights), but tokens mean nothing: timing only. For long contexts at
+// large batches, where the eager prefill (CUDA-core attention over the whole context) takes
+// minutes.
+// Long contexts: the KV pool holds batch x (prompt + warmup + steps) positions, 96 KiB each at this
+// shape (48 layers): 3.2 GB per 32k-token sequence, so batch 32 at 32k takes 103 GB (INT4 only, on
+// an H200). The model's limit is max_position_embeddings = 40960 positions per sequence.
+//
+// Each row line gives the KV bytes read per step (at the context of the middle timed step) and
+// their share of the roofline's bytes, and two FNV-1a hashes of the timed steps: of the tokens and
+// of the logprobs' bits (same build, same arguments, same hashes = bitwise reproducible;
+// scripts/gpu/run_runner.sh determinism compares them across processes).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -50,6 +69,7 @@ struct options {
   std::string mode = "both";
   bool graphs = true;
   bool gemv = true;
+  bool prefill = true; // --prefill none: KV positions counted, not computed (timing only)
   std::string json;
 };
 
@@ -59,6 +79,12 @@ struct row {
   double step_ms = 0, tokens_per_s = 0, roofline_ms = 0, weight_gb = 0, kv_gb = 0;
   int64_t distinct = 0;   // distinct tokens of the batch at the last step
   uint64_t token_hash = 0; // FNV-1a of every token of the timed steps (same code, same tokens)
+  uint64_t logprob_hash = 0; // FNV-1a of the bits of every logprob of the timed steps
+  int64_t context = 0;       // cached positions per sequence at the middle of the timed steps
+  double kv_share = 0;       // KV bytes / (weight + KV bytes) of the roofline
+  double prefill_s = 0;      // wall time of the batch's prefill
+  double attention_ms = -1;  // RLSERVE_GPU_PROFILE: paged attention per (eager) step; -1: not profiled
+  double profiled_ms = -1;   // RLSERVE_GPU_PROFILE: every phase per (eager) step
 };
 
 // Bytes a decode step must read at batch B with `context` cached tokens per sequence.
@@ -111,7 +137,13 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
                                                      : std::nullopt,
                                              42, g);
   if (!made) {
-    std::fprintf(stderr, "decode_bench: %s\n", made.error().c_str());
+    // A long context's KV pool is the usual reason: say what it asked for.
+    const double kv_pool = double(g.kv_num_blocks) * double(g.kv_block_size) * double(c.num_hidden_layers) * 2.0 *
+                           double(c.num_key_value_heads) * double(c.head_dim) * 2.0;
+    std::fprintf(stderr, "decode_bench: %s\n  (the KV pool for batch %lld x %lld positions is %.1f GB; fewer "
+                         "--batches, a shorter --prompt, or --mode int4 may fit)\n",
+                 made.error().c_str(), static_cast<long long>(max_b),
+                 static_cast<long long>(per_seq_blocks * g.kv_block_size), kv_pool / 1e9);
     return false;
   }
   auto& m = **made;
@@ -126,28 +158,55 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
     for (auto& s : kv)
       for (int64_t b = 0; b < per_seq_blocks; ++b)
         s.blocks.push_back(next++);
-    std::vector<std::vector<int32_t>> prompts(static_cast<std::size_t>(B));
-    for (auto& p : prompts)
-      for (int64_t t = 0; t < o.prompt; ++t)
-        p.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab_size)));
-    // Prefill, as many whole prompts per forward as the token budget holds.
+    // Prefill in chunks of the token budget, as the scheduler runs them: whole prompts while they
+    // fit (a prompt of at most max_batch_tokens is never cut, so those runs are the batches and
+    // tokens of earlier builds), a longer prompt alone in chunks of the budget; only the chunk that
+    // ends a prompt asks for its logits row. forward() advances each kv.length.
     std::vector<float> logits;
-    for (int64_t first = 0; first < B;) {
-      std::vector<forward_item> items;
-      int64_t tokens = 0;
-      while (first < B && tokens + o.prompt <= g.max_batch_tokens) {
-        items.push_back({&kv[first], prompts[first], 1});
-        tokens += o.prompt;
-        ++first;
+    std::vector<int32_t> current(static_cast<std::size_t>(B));
+    int64_t prefill_forwards = 0;
+    const auto prefill_start = std::chrono::steady_clock::now();
+    if (o.prefill) {
+      std::vector<std::vector<int32_t>> prompts(static_cast<std::size_t>(B));
+      for (auto& p : prompts)
+        for (int64_t t = 0; t < o.prompt; ++t)
+          p.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab_size)));
+      for (int64_t first = 0; first < B;) {
+        std::vector<forward_item> items;
+        int64_t tokens = 0;
+        for (int64_t i = first; i < B; ++i) {
+          const int64_t done = kv[i].length, left = o.prompt - done;
+          const std::span<const int32_t> rest(prompts[i].data() + done, static_cast<std::size_t>(left));
+          if (left <= g.max_batch_tokens - tokens) {
+            items.push_back({&kv[i], rest, 1});
+            tokens += left;
+          } else {
+            if (items.empty()) // a prompt longer than the budget: its next chunk, alone
+              items.push_back({&kv[i], rest.first(static_cast<std::size_t>(g.max_batch_tokens)), 0});
+            break;
+          }
+        }
+        if (auto s = m.forward(items, logits); !s) {
+          std::fprintf(stderr, "decode_bench: prefill: %s\n", s.error().c_str());
+          return false;
+        }
+        ++prefill_forwards;
+        while (first < B && kv[first].length == o.prompt)
+          ++first;
       }
-      if (auto s = m.forward(items, logits); !s) {
-        std::fprintf(stderr, "decode_bench: prefill: %s\n", s.error().c_str());
-        return false;
+      for (int64_t i = 0; i < B; ++i)
+        current[i] = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()) % 1000;
+    } else {
+      // No prefill: the positions are counted as cached. Every row then depends only on its own
+      // tokens, so each starts from its own random token (a shared one would decode the same
+      // tokens in every row and route them all to the same experts).
+      for (int64_t i = 0; i < B; ++i) {
+        kv[i].length = o.prompt;
+        current[i] = static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab_size));
       }
     }
-    std::vector<int32_t> current(static_cast<std::size_t>(B));
-    for (int64_t i = 0; i < B; ++i)
-      current[i] = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()) % 1000;
+    const double prefill_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - prefill_start).count();
     std::vector<gpu_sample_row> sample(static_cast<std::size_t>(B)); // greedy
     std::vector<int32_t> tokens;
     std::vector<float> logprobs;
@@ -162,12 +221,18 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
       current = tokens;
     };
     // A batch whose rows decode the same tokens routes them to the same experts and reads fewer
-    // bytes than the roofline counts: the distinct count says how far that went. The hash lets
-    // two builds or settings show they generated the same tokens.
-    uint64_t hash = 1469598103934665603ull;
+    // bytes than the roofline counts: the distinct count says how far that went. The hashes let
+    // two builds, settings or processes show they generated the same tokens, and the same
+    // logprobs to the bit (which catches a difference in the logits that greedy tokens hide).
+    uint64_t hash = 1469598103934665603ull, lp_hash = 1469598103934665603ull;
     auto record = [&] {
       for (int32_t t : current)
         hash = (hash ^ static_cast<uint32_t>(t)) * 1099511628211ull;
+      for (float lp : logprobs) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &lp, sizeof bits);
+        lp_hash = (lp_hash ^ bits) * 1099511628211ull;
+      }
     };
     for (int64_t i = 0; i < o.warmup; ++i)
       step();
@@ -195,14 +260,40 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
     std::sort(last.begin(), last.end());
     r.distinct = std::unique(last.begin(), last.end()) - last.begin();
     r.token_hash = hash;
-    rows.push_back(r);
+    r.logprob_hash = lp_hash;
+    r.context = context_mid;
+    r.kv_share = kb / (wb + kb);
+    r.prefill_s = prefill_s;
     std::printf("  %-4s B=%-4lld step %8.3f ms  %9.1f tok/s  roofline %7.3f ms (%.0f%%)  weights %.2f GB  KV %.3f GB"
-                "  distinct %lld  tokens %016llx\n",
+                "  distinct %lld  tokens %016llx  KV %.0f%% of roofline  logprobs %016llx\n",
                 r.mode.c_str(), static_cast<long long>(B), r.step_ms, r.tokens_per_s, r.roofline_ms,
                 100.0 * r.roofline_ms / r.step_ms, r.weight_gb, r.kv_gb, static_cast<long long>(r.distinct),
-                static_cast<unsigned long long>(r.token_hash));
-    for (const auto& [phase, total] : m.take_profile()) // RLSERVE_GPU_PROFILE: eager steps, per phase
+                static_cast<unsigned long long>(r.token_hash), 100.0 * r.kv_share,
+                static_cast<unsigned long long>(r.logprob_hash));
+    if (!o.prefill || o.prompt > g.max_batch_tokens)
+      std::printf("      prefill %s: %lld x %lld tokens, %lld forwards, %.1f s; context %lld at mid-run\n",
+                  o.prefill ? "in chunks" : "skipped (--prefill none)", static_cast<long long>(B),
+                  static_cast<long long>(o.prompt), static_cast<long long>(prefill_forwards), prefill_s,
+                  static_cast<long long>(context_mid));
+    const auto profile = m.take_profile(); // RLSERVE_GPU_PROFILE: eager steps, per phase
+    double profiled = 0, attention = 0;
+    for (const auto& [phase, total] : profile) {
       std::printf("      %-28s %8.3f ms / step\n", phase.c_str(), total / double(o.steps));
+      profiled += total / double(o.steps);
+      if (phase == "paged attention")
+        attention = total / double(o.steps);
+    }
+    if (!profile.empty()) {
+      r.profiled_ms = profiled;
+      r.attention_ms = attention;
+      // KV bytes over the attention phase's time: how close attention comes to copy bandwidth.
+      std::printf("      attention share: %.3f of %.3f ms per eager step (%.0f%%); KV %.3f GB in it: %.2f TB/s "
+                  "(%.0f%% of copy)\n",
+                  attention, profiled, profiled > 0 ? 100.0 * attention / profiled : 0.0, r.kv_gb,
+                  attention > 0 ? kb / (attention * 1e-3) / 1e12 : 0.0,
+                  attention > 0 ? 100.0 * kb / (attention * 1e-3) / copy_bw : 0.0);
+    }
+    rows.push_back(r);
     std::fflush(stdout);
   }
   return true;
@@ -241,10 +332,40 @@ int main(int argc, char** argv) {
       }
       o.gemv = v == "gemv";
     }
+    else if (arg == "--prefill") {
+      const std::string v = value();
+      if (v != "full" && v != "none") {
+        std::fprintf(stderr, "decode_bench: --prefill takes full or none, not '%s'\n", v.c_str());
+        return 2;
+      }
+      o.prefill = v == "full";
+    }
     else if (arg == "--json")
       o.json = value();
     else {
       std::fprintf(stderr, "decode_bench: unknown argument %s\n", arg.c_str());
+      return 2;
+    }
+  }
+  {
+    const auto c = bench::qwen3_30b_a3b(o.layers);
+    const int64_t positions = o.prompt + o.warmup + o.steps;
+    if (o.mode != "both" && o.mode != "int4" && o.mode != "bf16") {
+      std::fprintf(stderr, "decode_bench: --mode takes both, int4 or bf16, not '%s'\n", o.mode.c_str());
+      return 2;
+    }
+    if (o.prompt < (o.prefill ? 1 : 0) || o.steps < 1 || o.layers < 1 || o.batches.empty() ||
+        *std::min_element(o.batches.begin(), o.batches.end()) < 1) {
+      std::fprintf(stderr, "decode_bench: --prompt (at least 1 unless --prefill none), --steps, --layers and "
+                           "every batch must be positive\n");
+      return 2;
+    }
+    if (positions > c.max_position_embeddings) {
+      std::fprintf(stderr, "decode_bench: --prompt %lld + %lld warm-up + %lld steps = %lld positions exceed the "
+                           "model's %lld\n",
+                   static_cast<long long>(o.prompt), static_cast<long long>(o.warmup),
+                   static_cast<long long>(o.steps), static_cast<long long>(positions),
+                   static_cast<long long>(c.max_position_embeddings));
       return 2;
     }
   }
@@ -290,7 +411,13 @@ int main(int argc, char** argv) {
         << ", \"step_ms\": " << r.step_ms << ", \"tokens_per_s\": " << r.tokens_per_s
         << ", \"roofline_ms\": " << r.roofline_ms << ", \"weight_gb\": " << r.weight_gb
         << ", \"kv_gb\": " << r.kv_gb << ", \"distinct_tokens_last_step\": " << r.distinct
-        << ", \"token_hash\": \"" << std::hex << r.token_hash << std::dec << "\"}";
+        << ", \"token_hash\": \"" << std::hex << r.token_hash << "\", \"logprob_hash\": \"" << r.logprob_hash
+        << std::dec << "\", \"prompt\": " << o.prompt << ", \"prefill\": \"" << (o.prefill ? "full" : "none")
+        << "\", \"prefill_s\": " << r.prefill_s << ", \"context_mid\": " << r.context
+        << ", \"kv_share_of_roofline\": " << r.kv_share;
+      if (r.attention_ms >= 0)
+        f << ", \"profiled_step_ms\": " << r.profiled_ms << ", \"attention_ms\": " << r.attention_ms;
+      f << "}";
     }
     f << "]}\n";
   }

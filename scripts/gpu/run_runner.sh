@@ -3,13 +3,24 @@
 # repository root, with binaries built elsewhere and carried in $DEV (build-gemm/runner by default:
 # rlserve, rlserve_model_gpu_tests, rlserve_actors_gpu_tests, rlserve_kernels_gpu_tests,
 # decode_bench, kernels_bench and the non-system shared libraries they link). Logs go to $OUT.
-#   scripts/gpu/run_runner.sh [tests|parity|bench|moe|gemv|hf|all]...
+#   scripts/gpu/run_runner.sh [tests|parity|bench|moe|gemv|hf|hf-static|determinism|all]...
 #     tests   the gpu-labelled C++ tests of the model, the actors and the kernels
 #     parity  tests/gpu/test_transformers_parity.py (engine cuda and cpu vs transformers)
 #     bench   benchmarks/gpu/decode_bench (Qwen3-30B-A3B shape, INT4 and BF16 experts)
 #     moe     benchmarks/gpu/kernels_bench --only moe (fused MoE, both paths at decode sizes)
 #     gemv    benchmarks/gpu/kernels_bench --only gemv (BF16 GEMV vs cuBLAS at decode sizes)
-#     hf      benchmarks/gpu/transformers_decode.py (the transformers peer, same shape)
+#     hf      benchmarks/gpu/transformers_decode.py (the transformers peer, same shape; HF_ARGS)
+#     hf-static  the same peer with `--cache static --compile` (StaticCache, generate's
+#             torch.compile; HF_STATIC_ARGS, e.g. "--batch-sizes 1,8", since every batch size and
+#             length compiles anew), into hf_static_decode.{log,json}; `hf hf-static` gives both
+#     determinism  decode_bench twice per setting, separate processes, same arguments (DET_ARGS,
+#             default --batches 1,8,32 --steps 32 --prompt 128 --mode int4), comparing the tokens
+#             and logprobs hashes row by row: first as is, then with each knob that isolates a
+#             cause (DET_KNOBS, default all of: base cublas no-graphs no-pdl layers1 prefill-none
+#             cublas-ws all; see the case below); a table same/different per setting in
+#             determinism/table.md. Then compute-sanitizer --tool initcheck on a tiny decode_bench
+#             run, if compute-sanitizer is on the machine (DET_INITCHECK=0 skips it). Exit 1 when
+#             the base setting differs between its two processes or a run fails.
 #     ipc     tests/gpu/test_ipc_update.py (a PyTorch trainer updates `rlserve serve` by CUDA IPC)
 #     update  benchmarks/update_bench (CUDA IPC update at Qwen3-30B-A3B shape, INT4 and BF16 experts)
 #     xxh3    benchmarks/gpu/kernels_bench --only xxh3 (device checksums vs a copy)
@@ -155,6 +166,85 @@ for what in "$@"; do
       echo "=== kernels_bench --only xxh3"
       timeout "${XXH3_TIMEOUT:-120}" "$DEV/kernels_bench" --only xxh3 2>&1 | tee "$OUT/xxh3_bench.log" | tail -12
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      ;;&
+    hf-static)
+      echo "=== transformers decode, static cache + torch.compile"
+      timeout "${HF_STATIC_TIMEOUT:-540}" python3 benchmarks/gpu/transformers_decode.py --cache static --compile \
+        ${HF_STATIC_ARGS:-} --json "$OUT/hf_static_decode.json" 2>&1 | tee "$OUT/hf_static_decode.log" | tail -20
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      ;;&
+    determinism)
+      echo "=== determinism: decode_bench twice per setting (separate processes), hashes compared"
+      det_dir="$OUT/determinism"
+      mkdir -p "$det_dir"
+      det_args=${DET_ARGS:---batches 1,8,32 --steps 32 --prompt 128 --mode int4}
+      # "mode B=batch tokens-hash lp<logprobs-hash>" per row line of a decode_bench log (an older
+      # binary without the logprobs hash leaves "lp").
+      det_rows() {
+        sed -nE 's/^ *(int4|bf16) +B=([0-9]+) .*tokens ([0-9a-f]{16})( .*logprobs ([0-9a-f]{16}))?.*/\1 B=\2 \3 lp\5/p' "$1"
+      }
+      {
+        echo "decode_bench $det_args; each setting run twice"
+        echo
+        echo "| setting | added arguments / environment | rows | tokens same | logprobs same |"
+        echo "|---|---|---|---|---|"
+      } > "$det_dir/table.md"
+      for knob in ${DET_KNOBS:-base cublas no-graphs no-pdl layers1 prefill-none cublas-ws all}; do
+        extra="" envs=""
+        case $knob in
+          base) ;;                                             # as the engine runs
+          cublas) extra="--linears cublas" ;;                  # decode-size linears on cuBLAS, not the GEMV
+          no-graphs) extra="--no-graphs" ;;                    # every decode step eager
+          no-pdl) envs="RLSERVE_NO_PROGRAMMATIC_LAUNCH=1" ;;   # no programmatic dependent launches
+          layers1) extra="--layers 1" ;;                       # one layer: fewer places to differ (and less amplification)
+          prefill-none) extra="--prefill none" ;;              # no prefill: decode only (prefill GEMMs, tiled MoE out)
+          cublas-ws) envs="CUBLAS_WORKSPACE_CONFIG=:4096:8" ;; # cuBLAS's fixed-workspace setting for reproducibility
+          all) extra="--linears cublas --no-graphs --prefill none"
+               envs="RLSERVE_NO_PROGRAMMATIC_LAUNCH=1 CUBLAS_WORKSPACE_CONFIG=:4096:8" ;;
+          *) echo "unknown determinism setting $knob"; rc=2; continue ;;
+        esac
+        failed="" desc="$extra${extra:+${envs:+ }}$envs"
+        for run in 1 2; do
+          # shellcheck disable=SC2086 # word splitting of the argument and environment lists is meant
+          env $envs timeout "${DET_TIMEOUT:-240}" "$DEV/decode_bench" $det_args $extra \
+            > "$det_dir/$knob.$run.log" 2>&1
+          st=$?
+          det_rows "$det_dir/$knob.$run.log" > "$det_dir/$knob.$run.rows"
+          { [ $st -eq 0 ] && [ -s "$det_dir/$knob.$run.rows" ]; } || failed="$failed run $run exit $st;"
+        done
+        if [ -n "$failed" ]; then
+          line="| $knob | ${desc:-(none)} | - | failed:${failed%;} (see $knob.*.log) | |"
+          rc=1
+        else
+          # rows, rows with the same tokens hash, rows with the same logprobs hash
+          read -r n tok lp < <(paste -d' ' "$det_dir/$knob.1.rows" "$det_dir/$knob.2.rows" |
+            awk '{ n++; if ($3 == $7) t++; if ($4 == $8 && $4 != "lp") l++ } END { print n, t + 0, l + 0 }')
+          line="| $knob | ${desc:-(none)} | $n | $tok / $n | $lp / $n |"
+          if [ "$knob" = base ] && { [ "$tok" -ne "$n" ] || [ "$lp" -ne "$n" ]; }; then
+            rc=1 # the property issue 18 asks for: same build, same arguments, same bits
+          fi
+        fi
+        echo "$line" >> "$det_dir/table.md"
+        echo "$line"
+      done
+      SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+      [ -n "$SANITIZER" ] || SANITIZER=$(python3 -c 'import glob, os, nvidia
+print(next(iter(sorted(f for p in nvidia.__path__ for f in glob.glob(os.path.join(p, "**", "compute-sanitizer"), recursive=True)
+                       if os.path.isfile(f) and os.access(f, os.X_OK))), ""))' 2>/dev/null)
+      if [ "${DET_INITCHECK:-1}" = 0 ]; then
+        echo "initcheck: skipped (DET_INITCHECK=0)"
+      elif [ -z "$SANITIZER" ]; then
+        echo "initcheck: skipped, no compute-sanitizer on this machine" | tee "$det_dir/initcheck.log"
+      else
+        echo "=== compute-sanitizer --tool initcheck ($SANITIZER) on a tiny decode_bench"
+        timeout "${SANITIZER_TIMEOUT:-300}" "$SANITIZER" --tool initcheck --error-exitcode 3 \
+          "$DEV/decode_bench" ${DET_INITCHECK_ARGS:---layers 2 --batches 1,4 --steps 4 --prompt 40 --mode int4} \
+          > "$det_dir/initcheck.log" 2>&1
+        st=$?
+        grep -E "ERROR SUMMARY|Uninitialized|========= +(at|by) " "$det_dir/initcheck.log" | head -20
+        echo "initcheck: exit $st"
+        [ $st -eq 0 ] || rc=1
+      fi
       ;;&
     hf|all)
       echo "=== transformers decode"

@@ -2,11 +2,13 @@
 // generation, a batch of concurrent requests, sampling with seeds, and the issue's check of
 // in-place updates: after a weight update with CUDA graphs on (captured before the update, replayed
 // after it), greedy output equals a fresh engine loaded with the new weights, and the checksums
-// are the trainer's.
+// are the trainer's. Last, issue 18's reproducibility properties (the checks of
+// determinism_sim_test.cpp on the GPU runner), which do not hold yet: see there.
 #include <boost/test/unit_test.hpp>
 
 #include <filesystem>
 #include <future>
+#include <random>
 
 #include "actors/engine.hpp"
 #include "model/checkpoint.hpp"
@@ -40,6 +42,74 @@ engine_config on_gpu() {
   c.max_running_requests = 16;
   c.max_batch_tokens = 512;
   return c;
+}
+
+// ---- issue 18: reproducible rollouts on the GPU runner (the determinism_* cases below) ----
+
+// The models the properties are asked of: dense, MoE with BF16 experts, MoE with INT4-asym experts
+// quantized at load (the W4A16 GEMM and fused-MoE kernels, as RL rollouts run them).
+struct determinism_model {
+  std::string name;
+  fs::path dir;
+  std::string quantize;
+};
+
+std::vector<determinism_model> determinism_models() {
+  return {{"dense", medium_model("gpu-dense", "qwen3", 4), ""},
+          {"moe bf16", medium_model("gpu-moe", "qwen3-moe", 21), ""},
+          {"moe int4-asym", medium_model("gpu-moe", "qwen3-moe", 21), "int4-asym"}};
+}
+
+// Room for the probe and 31 others in one batch; no prefix cache, so every check compares one
+// property (the cache's own check is samples_of_one_prompt_prefill_it_once_on_the_device).
+engine_config determinism_engine(const determinism_model& m) {
+  auto c = on_gpu();
+  c.max_running_requests = 32;
+  c.disable_radix_cache = true;
+  c.quantize = m.quantize;
+  return c;
+}
+
+// The requests of determinism_sim_test.cpp: seeded sampling with logprobs.
+GenerateReqInput sampled(std::vector<int32_t> prompt, int32_t n, uint64_t seed, std::string rid) {
+  GenerateReqInput r;
+  r.rid = std::move(rid);
+  r.input_ids = std::move(prompt);
+  r.sampling_params.max_new_tokens = n;
+  r.sampling_params.ignore_eos = true;
+  r.sampling_params.temperature = 0.8f;
+  r.sampling_params.top_p = 0.95f;
+  r.sampling_params.sampling_seed = seed;
+  r.return_logprob = true;
+  return r;
+}
+
+GenerateReqInput determinism_probe() {
+  std::vector<int32_t> prompt(90);
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = static_cast<int32_t>((i * 37 + 11) % 500);
+  return sampled(prompt, 24, 4242, "probe");
+}
+
+// 31 others of random prompt lengths (3..62) and output lengths (4..27), after the probe.
+std::vector<GenerateReqInput> probe_among_others(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<GenerateReqInput> out{determinism_probe()};
+  for (int i = 0; i < 31; ++i) {
+    std::vector<int32_t> prompt(3 + rng() % 60);
+    for (auto& t : prompt)
+      t = static_cast<int32_t>(rng() % 500);
+    out.push_back(sampled(std::move(prompt), static_cast<int32_t>(4 + rng() % 24), rng(),
+                          "other-" + std::to_string(i)));
+  }
+  return out;
+}
+
+void same_bits(const GenerateReqOutput& a, const GenerateReqOutput& b) {
+  BOOST_TEST(a.success);
+  BOOST_TEST(b.success);
+  BOOST_TEST(a.output_ids == b.output_ids);
+  BOOST_TEST(a.output_token_logprobs == b.output_token_logprobs); // exact float equality
 }
 
 } // namespace
@@ -219,6 +289,68 @@ BOOST_AUTO_TEST_CASE(a_missing_device_or_a_bad_device_name_fails_start_clearly) 
   e = Engine::start(c);
   BOOST_TEST(!e.has_value());
   BOOST_TEST(contains(e.error(), "expected auto, cpu, cuda or cuda:N"));
+}
+
+// Issue 18, on the GPU runner, the three properties determinism_sim_test.cpp holds on the CPU:
+// bit-identical tokens and logprobs (1) from two engine instances given the same seeded requests,
+// (2) for a request alone and among 31 random others, (3) for a prompt prefilled in chunks of 16
+// tokens and in one chunk.
+//
+// EXPECTED TO FAIL on the GPU today (written before any GPU ran them): nothing makes the decoder's
+// kernels batch-invariant yet (cuBLAS picks algorithms by shape, the tiled MoE and split-K
+// reductions depend on the batch), so (2) and (3) should fail; two processes of the same build
+// generate different tokens at the Qwen3-30B-A3B shape (docs/performance.md, 'Not deterministic
+// run to run'); whether (1) fails at this small shape is to be seen. When a property holds, its
+// case is the test that keeps it holding.
+//
+// Separate cases, labelled `determinism`, so their failures hide no other case:
+// `--run_test=!@determinism` runs the rest, `--run_test=@determinism` only these. Each check
+// reports per model and request and goes on after a mismatch.
+BOOST_AUTO_TEST_CASE(determinism_two_engine_instances_give_the_same_bits,
+                     *boost::unit_test::label("determinism")) {
+  for (const auto& m : determinism_models()) {
+    BOOST_TEST_CONTEXT("model " << m.name) {
+      const auto batch = probe_among_others(9);
+      auto first = start(m.dir, {}, determinism_engine(m));
+      auto a = run_together(*first, batch);
+      first.reset(); // one engine on the device at a time
+      auto second = start(m.dir, {}, determinism_engine(m));
+      auto b = run_together(*second, batch);
+      for (std::size_t i = 0; i < batch.size(); ++i)
+        BOOST_TEST_CONTEXT("request " << i << " (" << batch[i].rid.value_or("") << ")") { same_bits(a[i], b[i]); }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(determinism_a_request_alone_equals_it_among_31_others,
+                     *boost::unit_test::label("determinism")) {
+  for (const auto& m : determinism_models()) {
+    BOOST_TEST_CONTEXT("model " << m.name) {
+      auto e = start(m.dir, {}, determinism_engine(m));
+      auto alone = e->generate(determinism_probe());
+      BOOST_REQUIRE_MESSAGE(alone.success, alone.message);
+      // The probe first, so the others arrive with it and share its batches.
+      auto together = run_together(*e, probe_among_others(9));
+      same_bits(together[0], alone);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(determinism_chunked_prefill_equals_one_chunk,
+                     *boost::unit_test::label("determinism")) {
+  for (const auto& m : determinism_models()) {
+    BOOST_TEST_CONTEXT("model " << m.name) {
+      const auto probe = determinism_probe();
+      auto whole = start(m.dir, {}, determinism_engine(m)); // 90 prompt tokens in one forward
+      auto one_chunk = whole->generate(probe);
+      whole.reset();
+      auto c = determinism_engine(m);
+      c.max_batch_tokens = 16; // the prompt in 6 chunks (16 x 5 + 10)
+      c.max_running_requests = 16;
+      auto chunked = start(m.dir, {}, c);
+      same_bits(chunked->generate(probe), one_chunk);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -57,8 +57,10 @@ for what in "$@"; do
       for exe in rlserve_model_gpu_tests rlserve_actors_gpu_tests rlserve_kernels_gpu_tests; do
         [ -x "$DEV/$exe" ] || continue
         echo "=== $exe"
-        timeout "${TEST_TIMEOUT:-240}" "$DEV/$exe" --log_level=message --report_level=short \
-          > "$OUT/$exe.log" 2>&1
+        # The cases labelled determinism are known to fail until the GPU path is made
+        # deterministic; the determinism mode runs them.
+        timeout "${TEST_TIMEOUT:-240}" "$DEV/$exe" --run_test='!@determinism' --log_level=message \
+          --report_level=short > "$OUT/$exe.log" 2>&1
         st=$?
         grep -E "error|failed|passed|GPU vs CPU|sampling|graphs|\*\*\*" "$OUT/$exe.log" | tail -25
         echo "$exe: exit $st"
@@ -174,9 +176,18 @@ for what in "$@"; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       ;;&
     determinism)
-      echo "=== determinism: decode_bench twice per setting (separate processes), hashes compared"
       det_dir="$OUT/determinism"
       mkdir -p "$det_dir"
+      if [ -x "$DEV/rlserve_actors_gpu_tests" ]; then
+        echo "=== the engine's determinism cases (two engines, alone vs batched, chunked prefill)"
+        timeout "${TEST_TIMEOUT:-240}" "$DEV/rlserve_actors_gpu_tests" --run_test='@determinism' \
+          --log_level=message --report_level=short > "$det_dir/engine_cases.log" 2>&1
+        st=$?
+        grep -E "error|failed|passed|\*\*\*" "$det_dir/engine_cases.log" | tail -15
+        echo "determinism cases: exit $st"
+        [ $st -eq 0 ] || rc=1
+      fi
+      echo "=== determinism: decode_bench twice per setting (separate processes), hashes compared"
       det_args=${DET_ARGS:---batches 1,8,32 --steps 32 --prompt 128 --mode int4}
       # "mode B=batch tokens-hash lp<logprobs-hash>" per row line of a decode_bench log (an older
       # binary without the logprobs hash leaves "lp").
@@ -221,7 +232,7 @@ for what in "$@"; do
             awk '{ n++; if ($3 == $7) t++; if ($4 == $8 && $4 != "lp") l++ } END { print n, t + 0, l + 0 }')
           line="| $knob | ${desc:-(none)} | $n | $tok / $n | $lp / $n |"
           if [ "$knob" = base ] && { [ "$tok" -ne "$n" ] || [ "$lp" -ne "$n" ]; }; then
-            rc=1 # the property issue 18 asks for: same build, same arguments, same bits
+            rc=1 # the property wanted: same build, same arguments, same bits
           fi
         fi
         echo "$line" >> "$det_dir/table.md"

@@ -1,8 +1,8 @@
 // The Engine with GPU runners (device "cuda"), end to end through the actor graph: greedy
-// generation, a batch of concurrent requests, sampling with seeds, and the issue's check of
-// in-place updates: after a weight update with CUDA graphs on (captured before the update, replayed
+// generation, a batch of concurrent requests, sampling with seeds, and the check of in-place
+// updates: after a weight update with CUDA graphs on (captured before the update, replayed
 // after it), greedy output equals a fresh engine loaded with the new weights, and the checksums
-// are the trainer's. Last, issue 18's reproducibility properties (the checks of
+// are the trainer's. Last, the reproducibility properties (the checks of
 // determinism_sim_test.cpp on the GPU runner), which do not hold yet: see there.
 #include <boost/test/unit_test.hpp>
 
@@ -44,7 +44,7 @@ engine_config on_gpu() {
   return c;
 }
 
-// ---- issue 18: reproducible rollouts on the GPU runner (the determinism_* cases below) ----
+// ---- reproducible rollouts on the GPU runner (the determinism_* cases below) ----
 
 // The models the properties are asked of: dense, MoE with BF16 experts, MoE with INT4-asym experts
 // quantized at load (the W4A16 GEMM and fused-MoE kernels, as RL rollouts run them).

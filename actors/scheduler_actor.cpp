@@ -1328,8 +1328,12 @@ void accept_request(scheduler_pointer self, TokenizedGenerateReqInput& req, caf:
   if (!st.memory_released.empty())
     return refuse("the engine's GPU memory is released (" + released_tags(st) +
                   "): call resume_memory_occupation before generating");
+  // The front door refuses a rid in flight. One can still arrive here: a request the front door
+  // has already ended (its detokenizing failed) keeps running until its batch returns, and tests
+  // and benchmarks send here directly. The table must never hold two requests under one rid, so
+  // this guard stays, refusing with the front door's words.
   if (st.requests.count(rid))
-    return refuse("a request with rid \"" + rid + "\" is already running");
+    return refuse(rid_in_flight_message(rid));
   // A request the pool could never hold, even alone, is refused now, not queued forever.
   auto prompt = static_cast<int64_t>(r.req.input_ids.size());
   auto most = std::min<int64_t>(prompt + r.req.sampling_params.max_new_tokens,

@@ -222,9 +222,10 @@ expected<TokenizedGenerateReqInput> finish_prepare(tokenizer_state& st, Generate
        req.routed_experts_start_len > static_cast<int32_t>(out.input_ids.size())))
     return fail(fmt::format("routed_experts_start_len: {} is outside the prompt's 0 .. {} tokens",
                             req.routed_experts_start_len, out.input_ids.size()));
-  out.rid = req.rid ? *req.rid : fmt::format("{:016x}{:016x}", st.rng(), st.rng());
+  // In-process callers may leave the rid to the engine; this is where they get one.
+  out.rid = assign_rid(req);
   if (st.active.count(out.rid) || st.queued.count(out.rid))
-    return fail("rid: a request with rid \"" + out.rid + "\" is already in flight");
+    return fail(rid_in_flight_message(out.rid));
   out.sampling_params = std::move(req.sampling_params);
   out.sampling_seed = out.sampling_params.sampling_seed ? *out.sampling_params.sampling_seed : st.rng();
   out.return_logprob = req.return_logprob;

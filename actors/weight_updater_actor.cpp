@@ -692,6 +692,67 @@ expected<int> cuda_ordinal(const std::string& device) {
   return ordinal;
 }
 
+// Removes `group` from the engine's groups, unless its name has been taken by a newer group.
+void forget_group(updater_state& st, const std::shared_ptr<group_entry>& group) {
+  if (auto it = st.groups.find(group->name); it != st.groups.end() && it->second == group)
+    st.groups.erase(it);
+}
+
+// init_weights_update_group: checks the request against the target runner (it must take NCCL
+// groups; the engine's rank must be one the trainer does not hold), then spawns the group's
+// actor, which joins the trainer's store and creates the communicator on its own thread. The
+// group is known by its name from now on, so a second init with that name is refused while this
+// one joins; a failed join forgets it again.
+caf::result<InitWeightsUpdateGroupReqOutput> join_group(updater_pointer self,
+                                                        const InitWeightsUpdateGroupReqInput& req) {
+  auto& st = self->state;
+  auto refuse = [&](const std::string& why) {
+    return InitWeightsUpdateGroupReqOutput{false, "cannot join weight-update group \"" +
+                                                    req.group_name + "\": " + why};
+  };
+  const auto& target = *st.runners.front();
+  if (!target.handle.manifest.capabilities.weight_update_groups)
+    return refuse(runs_on(target) + " and cannot join NCCL weight-update groups (send the "
+                  "tensors by CUDA IPC, inline or from disk; get_server_info's "
+                  "weight_transports lists what this engine takes)");
+  if (req.group_name.empty())
+    return refuse("group_name is empty");
+  if (st.groups.count(req.group_name))
+    return refuse("this engine is in a group of that name already "
+                  "(destroy_weights_update_group it first, or choose another name)");
+  const int rank = req.rank_offset + target.handle.manifest.tp_rank;
+  if (req.rank_offset < 1 || rank >= req.world_size)
+    return refuse("rank_offset " + std::to_string(req.rank_offset) + " gives this engine rank " +
+                  std::to_string(rank) + " of world_size " + std::to_string(req.world_size) +
+                  "; rank 0 is the trainer, which broadcasts, so engines are ranks 1 .. "
+                  "world_size - 1");
+  if (!(req.timeout_s > 0))
+    return refuse(fmt::format("timeout_s: {} is not a number of seconds > 0", req.timeout_s));
+  auto device = cuda_ordinal(target.handle.manifest.device);
+  if (!device)
+    return refuse(device.error());
+  auto group = std::make_shared<group_entry>();
+  group->name = req.group_name;
+  group->cancel = std::make_shared<std::atomic<bool>>(false);
+  group->actor = spawn_weight_group(self->system(), group->cancel);
+  self->monitor(group->actor);
+  st.groups.emplace(group->name, group);
+  auto rp = self->make_response_promise<InitWeightsUpdateGroupReqOutput>();
+  st.waits.template request<InitWeightsUpdateGroupReqOutput>(
+    self, group->actor, JoinWeightGroup{req, *device, rank},
+    [self, group, rp](InitWeightsUpdateGroupReqOutput& out) mutable {
+      if (!out.success) // the group actor ends by itself
+        forget_group(self->state, group);
+      rp.deliver(std::move(out));
+    },
+    [self, group, rp](const std::string& why) mutable {
+      forget_group(self->state, group);
+      rp.deliver(InitWeightsUpdateGroupReqOutput{false, "weight-update group \"" + group->name +
+                                                          "\" stopped while joining: " + why});
+    });
+  return rp;
+}
+
 // Sends the group its destroy once no runner reads its buffers any more; answers every
 // destroy_weights_update_group waiting for it.
 void leave_group(updater_pointer self, const std::shared_ptr<group_entry>& group) {
@@ -714,9 +775,7 @@ void leave_group(updater_pointer self, const std::shared_ptr<group_entry>& group
 // released. `rp`, when given, gets the answer.
 void destroy_group(updater_pointer self, const std::shared_ptr<group_entry>& group,
                    std::optional<caf::typed_response_promise<DestroyWeightsUpdateGroupReqOutput>> rp = {}) {
-  auto& st = self->state;
-  if (auto it = st.groups.find(group->name); it != st.groups.end() && it->second == group)
-    st.groups.erase(it);
+  forget_group(self->state, group);
   const bool first = !group->leaving;
   group->leaving = true;
   group->cancel->store(true);
@@ -915,6 +974,102 @@ void stage_received(updater_pointer self, const UpdateWeightsFromDistributedReqI
   start_plan(self, io, st.session.update(req.selector, req.requester), std::move(done));
 }
 
+// ---- the handlers that do more than start one plan ----------------------------------------------
+
+// begin_weight_update: refused while a session is open, whatever the selector (the machine says
+// why); otherwise the selected runners prepare, and the session opens when they have.
+caf::result<BeginWeightUpdateReqOutput> begin_session(updater_pointer self, const BeginWeightUpdateReqInput& req) {
+  auto& st = self->state;
+  if (st.session.open())
+    return BeginWeightUpdateReqOutput{false, st.session.begin(req.selector, req.requester).message};
+  auto targets = select(st, req.selector);
+  if (!targets)
+    return BeginWeightUpdateReqOutput{false, targets.error()};
+  auto rp = self->make_response_promise<BeginWeightUpdateReqOutput>();
+  auto io = std::make_shared<plan_io>();
+  io->op = policy::session_op::begin;
+  io->session_runners = *targets;
+  start_plan(self, io, st.session.begin(req.selector, req.requester), status_answer(rp));
+  return rp;
+}
+
+// update_weights_from_distributed: the scheduler has the broadcast received first (receive_atom,
+// while generation runs) and then sends the update with its ticket; a request sent straight here
+// receives, then stages.
+void distributed_update(updater_pointer self, const UpdateWeightsFromDistributedReqInput& req, answer_fn answer) {
+  if (req.received != 0) {
+    stage_received(self, req, req.received, std::move(answer));
+    return;
+  }
+  receive_distributed(self, req, [self, req, answer](ReceivedBroadcast r) mutable {
+    if (!r.success)
+      answer(false, r.message);
+    else
+      stage_received(self, req, r.buffer_id, std::move(answer));
+  });
+}
+
+// check_weights' answer from the selected runners' replies, all successful: names of the draft
+// (any role but the target) prefixed with its role; for `checksum`, each role's checksum and the
+// overall one over the sorted lines `name:digest\n` (docs/architecture.md, 'Checksums').
+CheckWeightsReqOutput merge_checks(check_weights_action action, const std::vector<RunnerCheckOutput>& replies) {
+  CheckWeightsReqOutput out;
+  ChecksumInfo info;
+  std::string messages;
+  for (const auto& r : replies) {
+    std::string prefix = r.role == "target" ? "" : r.role + ".";
+    std::string role_stream;
+    for (std::size_t i = 0; i < r.names.size(); ++i) {
+      auto digest = hex16(r.digests[i]);
+      info.checksums[prefix + r.names[i]] = digest;
+      role_stream += r.names[i] + ":" + digest + "\n";
+    }
+    for (const auto& n : r.changed)
+      out.changed.push_back(prefix + n);
+    for (const auto& n : r.unchanged)
+      out.unchanged.push_back(prefix + n);
+    if (action == check_weights_action::checksum)
+      info.role_checksums[r.role] = hex16(XXH3_64bits(role_stream.data(), role_stream.size()));
+    ParallelismInfo p;
+    p.role = r.role;
+    info.parallelism_info.push_back(p);
+    messages += (messages.empty() ? "" : "; ") + r.role + ": " + r.message;
+  }
+  if (action == check_weights_action::checksum) {
+    std::string all;
+    for (const auto& [name, digest] : info.checksums)
+      all += name + ":" + digest + "\n";
+    info.per_gpu_checksum = hex16(XXH3_64bits(all.data(), all.size()));
+    // Over every GPU's checksum in rank order, as SGLang's engine checksum; one GPU here.
+    out.per_engine_checksum =
+      hex16(XXH3_64bits(info.per_gpu_checksum.data(), info.per_gpu_checksum.size()));
+    out.payload.push_back(std::move(info));
+  }
+  out.message = messages;
+  return out;
+}
+
+// check_weights: asks every selected runner, then merges; any runner's failure fails the whole.
+caf::result<CheckWeightsReqOutput> check_weights(updater_pointer self, const CheckWeightsReqInput& req) {
+  auto targets = select(self->state, req.selector);
+  if (!targets)
+    return CheckWeightsReqOutput{false, targets.error(), {}, {}, {}, {}};
+  auto rp = self->make_response_promise<CheckWeightsReqOutput>();
+  gather<RunnerCheckOutput>(
+    self, *targets, req,
+    [rp, action = req.action, targets = *targets](std::vector<RunnerCheckOutput> replies) mutable {
+      if (auto err = failures(targets, replies)) {
+        CheckWeightsReqOutput out;
+        out.success = false;
+        out.message = *err;
+        rp.deliver(std::move(out));
+        return;
+      }
+      rp.deliver(merge_checks(action, replies));
+    });
+  return rp;
+}
+
 weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<runner_handle> runners,
                                             std::string initial_version, bool allow_non_finite) {
   self->state.allow_non_finite = allow_non_finite;
@@ -944,23 +1099,11 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
       it = it->second->actor.address() == dm.source ? st.groups.erase(it) : std::next(it);
   });
 
-
   using policy::session_op;
   return guarded_behavior<weight_updater_actor::behavior_type>(
     updater_state::name,
     [self](BeginWeightUpdateReqInput& req) -> caf::result<BeginWeightUpdateReqOutput> {
-      auto& st = self->state;
-      if (st.session.open()) // refused, whatever the selector: the machine says why
-        return BeginWeightUpdateReqOutput{false, st.session.begin(req.selector, req.requester).message};
-      auto targets = select(st, req.selector);
-      if (!targets)
-        return BeginWeightUpdateReqOutput{false, targets.error()};
-      auto rp = self->make_response_promise<BeginWeightUpdateReqOutput>();
-      auto io = std::make_shared<plan_io>();
-      io->op = session_op::begin;
-      io->session_runners = *targets;
-      start_plan(self, io, st.session.begin(req.selector, req.requester), status_answer(rp));
-      return rp;
+      return begin_session(self, req);
     },
     [self](UpdateWeightsFromTensorReqInput& req) -> caf::result<UpdateWeightsFromTensorReqOutput> {
       auto rp = self->make_response_promise<UpdateWeightsFromTensorReqOutput>();
@@ -969,18 +1112,7 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
     },
     [self](UpdateWeightsFromDistributedReqInput& req) -> caf::result<UpdateWeightsFromDistributedReqOutput> {
       auto rp = self->make_response_promise<UpdateWeightsFromDistributedReqOutput>();
-      auto answer = status_answer(rp);
-      if (req.received != 0) {
-        stage_received(self, req, req.received, std::move(answer));
-        return rp;
-      }
-      // Sent straight here (not through the scheduler): receive, then stage.
-      receive_distributed(self, req, [self, req, answer](ReceivedBroadcast r) mutable {
-        if (!r.success)
-          answer(false, r.message);
-        else
-          stage_received(self, req, r.buffer_id, std::move(answer));
-      });
+      distributed_update(self, req, status_answer(rp));
       return rp;
     },
     [self](receive_atom, UpdateWeightsFromDistributedReqInput& req) -> caf::result<ReceivedBroadcast> {
@@ -1023,54 +1155,7 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
       return rp;
     },
     [self](InitWeightsUpdateGroupReqInput& req) -> caf::result<InitWeightsUpdateGroupReqOutput> {
-      auto& st = self->state;
-      auto refuse = [&](const std::string& why) {
-        return InitWeightsUpdateGroupReqOutput{false, "cannot join weight-update group \"" +
-                                                        req.group_name + "\": " + why};
-      };
-      const auto& target = *st.runners.front();
-      if (!target.handle.manifest.capabilities.weight_update_groups)
-        return refuse(runs_on(target) + " and cannot join NCCL weight-update groups (send the "
-                      "tensors by CUDA IPC, inline or from disk; get_server_info's "
-                      "weight_transports lists what this engine takes)");
-      if (req.group_name.empty())
-        return refuse("group_name is empty");
-      if (st.groups.count(req.group_name))
-        return refuse("this engine is in a group of that name already "
-                      "(destroy_weights_update_group it first, or choose another name)");
-      const int rank = req.rank_offset + target.handle.manifest.tp_rank;
-      if (req.rank_offset < 1 || rank >= req.world_size)
-        return refuse("rank_offset " + std::to_string(req.rank_offset) + " gives this engine rank " +
-                      std::to_string(rank) + " of world_size " + std::to_string(req.world_size) +
-                      "; rank 0 is the trainer, which broadcasts, so engines are ranks 1 .. "
-                      "world_size - 1");
-      if (!(req.timeout_s > 0))
-        return refuse(fmt::format("timeout_s: {} is not a number of seconds > 0", req.timeout_s));
-      auto device = cuda_ordinal(target.handle.manifest.device);
-      if (!device)
-        return refuse(device.error());
-      auto group = std::make_shared<group_entry>();
-      group->name = req.group_name;
-      group->cancel = std::make_shared<std::atomic<bool>>(false);
-      group->actor = spawn_weight_group(self->system(), group->cancel);
-      self->monitor(group->actor);
-      st.groups.emplace(group->name, group);
-      auto rp = self->make_response_promise<InitWeightsUpdateGroupReqOutput>();
-      st.waits.template request<InitWeightsUpdateGroupReqOutput>(
-        self, group->actor, JoinWeightGroup{req, *device, rank},
-        [self, group, rp](InitWeightsUpdateGroupReqOutput& out) mutable {
-          if (!out.success) // the group actor ends by itself
-            if (auto it = self->state.groups.find(group->name); it != self->state.groups.end() && it->second == group)
-              self->state.groups.erase(it);
-          rp.deliver(std::move(out));
-        },
-        [self, group, rp](const std::string& why) mutable {
-          if (auto it = self->state.groups.find(group->name); it != self->state.groups.end() && it->second == group)
-            self->state.groups.erase(it);
-          rp.deliver(InitWeightsUpdateGroupReqOutput{false, "weight-update group \"" + group->name +
-                                                              "\" stopped while joining: " + why});
-        });
-      return rp;
+      return join_group(self, req);
     },
     [self](DestroyWeightsUpdateGroupReqInput& req) -> caf::result<DestroyWeightsUpdateGroupReqOutput> {
       auto it = self->state.groups.find(req.group_name);
@@ -1082,58 +1167,7 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
       return rp;
     },
     [self](CheckWeightsReqInput& req) -> caf::result<CheckWeightsReqOutput> {
-      auto targets = select(self->state, req.selector);
-      if (!targets)
-        return CheckWeightsReqOutput{false, targets.error(), {}, {}, {}, {}};
-      auto rp = self->make_response_promise<CheckWeightsReqOutput>();
-      auto action = req.action;
-      gather<RunnerCheckOutput>(self, *targets, req,
-                                [rp, action, targets = *targets](std::vector<RunnerCheckOutput> replies) mutable {
-                                  CheckWeightsReqOutput out;
-                                  if (auto err = failures(targets, replies)) {
-                                    out.success = false;
-                                    out.message = *err;
-                                    rp.deliver(std::move(out));
-                                    return;
-                                  }
-                                  ChecksumInfo info;
-                                  std::string overall;
-                                  std::string messages;
-                                  for (auto& r : replies) {
-                                    std::string prefix = r.role == "target" ? "" : r.role + ".";
-                                    std::string role_stream;
-                                    for (std::size_t i = 0; i < r.names.size(); ++i) {
-                                      auto digest = hex16(r.digests[i]);
-                                      info.checksums[prefix + r.names[i]] = digest;
-                                      role_stream += r.names[i] + ":" + digest + "\n";
-                                    }
-                                    for (auto& n : r.changed)
-                                      out.changed.push_back(prefix + n);
-                                    for (auto& n : r.unchanged)
-                                      out.unchanged.push_back(prefix + n);
-                                    if (action == check_weights_action::checksum)
-                                      info.role_checksums[r.role] =
-                                        hex16(XXH3_64bits(role_stream.data(), role_stream.size()));
-                                    ParallelismInfo p;
-                                    p.role = r.role;
-                                    info.parallelism_info.push_back(p);
-                                    messages += (messages.empty() ? "" : "; ") + r.role + ": " + r.message;
-                                  }
-                                  if (action == check_weights_action::checksum) {
-                                    std::string all;
-                                    for (auto& [name, digest] : info.checksums)
-                                      all += name + ":" + digest + "\n";
-                                    info.per_gpu_checksum = hex16(XXH3_64bits(all.data(), all.size()));
-                                    // Over every GPU's checksum in rank order, as SGLang's engine
-                                    // checksum; one GPU here.
-                                    out.per_engine_checksum = hex16(XXH3_64bits(
-                                      info.per_gpu_checksum.data(), info.per_gpu_checksum.size()));
-                                    out.payload.push_back(std::move(info));
-                                  }
-                                  out.message = messages;
-                                  rp.deliver(std::move(out));
-                                });
-      return rp;
+      return check_weights(self, req);
     },
     [self](GetWeightsByNameReqInput& req) -> caf::result<GetWeightsByNameReqOutput> {
       auto sel = req.selector == runner_selector::all ? runner_selector::target : req.selector;

@@ -6,12 +6,12 @@
 //
 //   build/benchmarks/scheduler_bench [--steps N]
 //
-// Prints, per case: the CPU time of the scheduler's own handlers per step (what the issue's
-// goal is about: planning, block bookkeeping, results, chunks — measured by the scheduler with
-// the thread CPU clock and reported in get_server_info), wall-clock µs per step (including the
-// two thread hops to the runner and back), process CPU per step (all threads, including CAF
-// workers polling for work), and the messages per step: forward request + reply, the
-// scheduler's step self-message, and the TokenChunks messages its sinks receive.
+// Prints, per case: the CPU time of the scheduler's own handlers per step (what the goal in
+// docs/performance.md is about: planning, block bookkeeping, results, chunks — measured by the
+// scheduler with the thread CPU clock and reported in get_server_info), wall-clock µs per step
+// (including the two thread hops to the runner and back), process CPU per step (all threads,
+// including CAF workers polling for work), and the messages per step: forward request + reply,
+// the scheduler's step self-message, and the TokenChunks messages its sinks receive.
 #include <atomic>
 #include <chrono>
 #include <cstdio>

@@ -21,6 +21,7 @@
 #include "caf/type_id.hpp"
 #include "fuzz/json_codec_selectors.hpp"
 #include "messages/json_codec.hpp"
+#include "messages/operations.hpp"
 #include "messages/type_ids.hpp"
 #include "model/config.hpp"
 #include "model/make_model.hpp"
@@ -84,7 +85,6 @@ bool write_all(const fs::path& dir) {
   return (write_seeds<Ts>(dir, short_name<Ts>()) && ...);
 }
 
-
 bool json_codec_seeds(const fs::path& dir) {
   // The parts, named as in k_part_names (some have no type ID).
   bool ok = write_seeds<SamplingParams>(dir, "SamplingParams") &&
@@ -95,21 +95,15 @@ bool json_codec_seeds(const fs::path& dir) {
             write_seeds<NamedDeviceTensor>(dir, "NamedDeviceTensor") &&
             write_seeds<ParallelismInfo>(dir, "ParallelismInfo") &&
             write_seeds<ChecksumInfo>(dir, "ChecksumInfo");
-  return write_all<
-    GenerateReqInput, GenerateReqOutput, AbortReq, AbortReqOutput,
-    InitWeightsUpdateGroupReqInput, InitWeightsUpdateGroupReqOutput,
-    DestroyWeightsUpdateGroupReqInput, DestroyWeightsUpdateGroupReqOutput,
-    UpdateWeightsFromDistributedReqInput, UpdateWeightsFromDistributedReqOutput,
-    UpdateWeightsFromTensorReqInput, UpdateWeightsFromTensorReqOutput,
-    UpdateWeightFromDiskReqInput, UpdateWeightFromDiskReqOutput, BeginWeightUpdateReqInput,
-    BeginWeightUpdateReqOutput, EndWeightUpdateReqInput, EndWeightUpdateReqOutput,
-    PostProcessWeightsReqInput, PostProcessWeightsReqOutput, UpdateWeightVersionReqInput,
-    UpdateWeightVersionReqOutput, CheckWeightsReqInput, CheckWeightsReqOutput,
-    GetWeightsByNameReqInput, GetWeightsByNameReqOutput, PauseGenerationReqInput,
-    PauseGenerationReqOutput, ContinueGenerationReqInput, ContinueGenerationReqOutput,
-    FlushCacheReqInput, FlushCacheReqOutput, ReleaseMemoryOccupationReqInput,
-    ReleaseMemoryOccupationReqOutput, ResumeMemoryOccupationReqInput, ResumeMemoryOccupationReqOutput,
-    GetServerInfoReqInput, GetServerInfoReqOutput, HealthCheckReqInput, HealthCheckReqOutput>(dir) && ok;
+  // Generate is written out (as everywhere it appears); every other request and reply comes from
+  // the table of operations, so a new operation gets seeds without an edit here (and this file
+  // does not build until tests/messages/message_samples.hpp has samples of its structs).
+#define RLSERVE_OPERATION_STRUCTS(route, method, In, Out, auth, role) In, Out
+  return write_all<GenerateReqInput, GenerateReqOutput,
+                   RLSERVE_CONTROL_OPERATIONS(RLSERVE_OPERATION_STRUCTS, RLSERVE_OP_COMMA),
+                   RLSERVE_WEIGHT_OPERATIONS(RLSERVE_OPERATION_STRUCTS, RLSERVE_OP_COMMA)>(dir) &&
+         ok;
+#undef RLSERVE_OPERATION_STRUCTS
 }
 
 bool config_seeds(const fs::path& dir) {

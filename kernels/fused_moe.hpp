@@ -108,14 +108,16 @@ struct fused_moe_args {
 };
 
 // Small-T decode path: with few (token, slot) pairs the tiled GEMMs run 1.5-3 units per CTA and
-// pay pipeline fill and split-K ends for ~20 MB (measured 36 us at T = 1 on the H200). The GEMV
-// path instead runs, after the top-k: one CTA per (pair, 64-column tile) of w13 (warps split k,
-// gate | up in FP32), one per (pair, 64-column tile) of w2 (h = bf16(silu(bf16 g) * bf16 u)
-// staged in shared memory, FP32 rows of y), and the combine. Each lane reads 16 B of a serving
-// tile, sums x * code per group in FP32 and applies the scale and zero point once per group:
+// pay pipeline fill and split-K ends for only a few experts' bytes. The GEMV path instead runs,
+// after the top-k: one CTA per (pair, 64-column tile) of w13 (warps split k, gate | up in FP32),
+// one per (pair, 64-column tile) of w2 (h = bf16(silu(bf16 g) * bf16 u) staged in shared memory,
+// FP32 rows of y), and the combine. Each lane reads 16 B of a serving tile, sums x * code per
+// group in FP32 and applies the scale and zero point once per group:
 // sum_k x (q - z) s = s (sum_k x q - z sum_k x), so its products are not bf16-rounded like the
 // tiled path's; the tests bound the difference with the same relative error.
-constexpr int64_t k_moe_gemv_auto_ids = 8; // T = 1 at top-8: measured faster there, slower than tiled at T = 4
+// Automatic up to T = 1 at top-8: the GEMV path is the faster there, the tiled one already at
+// T = 4 (both timed in docs/performance.md, 'Fused MoE at decode sizes').
+constexpr int64_t k_moe_gemv_auto_ids = 8;
 constexpr int64_t k_moe_gemv_max_ids = 64;
 constexpr int64_t k_moe_gemv_max_dim = 8192; // H and I: x and h are staged in shared memory (FP32)
 

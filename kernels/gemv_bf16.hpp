@@ -20,10 +20,10 @@ namespace rlserve::kernels {
 // output. Launched as a programmatic dependent: its first weights load while the kernel that
 // wrote x finishes.
 constexpr int64_t k_gemv_max_rows = 8;
-// Where it beats cuBLAS (H200, kernels_bench --only gemv, back-to-back): at one row (o_proj
-// 2048 x 4096 1.53x, q/k/v 5120 x 2048 1.09x, lm_head 151936 x 2048 1.07x) and for narrow
-// outputs at any row count (the 128-expert router, 2.4x); at 4-8 rows of a wide output cuBLAS is
-// faster (0.46-0.75x: each weight word is unpacked once per row of x).
+// Where it beats cuBLAS (kernels_bench --only gemv; docs/performance.md, 'Decode on the GPU
+// runner, round two: batch-1 kernels'): at one row, and for narrow outputs at any row count (the
+// 128-expert router); at 4-8 rows of a wide output cuBLAS is faster, because each weight word is
+// unpacked once per row of x.
 constexpr bool gemv_bf16_preferred(int64_t rows, int64_t n) {
   return rows >= 1 && rows <= k_gemv_max_rows && (rows == 1 || n <= 1024);
 }

@@ -1,8 +1,27 @@
 #include "messages/generate.hpp"
 
+#include <random>
 #include <utility>
 
+#include <fmt/format.h>
+
 namespace rlserve {
+
+std::string random_rid() {
+  // One engine per thread: actors on CAF's workers and the I/O threads draw without a lock.
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{:016x}{:016x}", rng(), rng());
+}
+
+const std::string& assign_rid(GenerateReqInput& req) {
+  if (!req.rid)
+    req.rid = random_rid();
+  return *req.rid;
+}
+
+std::string rid_in_flight_message(const std::string& rid) {
+  return "rid: a request with rid \"" + rid + "\" is already in flight";
+}
 
 void append_chunk(GenerateReqOutput& so_far, GenerateReqOutput chunk) {
   auto join = [](auto& head, auto& tail) {

@@ -52,6 +52,19 @@ struct GenerateReqInput {
   bool stream = false;
 };
 
+// Request ids. A generate request is named by its rid from where it enters the engine to its
+// last chunk: the HTTP, OpenAI and websocket call actors and the fan-out of batch and n > 1
+// bodies name a request that came without one, and the front door (tokenizer_actor) names
+// those of in-process callers; the front door refuses a rid that is still in flight.
+//
+// A fresh rid: 128 random bits as 32 hex digits (as long as SGLang's uuid4().hex), so rids
+// picked by different connections and processes do not meet.
+std::string random_rid();
+// `req`'s rid, after giving it a fresh one if it has none.
+const std::string& assign_rid(GenerateReqInput& req);
+// Why a request whose rid names one still in flight is refused.
+std::string rid_in_flight_message(const std::string& rid);
+
 // What the tokenizer actor sends the scheduler: ids only, rid always set.
 struct TokenizedGenerateReqInput {
   std::string rid;

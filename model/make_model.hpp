@@ -15,9 +15,9 @@
 //   o_proj, down_proj              N(0, (3/sqrt(fan_in))^2): the residual branches dominate the
 //                                  residual stream. With tied embeddings the current token's own
 //                                  embedding adds |e|^2 / rms(x) to its logit; with a small
-//                                  residual the model just repeats its input (measured: sampling
-//                                  at T=1 repeated the last token 86% of the time with embeddings
-//                                  at 3/sqrt(hidden) and gain 1; 3% with these scales).
+//                                  residual the model just repeats its input (how often, with
+//                                  these scales and without: docs/performance.md, 'Random model
+//                                  weight scales').
 //   norm scales                    1 + N(0, 0.1^2)
 // The normals are sums of 12 24-bit uniforms minus 6 from a per-tensor xoshiro stream (seed x
 // tensor name): integer and exact float arithmetic only, so the same seed gives byte-identical

@@ -16,10 +16,9 @@ void fanout_requests::send(caf::event_based_actor* self, std::shared_ptr<shared_
   results_.resize(reqs.size());
   pending_ = reqs.size();
   for (auto& req : reqs) {
-    if (!req.rid)
-      req.rid = random_rid();
-    index_of_.emplace(*req.rid, rids_.size());
-    rids_.push_back(*req.rid);
+    const auto& rid = assign_rid(req);
+    index_of_.emplace(rid, rids_.size());
+    rids_.push_back(rid);
   }
   caf::actor sink = stream ? caf::actor_cast<caf::actor>(self) : caf::actor{};
   for (std::size_t j = 0; j < reqs.size(); ++j)

@@ -192,9 +192,7 @@ void start_route(http_actor* self, http_call call) {
   }
   if (is_generate) {
     auto req = std::move(msg->get_mutable_as<GenerateReqInput>(0));
-    if (!req.rid)
-      req.rid = random_rid();
-    s.info.rid = *req.rid;
+    s.info.rid = assign_rid(req);
     s.stream = req.stream;
     caf::actor sink = s.stream ? caf::actor_cast<caf::actor>(self) : caf::actor{};
     s.sent = true;

@@ -196,7 +196,7 @@ void send_samples(openai_actor* self, GenerateReqInput req) {
   s.sample_started.assign(n, false);
   if (n > k_max_fanout)
     return refuse(self, 400, fmt::format("n: {} choices; at most {} per request", n, k_max_fanout));
-  const std::string base = req.rid ? *req.rid : random_rid();
+  const std::string base = assign_rid(req); // the samples' rids are "{base}_{k}"
   s.cx.id = (s.kind == http_call::openai_chat ? "chatcmpl-" : "cmpl-") + base;
   s.cx.created = static_cast<int64_t>(std::time(nullptr));
   s.cx.tokenizer = s.st->tokenizer.get();
@@ -218,10 +218,8 @@ void send_generate(openai_actor* self, GenerateReqInput req) {
   auto& s = self->state;
   if (req.sampling_params.n > 1)
     return send_samples(self, std::move(req));
-  if (!req.rid)
-    req.rid = random_rid();
-  s.info.rid = *req.rid;
-  s.cx.id = (s.kind == http_call::openai_chat ? "chatcmpl-" : "cmpl-") + *req.rid;
+  s.info.rid = assign_rid(req);
+  s.cx.id = (s.kind == http_call::openai_chat ? "chatcmpl-" : "cmpl-") + s.info.rid;
   s.cx.created = static_cast<int64_t>(std::time(nullptr));
   s.cx.tokenizer = s.st->tokenizer.get();
   s.stream = req.stream;

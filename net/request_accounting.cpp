@@ -1,7 +1,5 @@
 #include "net/request_accounting.hpp"
 
-#include <random>
-
 #include <fmt/format.h>
 
 #include "caf/message.hpp"
@@ -11,11 +9,6 @@ namespace rlserve::net::detail {
 
 double seconds_since(clock::time_point t0) {
   return std::chrono::duration<double>(clock::now() - t0).count();
-}
-
-std::string random_rid() {
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  return fmt::format("{:016x}{:016x}", rng(), rng());
 }
 
 // A reply body's `success`, true when it has none (GenerateReqOutput has one; every mutating

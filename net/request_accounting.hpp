@@ -21,9 +21,6 @@ using clock = std::chrono::steady_clock;
 
 double seconds_since(clock::time_point t0);
 
-// A fresh request id for generate requests that came without a rid.
-std::string random_rid();
-
 // A reply body's `success`, true when it has none.
 bool success_of(const json& body);
 // An end_weight_update reply's `session_open`: the engine kept the session.

@@ -252,12 +252,13 @@ void local_cancel(ws_actor* self, const request_envelope& env) {
 void start_generate(ws_actor* self, const std::string& key, pending_req p, caf::message& msg) {
   auto& s = self->state;
   auto req = std::move(msg.get_mutable_as<GenerateReqInput>(0));
-  if (!req.rid)
-    req.rid = random_rid();
-  if (s.rid_to_key.count(*req.rid))
+  const std::string rid = assign_rid(req);
+  // This connection routes its chunks by rid, so a rid it has in flight itself is refused here
+  // (bad_request); one in flight from anyone else is the front door's to refuse.
+  if (s.rid_to_key.count(rid))
     return send_error(self, p.id, p.info.route, error_code::bad_request,
-                      "rid: a request with rid \"" + *req.rid + "\" is in flight on this connection");
-  p.info.rid = *req.rid;
+                      "rid: a request with rid \"" + rid + "\" is in flight on this connection");
+  p.info.rid = rid;
   bool stream = req.stream;
   s.rid_to_key[p.info.rid] = key;
   s.inflight.emplace(key, std::move(p));

@@ -1,5 +1,6 @@
 // BF16 GEMV (kernels/gemv_bf16.hpp, gemv_bf16_launch): y = x w^T for 1 to 8 rows of x, the
-// linear layers of a decode step that cuBLAS runs at 1.5-2.3 TB/s on the H200.
+// linear layers of a decode step, which cuBLAS runs well under copy bandwidth at so few rows
+// (docs/performance.md, 'Decode on the GPU runner, round two: batch-1 kernels').
 //
 // Memory-bound: every weight byte is read once, in 16-byte loads that skip L1 (x stays there).
 // A CTA of 8 warps owns (8 / KS) * R consecutive output columns. Its warps form 8 / KS groups of KS

@@ -16,9 +16,9 @@
 //   3. codes: load format = one thread per int32 word of 8 consecutive k; serving = one thread per
 //      tile word, gathering its 8 codes through the in-tile map; a warp stores 512 contiguous
 //      bytes of a tile.
-// Measured on one H200 (tests' throughput case, 14336 x 4096): ~0.95 TB/s of bf16 input at g128,
-// ~0.73 at g32, ~0.34 per-channel; the copy ceiling is ~3.3 TB/s. What is left is instruction
-// issue (IEEE division per weight, the per-element gather), not memory.
+// What bounds it is instruction issue (an IEEE division per weight, the per-element gather), not
+// memory: it runs well under the copy ceiling (docs/performance.md, 'INT4 quantize by group
+// size').
 // Every variant must stay bit-identical to the CPU twin (tests/kernels/int4_quant_gpu_test.cu).
 #include <cstdint>
 

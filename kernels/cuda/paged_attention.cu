@@ -8,8 +8,9 @@
 // split writes its output directly; otherwise each split writes (o / l, log2-sum-exp) in fp32 to
 // the workspace, and the last CTA of the (row, kv head) to finish -- an arrival counter per pair in
 // the workspace, reset by that CTA -- merges the splits in index order. (A separate merge kernel
-// cost 6.4 us per layer at batch 1: a launch and a dependent chain of its own.) Which CTA merges
-// varies; what it computes does not.
+// costs a launch and a dependent chain of its own, a large part of a batch-1 layer's attention:
+// docs/performance.md, 'Paged attention at batch 1'.) Which CTA merges varies; what it computes
+// does not.
 //
 // Inside the CTA (128 threads): 32-token tiles of K and V stream through a 2-stage cp.async
 // ring in shared memory (rows padded by 16 bytes: conflict-free 16-byte reads of different rows);
@@ -32,9 +33,9 @@ namespace {
 constexpr int k_threads = 128;
 constexpr int k_tile = 32;        // tokens per K/V tile
 // Shortest split: one K/V tile. A decode row at batch 1 has only kv_heads CTAs per split, and a
-// CTA's tiles are a chain of dependent loads (~2-3 us each on the H200): short splits put a
-// short context's tiles on different SMs (measured at 128: 26.6 us per layer at context ~70 under
-// Nsight's base clock; 9.7 us + 6.4 us for the merge at 32, unlocked clock).
+// CTA's tiles are a chain of dependent loads, each paying a memory round trip: short splits put a
+// short context's tiles on different SMs (splits of 128 against 32 at batch 1:
+// docs/performance.md, 'Paged attention at batch 1').
 constexpr int k_split_base = 32;
 constexpr int k_max_splits = 32;  // splits per row at most (bounds the workspace)
 constexpr int k_max_group = 16;   // q heads per kv head at most

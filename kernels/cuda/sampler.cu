@@ -47,8 +47,9 @@ __device__ __forceinline__ unsigned long long to_fx(float p) { return static_cas
 
 // f(i, logit_at(row, i)) for i = start, start + stride, ... < end, in that order. The loads of
 // k_prefetch consecutive elements are issued before any is used: a row pass is a chain of
-// dependent global loads per thread (about 150 at vocab 151936), and one load in flight per
-// thread made the greedy pass alone take ~70 us at batch 1.
+// dependent global loads per thread (about 150 at vocab 151936), and with one load in flight per
+// thread each pass waits out that many memory round trips, which dominated sampling at batch 1
+// (docs/performance.md, 'Sampler row passes').
 constexpr int k_prefetch = 8;
 template <class F>
 __device__ __forceinline__ void for_each_logit(const float* row, int64_t start, int64_t end, int64_t stride, F&& f) {

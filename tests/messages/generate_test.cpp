@@ -1,11 +1,12 @@
 // messages/generate: append_chunk folds chunks the way the front door and SGLang's cumulative
 // stream need — per-token lists and text joined, prompt logprobs and routing kept once sent,
-// version spans kept until they change, everything else the latest.
+// version spans kept until they change, everything else the latest; request ids are given once.
 #include <boost/test/unit_test.hpp>
 
 #include "messages/generate.hpp"
 
 using rlserve::append_chunk;
+using rlserve::GenerateReqInput;
 using rlserve::FinishReason;
 using rlserve::GenerateReqOutput;
 using rlserve::TopLogprob;
@@ -57,6 +58,22 @@ BOOST_AUTO_TEST_CASE(chunks_fold_into_the_result_so_far) {
   BOOST_REQUIRE(so_far.routed_experts.has_value());
   BOOST_TEST(so_far.routed_experts->size() == 3u);
   BOOST_TEST(so_far.sampling_seed == 9u);
+}
+
+BOOST_AUTO_TEST_CASE(a_request_without_a_rid_gets_one_and_keeps_it) {
+  GenerateReqInput req;
+  const std::string rid = rlserve::assign_rid(req);
+  BOOST_REQUIRE(req.rid.has_value());
+  BOOST_TEST(*req.rid == rid);
+  BOOST_TEST(rid.size() == 32u);
+  BOOST_TEST(rid.find_first_not_of("0123456789abcdef") == std::string::npos, rid);
+  BOOST_TEST(rlserve::assign_rid(req) == rid); // named once
+  GenerateReqInput named;
+  named.rid = "mine";
+  BOOST_TEST(rlserve::assign_rid(named) == "mine");
+  BOOST_TEST(rlserve::random_rid() != rlserve::random_rid());
+  BOOST_TEST(rlserve::rid_in_flight_message("mine") ==
+             "rid: a request with rid \"mine\" is already in flight");
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -772,8 +772,9 @@ void leave_group(updater_pointer self, const std::shared_ptr<group_entry>& group
 }
 
 // Destroys a group: no new update may use it; it leaves once its outstanding buffers are
-// released. `rp`, when given, gets the answer.
-void destroy_group(updater_pointer self, const std::shared_ptr<group_entry>& group,
+// released. `rp`, when given, gets the answer. `group` is taken by value: the caller's
+// reference may be the engine's own map entry, which forget_group erases.
+void destroy_group(updater_pointer self, std::shared_ptr<group_entry> group,
                    std::optional<caf::typed_response_promise<DestroyWeightsUpdateGroupReqOutput>> rp = {}) {
   forget_group(self->state, group);
   const bool first = !group->leaving;

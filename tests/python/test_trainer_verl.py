@@ -54,7 +54,7 @@ def generate(engine, rid, max_new_tokens=6):
     # verl unpacks each entry as (logprob, token_id, text): SGLang's triple.
     log_probs, token_ids, _ = zip(*pairs)
     t.check(list(token_ids) == output["output_ids"], output)
-    t.check(len(log_probs) == max_new_tokens, output)
+    r.check_output_length(output["meta_info"], len(log_probs), max_new_tokens)
     return output["meta_info"]["weight_version"]
 
 

@@ -129,3 +129,15 @@ def checkpoint_checksums(model_dir):
 
 def prompt_ids():
     return [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def check_output_length(meta, generated, max_new_tokens):
+    """A sampled request may stop early: the seeded model's EOS can be drawn. It then ends on the
+    matched stop token; otherwise it ran to max_new_tokens."""
+    reason = meta["finish_reason"]
+    if reason["type"] == "stop":
+        t.check(1 <= generated <= max_new_tokens, meta)
+        if isinstance(reason.get("matched"), int):
+            t.check(meta["output_token_logprobs"][-1][1] == reason["matched"], meta)
+    else:
+        t.check(generated == max_new_tokens, meta)

@@ -75,13 +75,16 @@ def fake_quant(torch, w, recipe, group_size):
     if recipe == "int4-asym":
         lo = x.amin(-1).clamp(max=0.0)
         hi = x.amax(-1).clamp(min=0.0)
-        scale = ((hi - lo) / 15.0).clamp(min=1e-5)
+        # Divided by a tensor: PyTorch's CUDA kernel multiplies by the reciprocal of a Python
+        # number, which is not the engine's IEEE division.
+        scale = ((hi - lo) / torch.full_like(hi, 15.0)).clamp(min=1e-5)
         zero = torch.round(-lo / scale).clamp(0, 15)
         code = (torch.round(x / scale[..., None]) + zero[..., None]).clamp(0, 15)
         deq = (code - zero[..., None]) * scale.to(torch.bfloat16).float()[..., None]
     else:
         qat = recipe == "int4-sym-qat"
-        scale = (x.abs().amax(-1) / (7.0 if qat else 7.5)).clamp(min=1e-5)
+        amax = x.abs().amax(-1)
+        scale = (amax / torch.full_like(amax, 7.0 if qat else 7.5)).clamp(min=1e-5)
         code = torch.round(x / scale[..., None]).clamp(-7 if qat else -8, 7)
         deq = code * scale.to(torch.bfloat16).float()[..., None]
     return w + (deq.reshape(w.shape) - w).detach()

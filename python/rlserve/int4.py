@@ -98,12 +98,16 @@ def _quantize_torch(weight, recipe, g, zero_point_layout):
     if recipe == "int4-asym":
         lo = torch.clamp(x.amin(-1), max=0.0)
         hi = torch.clamp(x.amax(-1), min=0.0)
-        scale = torch.clamp((hi - lo) / 15.0, min=1e-5)
+        # A divisor given as a Python number makes PyTorch's CUDA kernel multiply by its
+        # reciprocal, which is not IEEE division: a scale one ulp off changes codes and zeros.
+        # Dividing by a tensor divides.
+        scale = torch.clamp((hi - lo) / torch.full_like(hi, 15.0), min=1e-5)
         zero = torch.clamp(torch.round(-lo / scale), 0, 15).to(torch.int64)
         codes = torch.clamp(torch.round(x / scale[..., None]).to(torch.int64) + zero[..., None], 0, 15)
     else:
         div = 7.0 if recipe == "int4-sym-qat" else 7.5
-        scale = torch.clamp(x.abs().amax(-1) / div, min=1e-5)
+        amax = x.abs().amax(-1)
+        scale = torch.clamp(amax / torch.full_like(amax, div), min=1e-5)
         low = -7 if recipe == "int4-sym-qat" else -8
         codes = torch.clamp(torch.round(x / scale[..., None]).to(torch.int64), low, 7) + 8
     out = {

@@ -45,7 +45,8 @@ check-configure: setup
 check-build: check-configure
 	cmake --build $(CHECK_BUILD_DIR) -j $(JOBS)
 
-ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1
+# The seeded simulations explore half their seeds under the sanitizers (tests/support/actor_sim.hpp).
+ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 RLSERVE_SIM_SEED_DIVISOR=2
 
 # The CPU tests again under the sanitizers. Tests labelled asan_slow are skipped
 # (docs/testing.md says why).

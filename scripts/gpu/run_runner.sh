@@ -4,7 +4,9 @@
 # rlserve, rlserve_model_gpu_tests, rlserve_actors_gpu_tests, rlserve_kernels_gpu_tests,
 # decode_bench, kernels_bench and the non-system shared libraries they link). Logs go to $OUT.
 #   scripts/gpu/run_runner.sh [tests|parity|bench|moe|gemv|hf|hf-static|determinism|all]...
-#     tests   the gpu-labelled C++ tests of the model, the actors and the kernels
+#     tests   the gpu-labelled C++ tests of the model, the actors and the kernels (all but the
+#             determinism cases; GPU_TEST_FILTER, a Boost.Test --run_test filter such as
+#             "qwen3_gpu_gpu_test/graph_replay_equals_eager_bit_for_bit", picks cases instead)
 #     parity  tests/gpu/test_transformers_parity.py (engine cuda and cpu vs transformers)
 #     bench   benchmarks/gpu/decode_bench (Qwen3-30B-A3B shape, INT4 and BF16 experts)
 #     moe     benchmarks/gpu/kernels_bench --only moe (fused MoE, both paths at decode sizes)
@@ -59,7 +61,7 @@ for what in "$@"; do
         echo "=== $exe"
         # The cases labelled determinism are known to fail until the GPU path is made
         # deterministic; the determinism mode runs them.
-        timeout "${TEST_TIMEOUT:-240}" "$DEV/$exe" --run_test='!@determinism' --log_level=message \
+        timeout "${TEST_TIMEOUT:-240}" "$DEV/$exe" --run_test="${GPU_TEST_FILTER:-!@determinism}" --log_level=message \
           --report_level=short > "$OUT/$exe.log" 2>&1
         st=$?
         grep -E "error|failed|passed|GPU vs CPU|sampling|graphs|\*\*\*" "$OUT/$exe.log" | tail -25

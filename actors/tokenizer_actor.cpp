@@ -53,6 +53,10 @@ struct active_request {
   bool texts_in_logprobs = false; // return_text_in_logprobs (with return_logprob)
   caf::typed_response_promise<GenerateReqOutput> promise;
   std::optional<model::incremental_decoder> decoder;
+  // Ended here (its detokenizing failed) while the scheduler still runs it: the caller has its
+  // answer, and the entry stays until the scheduler's last chunk so that the rid stays taken
+  // (a new request under it would otherwise receive this one's remaining chunks).
+  bool answered = false;
 };
 
 struct queued_generate {
@@ -88,26 +92,31 @@ struct tokenizer_state {
     }
   };
   std::unordered_map<uint64_t, std::shared_ptr<pending_resume>> pending_resumes;
+  // A request is in exactly one of `tokenizing`, `queued` and `active`, under its rid, from the
+  // moment it is accepted until it ends: together they are the rids in flight (rid_in_flight).
   std::unordered_map<std::string, queued_generate> queued;      // rid -> waiting at the gate
   std::unordered_map<std::string, active_request> active;       // rid -> running
   std::vector<caf::typed_response_promise<PauseGenerationReqOutput>> pause_abort_waiters;
   std::string pause_mode_name;
   std::mt19937_64 rng{std::random_device{}()};
   std::string scheduler_gone; // why, once the scheduler has died: every request fails at once
-  // Text prompts being tokenized on a thread of their own, by job number: a cancel or abort that
-  // comes meanwhile marks them, and they end as aborted when their tokens come back.
+  // Text prompts being tokenized on a thread of their own, by rid: a cancel or abort that comes
+  // meanwhile marks them, and they end as aborted when their tokens come back.
   struct tokenizing_request {
-    std::string rid; // as the client gave it (empty: not chosen yet)
     caf::actor_addr owner;
     std::optional<std::string> aborted; // why, once aborted
   };
-  std::unordered_map<uint64_t, tokenizing_request> tokenizing;
-  uint64_t next_job = 1;
+  std::unordered_map<std::string, tokenizing_request> tokenizing;
   pending_requests waits;     // requests to the scheduler: failed when it dies holding them
   static inline const char* name = "tokenizer";
 };
 
 using tokenizer_pointer = tokenizer_actor::stateful_pointer<tokenizer_state>;
+
+// Whether a request under `rid` is in flight: being tokenized, waiting at the gate or running.
+bool rid_in_flight(const tokenizer_state& st, const std::string& rid) {
+  return st.tokenizing.count(rid) || st.queued.count(rid) || st.active.count(rid);
+}
 
 GenerateReqOutput failed_output(std::string rid, std::string message) {
   GenerateReqOutput out;
@@ -222,10 +231,7 @@ expected<TokenizedGenerateReqInput> finish_prepare(tokenizer_state& st, Generate
        req.routed_experts_start_len > static_cast<int32_t>(out.input_ids.size())))
     return fail(fmt::format("routed_experts_start_len: {} is outside the prompt's 0 .. {} tokens",
                             req.routed_experts_start_len, out.input_ids.size()));
-  // In-process callers may leave the rid to the engine; this is where they get one.
-  out.rid = assign_rid(req);
-  if (st.active.count(out.rid) || st.queued.count(out.rid))
-    return fail(rid_in_flight_message(out.rid));
+  out.rid = assign_rid(req); // checked against the rids in flight when the request came
   out.sampling_params = std::move(req.sampling_params);
   out.sampling_seed = out.sampling_params.sampling_seed ? *out.sampling_params.sampling_seed : st.rng();
   out.return_logprob = req.return_logprob;
@@ -238,10 +244,8 @@ expected<TokenizedGenerateReqInput> finish_prepare(tokenizer_state& st, Generate
   return out;
 }
 
-// Validation and tokenization here, on the front door's thread.
+// Tokenization here, on the front door's thread (the request passed check_request).
 expected<TokenizedGenerateReqInput> prepare(tokenizer_state& st, GenerateReqInput& req) {
-  if (auto ok = check_request(st, req); !ok)
-    return std::move(ok).take_failure();
   std::vector<int32_t> ids;
   if (req.text)
     ids = st.tokenizer->encode(*req.text);
@@ -292,6 +296,11 @@ void on_chunk(tokenizer_pointer self, GenerateReqOutput& c) {
   if (it == st.active.end())
     return;
   auto& a = it->second;
+  if (a.answered) { // its caller has its answer: the chunks only say when the rid is free
+    if (c.finished)
+      st.active.erase(it);
+    return;
+  }
   // SGLang leaves a matched stop token out of the text (not out of output_ids) unless
   // no_stop_trim; tokens after a stop are dropped, so it is the last one.
   auto decoded = c.output_ids.size();
@@ -449,13 +458,15 @@ void admit(tokenizer_pointer self, TokenizedGenerateReqInput prepared, caf::acto
 
 // Tokenizes `req`'s large text on a detached actor (a thread of its own), then prepares and
 // admits it here. The caller is answered in every case: refused, aborted meanwhile, or run.
+// `req` has its rid, which no request in flight holds: it stays taken (in `tokenizing`) until
+// the request is admitted or answered.
 caf::result<GenerateReqOutput> tokenize_elsewhere(tokenizer_pointer self, GenerateReqInput& req,
                                                   caf::actor sink) {
   auto& st = self->state;
   auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
   auto rp = self->make_response_promise<GenerateReqOutput>();
-  auto job = st.next_job++;
-  st.tokenizing.emplace(job, tokenizer_state::tokenizing_request{req.rid.value_or(""), owner, {}});
+  const std::string rid = *req.rid;
+  st.tokenizing.emplace(rid, tokenizer_state::tokenizing_request{owner, {}});
   auto text = std::make_shared<std::string>(std::move(*req.text));
   // The tokenizer is a spawn argument, not only a capture: CAF 0.17 dereferences a null
   // argument tuple when a function-based actor is spawned without arguments.
@@ -469,13 +480,14 @@ caf::result<GenerateReqOutput> tokenize_elsewhere(tokenizer_pointer self, Genera
     },
     st.tokenizer);
   auto held = std::make_shared<GenerateReqInput>(std::move(req));
-  auto end = [self, job, held, text, owner, sink, rp](expected<std::vector<int32_t>> ids) mutable {
+  // Only this request's end removes its entry, so it is still there (and still this request's).
+  auto end = [self, rid, held, text, owner, sink, rp](expected<std::vector<int32_t>> ids) mutable {
     auto& st = self->state;
-    auto it = st.tokenizing.find(job);
+    auto it = st.tokenizing.find(rid);
     auto aborted = it->second.aborted;
-    st.tokenizing.erase(it);
+    st.tokenizing.erase(it); // the rid goes from here to `queued` within this message, or is free
     auto refuse = [&](std::string why) {
-      auto out = failed_output(held->rid.value_or(""), std::move(why));
+      auto out = failed_output(rid, std::move(why));
       if (sink)
         caf::anon_send(sink, out);
       rp.deliver(std::move(out));
@@ -502,12 +514,13 @@ caf::result<GenerateReqOutput> tokenize_elsewhere(tokenizer_pointer self, Genera
   return rp;
 }
 
-// Marks the requests being tokenized that `matches` names as aborted with `why`; how many.
+// Marks the requests being tokenized that `matches` (rid, request) names as aborted with `why`;
+// how many.
 template <class Matches>
 int32_t abort_tokenizing(tokenizer_state& st, Matches matches, const std::string& why) {
   int32_t n = 0;
-  for (auto& [job, t] : st.tokenizing)
-    if (!t.aborted && matches(t)) {
+  for (auto& [rid, t] : st.tokenizing)
+    if (!t.aborted && matches(rid, t)) {
       t.aborted = why;
       ++n;
     }
@@ -533,6 +546,8 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     const auto why = st.scheduler_gone;
     // Each gives its hold on the gate back, or a weight operation would wait for it forever.
     for (auto& [rid, a] : st.active) {
+      if (a.answered)
+        continue;
       auto out = failed_output(rid, why);
       if (a.sink)
         caf::anon_send(a.sink, out);
@@ -566,20 +581,23 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     [self]<class Op>() { return weight_operation_handler<Op>(self); },
     [self](GenerateReqInput& req, caf::actor& sink) -> caf::result<GenerateReqOutput> {
       auto& st = self->state;
-      auto rid_hint = req.rid.value_or("");
       auto refuse = [&](std::string why) {
-        auto out = failed_output(rid_hint, std::move(why));
+        auto out = failed_output(req.rid.value_or(""), std::move(why));
         if (sink)
           caf::anon_send(sink, out); // a streaming caller always gets a last chunk
         return out;
       };
       if (!st.scheduler_gone.empty())
         return refuse(st.scheduler_gone);
-      if (req.text && req.text->size() >= k_offload_tokenize_bytes) {
-        if (auto ok = check_request(st, req); !ok)
-          return refuse(ok.error());
+      if (auto ok = check_request(st, req); !ok)
+        return refuse(ok.error());
+      // The rid is taken from here until the request ends, its tokenizing included: a second
+      // request under it meanwhile would take the rid's chunks, cancels and aborts.
+      // In-process callers may leave the rid to the engine; this is where they get one.
+      if (const auto& rid = assign_rid(req); rid_in_flight(st, rid))
+        return refuse(rid_in_flight_message(rid));
+      if (req.text && req.text->size() >= k_offload_tokenize_bytes)
         return tokenize_elsewhere(self, req, std::move(sink));
-      }
       auto prepared = prepare(st, req);
       if (!prepared)
         return refuse(prepared.error());
@@ -597,17 +615,20 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
                 [&](const std::string& what) {
                   auto& st = self->state;
                   auto it = st.active.find(c.rid);
-                  if (it == st.active.end())
+                  if (it == st.active.end() || it->second.answered)
                     return;
                   auto why = "the tokenizer failed handling this request: " + what;
                   auto out = failed_output(c.rid, why);
                   if (it->second.sink)
                     caf::anon_send(it->second.sink, out);
                   it->second.promise.deliver(std::move(out));
-                  st.active.erase(it);
                   st.gate.finished(gate_op::generate);
-                  if (!c.finished)
+                  if (c.finished) {
+                    st.active.erase(it);
+                  } else { // the rid stays taken until the scheduler's last chunk
+                    it->second.answered = true;
                     caf::anon_send(st.scheduler, AbortReq{c.rid, false, why});
+                  }
                   check_pause_abort(self);
                   pump(self);
                 });
@@ -616,7 +637,7 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       auto& st = self->state;
       auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
       if (abort_tokenizing(
-            st, [&](const auto& t) { return t.rid == rid && t.owner == sender; }, why) > 0)
+            st, [&](const auto& r, const auto& t) { return r == rid && t.owner == sender; }, why) > 0)
         return;
       if (auto q = st.queued.find(rid); q != st.queued.end()) {
         if (q->second.owner == sender)
@@ -632,7 +653,7 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       auto& st = self->state;
       // Requests being tokenized or waiting at the gate end here; running ones in the scheduler.
       int32_t here = abort_tokenizing(
-        st, [&](const auto& t) { return req.abort_all || (!t.rid.empty() && t.rid == req.rid); },
+        st, [&](const auto& rid, const auto&) { return req.abort_all || rid == req.rid; },
         req.abort_message.empty() ? std::string("aborted by request") : req.abort_message);
       here += abort_queued(self, req);
       if (!req.abort_all && here == 1)

@@ -17,6 +17,24 @@
 
 namespace rlserve {
 
+// A join's rendezvous with the trainer's store, on its way to the thread that waits for it and
+// its outcome on the way back (local only: they never leave the process).
+struct store_join_job {
+  std::string host;
+  int port = 0;
+  model::nccl_group::clock::time_point deadline;
+};
+struct store_join_result {
+  std::shared_ptr<expected<model::counted_in_trainer_store>> joined;
+};
+
+} // namespace rlserve
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rlserve::store_join_job)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(rlserve::store_join_result)
+
+namespace rlserve {
+
 static_assert(interface_registered<weight_group_actor>::value,
               "a message type of weight_group_actor is not in type_ids.hpp");
 
@@ -43,6 +61,10 @@ struct group_state {
   std::string broken; // why the group takes no more broadcasts; empty while it is sound
   std::map<uint64_t, model::device_buffer> buffers;
   uint64_t next_buffer = 1;
+  // While a join waits on the trainer's store (on a thread of its own): its promise, and the
+  // receives that came meanwhile, answered in order once the join has ended.
+  std::optional<caf::typed_response_promise<InitWeightsUpdateGroupReqOutput>> joining;
+  std::vector<std::pair<caf::typed_response_promise<ReceivedBroadcast>, ReceiveBroadcast>> waiting_receives;
   static inline const char* name = "weight_group";
 };
 
@@ -88,7 +110,9 @@ status connect(group_state& st, limit until) {
     // near the receive's deadline does not read as a store gone silent.
     auto present = st.store->check(keys, clock_type::now() + std::chrono::seconds(5));
     if (!present) {
-      mark_broken(st, "the trainer's store went away: " + present.error());
+      // The store client gives up when the group is destroyed too (the same flag).
+      mark_broken(st, until.cancelled() ? "the group was destroyed while it waited for the trainer"
+                                        : "the trainer's store went away: " + present.error());
       return fail(what(st) + ": " + st.broken);
     }
     if (*present)
@@ -127,30 +151,46 @@ status connect(group_state& st, limit until) {
   return {};
 }
 
-InitWeightsUpdateGroupReqOutput join(group_state& st, JoinWeightGroup& msg) {
-  st.request = std::move(msg.request);
-  st.device = msg.device;
-  st.rank = msg.rank;
-  auto until = limit_for(st, 0);
+// Joins with the unique id the trainer sent: the communicator is created here.
+InitWeightsUpdateGroupReqOutput join_with_unique_id(group_state& st) {
   const auto& r = st.request;
-  if (!r.nccl_unique_id.empty()) {
-    auto id = hex_decode(r.nccl_unique_id);
-    if (!id)
-      return {false, "nccl_unique_id: " + id.error()};
-    auto comm = model::nccl_group::create(*id, r.world_size, st.rank, st.device, r.group_name, until);
-    if (!comm)
-      return {false, comm.error()};
-    st.comm = std::move(*comm);
-    return {true, fmt::format("joined {} on cuda:{} with the trainer's unique id ({})", what(st),
-                              st.device, model::nccl_group::version())};
-  }
-  auto joined = model::count_in_trainer_store(r.master_address, r.master_port, until.deadline);
-  if (!joined)
+  auto id = hex_decode(r.nccl_unique_id);
+  if (!id)
+    return {false, "nccl_unique_id: " + id.error()};
+  auto comm = model::nccl_group::create(*id, r.world_size, st.rank, st.device, r.group_name,
+                                        limit_for(st, 0));
+  if (!comm)
+    return {false, comm.error()};
+  st.comm = std::move(*comm);
+  return {true, fmt::format("joined {} on cuda:{} with the trainer's unique id ({})", what(st),
+                            st.device, model::nccl_group::version())};
+}
+
+// The join's answer once the store rendezvous is over.
+InitWeightsUpdateGroupReqOutput joined_store(group_state& st, expected<model::counted_in_trainer_store> joined) {
+  if (!joined) {
+    if (st.cancel->load())
+      return {false, fmt::format("{}: the group was destroyed, or the engine is stopping, while it "
+                                 "joined: {}",
+                                 what(st), joined.error())};
     return {false, fmt::format("{}: {}", what(st), joined.error())};
+  }
   st.store = std::move(joined->client);
   return {true, fmt::format("joined {} through {} ({} ranks counted in); the NCCL communicator "
                             "follows as soon as the trainer creates its own",
                             what(st), st.store->where(), joined->joined)};
+}
+
+// The thread a store rendezvous waits on (one per join): the trainer's store may accept and
+// never answer, for as long as the trainer's deadline (up to a day). Waiting here rather than on
+// the group's own thread leaves the group's mailbox free, so the group can still be ended (an
+// exit message is only read between handlers); its end sets `cancel`, which cuts this wait short.
+caf::behavior store_rendezvous(caf::event_based_actor* self, std::shared_ptr<std::atomic<bool>> cancel) {
+  return {guard_handler("weight-update group's store thread", [self, cancel](store_join_job& job) {
+    self->quit();
+    return store_join_result{std::make_shared<expected<model::counted_in_trainer_store>>(
+      model::count_in_trainer_store(job.host, job.port, job.deadline, cancel.get()))};
+  })};
 }
 
 // Looks once for the unique id; creates the communicator when it is there, else looks again
@@ -258,28 +298,101 @@ ReceivedBroadcast receive(group_state& st, ReceiveBroadcast& msg) {
   return out;
 }
 
+// Answers the receives that waited for the join, in order.
+void answer_waiting_receives(group_state& st) {
+  auto waiting = std::move(st.waiting_receives);
+  st.waiting_receives.clear();
+  for (auto& [rp, msg] : waiting)
+    rp.deliver(receive(st, msg));
+}
+
+// The join through the store has ended with `out`: answers it and the receives that waited.
+void end_join(group_pointer self, InitWeightsUpdateGroupReqOutput out) {
+  auto& st = self->state;
+  if (!st.joining)
+    return;
+  auto rp = std::move(*st.joining);
+  st.joining.reset();
+  const bool ok = out.success;
+  if (!ok)
+    mark_broken(st, "joining failed: " + out.message);
+  rp.deliver(std::move(out));
+  answer_waiting_receives(st);
+  if (!ok)
+    self->quit();
+  else if (!st.comm)
+    self->send(self, poll_atom_v);
+}
+
+// Joins through the trainer's store: counts this rank in on a thread of its own, and answers
+// when that is done. Not awaited: CAF 0.17 reads nothing else while an actor awaits a response,
+// not even an exit message, so an awaiting group could not be ended. Receives that come
+// meanwhile wait for the join (waiting_receives); a destroy answers the join at once.
+caf::result<InitWeightsUpdateGroupReqOutput> join_through_store(group_pointer self) {
+  auto& st = self->state;
+  st.joining = self->make_response_promise<InitWeightsUpdateGroupReqOutput>();
+  auto rp = *st.joining;
+  auto worker = self->spawn<caf::detached>(store_rendezvous, st.cancel);
+  // The handlers hold the worker: nothing else does, and CAF would destroy it unrun.
+  self->request(worker, caf::infinite,
+                store_join_job{st.request.master_address, st.request.master_port, limit_for(st, 0).deadline})
+    .then(
+      [self, worker](store_join_result& r) {
+        guarded([&] { end_join(self, joined_store(self->state, std::move(*r.joined))); },
+                [&](const std::string& why) { end_join(self, {false, what(self->state) + ": " + why}); });
+      },
+      [self, worker](caf::error& e) {
+        end_join(self, {false, fmt::format("{}: the store rendezvous's thread failed: {}",
+                                           what(self->state), self->system().render(e))});
+      });
+  return rp;
+}
+
 weight_group_actor::behavior_type weight_group(group_pointer self,
                                                std::shared_ptr<std::atomic<bool>> cancel) {
   self->state.cancel = std::move(cancel);
+  // However the group ends (a destroy, a failed join, killed), a wait still running for it on
+  // another thread (the store rendezvous) ends too.
+  self->attach_functor([flag = self->state.cancel] { flag->store(true); });
   return guarded_behavior<weight_group_actor::behavior_type>(
     group_state::name,
     [self](JoinWeightGroup& msg) -> caf::result<InitWeightsUpdateGroupReqOutput> {
+      auto& st = self->state;
+      st.request = std::move(msg.request);
+      st.device = msg.device;
+      st.rank = msg.rank;
+      if (st.request.nccl_unique_id.empty())
+        return join_through_store(self);
       auto rp = self->make_response_promise<InitWeightsUpdateGroupReqOutput>();
-      auto out = join(self->state, msg);
+      auto out = join_with_unique_id(st);
       const bool ok = out.success;
       rp.deliver(std::move(out));
       if (!ok)
         self->quit();
-      else if (!self->state.comm)
-        self->send(self, poll_atom_v);
       return rp;
     },
-    [self](ReceiveBroadcast& msg) { return receive(self->state, msg); },
+    [self](ReceiveBroadcast& msg) -> caf::result<ReceivedBroadcast> {
+      auto& st = self->state;
+      if (!st.joining)
+        return receive(st, msg);
+      auto rp = self->make_response_promise<ReceivedBroadcast>();
+      st.waiting_receives.emplace_back(rp, std::move(msg));
+      return rp;
+    },
     [self](ReleaseBroadcast& msg) { self->state.buffers.erase(msg.buffer_id); },
     [self](DestroyWeightsUpdateGroupReqInput&) -> caf::result<DestroyWeightsUpdateGroupReqOutput> {
       auto& st = self->state;
       auto rp = self->make_response_promise<DestroyWeightsUpdateGroupReqOutput>();
       const auto name = what(st);
+      if (st.joining) { // its rendezvous thread ends with the actor (the cancel flag)
+        st.joining->deliver(InitWeightsUpdateGroupReqOutput{
+          false, fmt::format("{}: the group was destroyed while it joined the trainer's TCPStore "
+                             "at {}:{}",
+                             name, st.request.master_address, st.request.master_port)});
+        st.joining.reset();
+      }
+      mark_broken(st, "the group was destroyed");
+      answer_waiting_receives(st);
       st.buffers.clear();
       st.comm.reset();
       st.store.reset();

@@ -1,8 +1,11 @@
 // weight_group: this engine's rank in one trainer's NCCL weight-update group, from
 // init_weights_update_group to destroy_weights_update_group (docs/protocol.md, "Joining a
-// trainer's NCCL group"). The weight_updater spawns one per group, detached: the rendezvous and
-// every broadcast block this actor's own thread — each to a deadline — and never CAF's shared
-// workers, so pause, continue, generate and health answer while a trainer is slow or gone.
+// trainer's NCCL group"). The weight_updater spawns one per group, detached: the communicator's
+// creation and every broadcast block this actor's own thread — each to a deadline — and never
+// CAF's shared workers, so pause, continue, generate and health answer while a trainer is slow or
+// gone. The store rendezvous of a join waits on a thread of its own while the actor goes on
+// reading its mailbox: a trainer's store that accepts and never answers cannot keep the actor
+// from ending (destroyed, killed, the engine stopping), and the actor's end cuts that wait short.
 //
 // Two rendezvous:
 //  - a trainer's TCPStore (a torch.distributed trainer): the join answers once this rank has
@@ -21,7 +24,8 @@
 // be matched with the trainer's, so every later receive is refused until the group is destroyed
 // and joined again. Destroy answers once the communicator, the buffers and the store connection
 // are gone, then the actor ends. The shared `cancel` flag, set by the weight_updater before a
-// destroy (and when it ends), cuts short any wait in progress.
+// destroy (and when it ends) and by the actor's own end, cuts short any wait in progress, the
+// join's included.
 #pragma once
 
 #include <atomic>

@@ -76,6 +76,7 @@ struct updater_state {
   // The session rules and the weight version (the one place it lives).
   policy::update_session session{"0"};
   bool allow_non_finite = false; // engine option allow_non_finite_weights
+  weight_group_spawner spawn_group; // spawn_weight_group, unless a test watches the groups
   pending_requests waits;        // requests to the runners: failed when one dies holding them
   static inline const char* name = "weight_updater";
 };
@@ -734,7 +735,7 @@ caf::result<InitWeightsUpdateGroupReqOutput> join_group(updater_pointer self,
   auto group = std::make_shared<group_entry>();
   group->name = req.group_name;
   group->cancel = std::make_shared<std::atomic<bool>>(false);
-  group->actor = spawn_weight_group(self->system(), group->cancel);
+  group->actor = st.spawn_group(self->system(), group->cancel);
   self->monitor(group->actor);
   st.groups.emplace(group->name, group);
   auto rp = self->make_response_promise<InitWeightsUpdateGroupReqOutput>();
@@ -1072,8 +1073,10 @@ caf::result<CheckWeightsReqOutput> check_weights(updater_pointer self, const Che
 }
 
 weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<runner_handle> runners,
-                                            std::string initial_version, bool allow_non_finite) {
+                                            std::string initial_version, bool allow_non_finite,
+                                            weight_group_spawner spawn_group) {
   self->state.allow_non_finite = allow_non_finite;
+  self->state.spawn_group = std::move(spawn_group);
   for (auto& h : runners) {
     auto e = std::make_unique<runner_entry>();
     e->handle = std::move(h);
@@ -1196,8 +1199,10 @@ weight_updater_actor::behavior_type updater(updater_pointer self, std::vector<ru
 } // namespace
 
 weight_updater_actor spawn_weight_updater(caf::actor_system& sys, std::vector<runner_handle> runners,
-                                          std::string initial_version, bool allow_non_finite) {
-  return sys.spawn(updater, std::move(runners), std::move(initial_version), allow_non_finite);
+                                          std::string initial_version, bool allow_non_finite,
+                                          weight_group_spawner spawn_group) {
+  return sys.spawn(updater, std::move(runners), std::move(initial_version), allow_non_finite,
+                   std::move(spawn_group));
 }
 
 } // namespace rlserve

@@ -10,10 +10,14 @@
 // failed session leaves the old weights serving and the version unchanged.
 #pragma once
 
+#include <atomic>
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include "actors/policy/update_session.hpp"
 #include "actors/runner_actor.hpp"
+#include "actors/weight_group_actor.hpp"
 #include "actors/weight_operations.hpp"
 #include "caf/fwd.hpp"
 #include "caf/replies_to.hpp"
@@ -43,11 +47,17 @@ struct runner_handle {
   RunnerManifest manifest;
 };
 
+// How the weight_updater starts the actor of a group it joins: spawn_weight_group. A test may
+// pass one that also keeps the handle, to end the group's actor as a crash would.
+using weight_group_spawner =
+  std::function<weight_group_actor(caf::actor_system&, std::shared_ptr<std::atomic<bool>>)>;
+
 // `runners`: target first, then draft(s). `initial_version`: the label of the loaded weights.
 // `allow_non_finite`: accept NaN/infinity in host tensors of updates (refused by default: a
 // model with them emits garbage while reporting success).
 weight_updater_actor spawn_weight_updater(caf::actor_system& sys, std::vector<runner_handle> runners,
-                                          std::string initial_version, bool allow_non_finite = false);
+                                          std::string initial_version, bool allow_non_finite = false,
+                                          weight_group_spawner spawn_group = spawn_weight_group);
 
 // The version a commit gets when the caller named none (actors/policy/update_session.hpp).
 using policy::next_weight_version;

@@ -84,9 +84,23 @@ int poll_ms(clock::time_point deadline) {
   return static_cast<int>(std::clamp<long long>(left, 0, 1000 * 60 * 60));
 }
 
-// One non-blocking connect to `ai`, finished within `deadline`: the socket, -1 with errno
-// ECONNREFUSED (nobody listens yet: retry), or a failure.
-expected<int> connect_once(const addrinfo* ai, clock::time_point deadline, int& refused) {
+bool is_set(const std::atomic<bool>* flag) { return flag && flag->load(std::memory_order_relaxed); }
+
+// Milliseconds one poll() may wait: up to the deadline, and no more than one look at the cancel
+// flag's interval when there is one.
+int slice_ms(clock::time_point deadline, const std::atomic<bool>* cancel) {
+  const int ms = poll_ms(deadline);
+  return cancel ? std::min<int>(ms, static_cast<int>(k_cancel_check.count())) : ms;
+}
+
+std::string cancelled_message(std::string_view where, std::string_view what) {
+  return fmt::format("{}: gave up waiting for {}: the wait was cancelled", where, what);
+}
+
+// One non-blocking connect to `ai`, finished within `deadline` (or the cancel): the socket, -1
+// with errno ECONNREFUSED (nobody listens yet: retry), or a failure.
+expected<int> connect_once(const addrinfo* ai, clock::time_point deadline, const std::atomic<bool>* cancel,
+                           int& refused) {
   int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
   if (fd < 0)
     return fail(std::string("socket(): ") + std::strerror(errno));
@@ -98,7 +112,10 @@ expected<int> connect_once(const addrinfo* ai, clock::time_point deadline, int& 
       return -1;
     }
     pollfd p{fd, POLLOUT, 0};
-    int r = ::poll(&p, 1, poll_ms(deadline));
+    int r = 0;
+    while ((r = ::poll(&p, 1, slice_ms(deadline, cancel))) == 0 && clock::now() < deadline &&
+           !is_set(cancel)) {
+    }
     int err = 0;
     socklen_t len = sizeof(err);
     if (r <= 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
@@ -115,7 +132,8 @@ expected<int> connect_once(const addrinfo* ai, clock::time_point deadline, int& 
 } // namespace
 
 expected<tcp_store_client> tcp_store_client::connect(const std::string& host, int port,
-                                                     clock::time_point deadline) {
+                                                     clock::time_point deadline,
+                                                     const std::atomic<bool>* cancel) {
   const auto where = fmt::format("the trainer's TCPStore at {}:{}", host, port);
   if (host.empty() || port <= 0 || port > 65535)
     return fail(fmt::format("{}: master_address must be a host name and master_port 1..65535", where));
@@ -132,12 +150,17 @@ expected<tcp_store_client> tcp_store_client::connect(const std::string& host, in
   int last_error = 0;
   while (true) {
     for (const addrinfo* ai = addresses.get(); ai; ai = ai->ai_next) {
-      auto fd = connect_once(ai, deadline, last_error);
+      auto fd = connect_once(ai, deadline, cancel, last_error);
       if (!fd)
         return fail(fmt::format("{}: {}", where, fd.error()));
+      if (is_set(cancel)) {
+        if (*fd >= 0)
+          ::close(*fd);
+        return fail(cancelled_message(where, "a connection"));
+      }
       if (*fd < 0)
         continue;
-      tcp_store_client c(*fd, where);
+      tcp_store_client c(*fd, where, cancel);
       auto validate = tcp_store_wire::u32_request(tcp_store_wire::query::validate,
                                                   tcp_store_wire::validation_magic);
       if (auto s = c.send_all(validate, deadline, "VALIDATE"); !s)
@@ -157,21 +180,38 @@ expected<tcp_store_client> tcp_store_client::connect(const std::string& host, in
       return fail(fmt::format("{}: nobody accepted a connection before the deadline (last error: {}); "
                               "is the trainer's rank 0 up and master_address/master_port right?",
                               where, std::strerror(last_error ? last_error : ETIMEDOUT)));
-    std::this_thread::sleep_for(backoff);
+    for (auto until = clock::now() + backoff; clock::now() < until && !is_set(cancel);)
+      std::this_thread::sleep_for(std::min<clock::duration>(until - clock::now(), k_cancel_check));
+    if (is_set(cancel))
+      return fail(cancelled_message(where, "a connection"));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
 }
 
 tcp_store_client::tcp_store_client(tcp_store_client&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)), where_(std::move(other.where_)) {}
+    : fd_(std::exchange(other.fd_, -1)), where_(std::move(other.where_)), cancel_(other.cancel_) {}
 
 tcp_store_client& tcp_store_client::operator=(tcp_store_client&& other) noexcept {
   if (this != &other) {
     close();
     fd_ = std::exchange(other.fd_, -1);
     where_ = std::move(other.where_);
+    cancel_ = other.cancel_;
   }
   return *this;
+}
+
+bool tcp_store_client::cancelled() const { return is_set(cancel_); }
+
+bool tcp_store_client::ready(short events, clock::time_point deadline) const {
+  while (true) {
+    pollfd p{fd_, events, 0};
+    const int r = ::poll(&p, 1, slice_ms(deadline, cancel_));
+    if (r > 0 || (r < 0 && errno != EINTR))
+      return true; // the next send or recv says what happened
+    if (cancelled() || clock::now() >= deadline)
+      return false;
+  }
 }
 
 tcp_store_client::~tcp_store_client() { close(); }
@@ -204,9 +244,9 @@ status tcp_store_client::send_all(std::span<const uint8_t> bytes, clock::time_po
                                         where_, what));
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
       return fail_and_close(fmt::format("{}: sending {} failed: {}", where_, what, std::strerror(errno)));
-    pollfd p{fd_, POLLOUT, 0};
-    if (::poll(&p, 1, poll_ms(deadline)) <= 0 && clock::now() >= deadline)
-      return fail_and_close(fmt::format("{}: could not send {} before the deadline", where_, what));
+    if (!ready(POLLOUT, deadline))
+      return fail_and_close(cancelled() ? cancelled_message(where_, "room to send " + std::string(what))
+                                        : fmt::format("{}: could not send {} before the deadline", where_, what));
   }
   return {};
 }
@@ -227,9 +267,9 @@ status tcp_store_client::recv_all(std::span<uint8_t> bytes, clock::time_point de
                                         where_, what));
     if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
       return fail_and_close(fmt::format("{}: reading {} failed: {}", where_, what, std::strerror(errno)));
-    pollfd p{fd_, POLLIN, 0};
-    if (::poll(&p, 1, poll_ms(deadline)) <= 0 && clock::now() >= deadline)
-      return fail_and_close(fmt::format("{} did not send {} before the deadline", where_, what));
+    if (!ready(POLLIN, deadline))
+      return fail_and_close(cancelled() ? cancelled_message(where_, what)
+                                        : fmt::format("{} did not send {} before the deadline", where_, what));
   }
   return {};
 }
@@ -299,9 +339,11 @@ status tcp_store_client::wait(std::span<const std::string_view> keys, clock::tim
   // Poll for the one-byte answer ourselves: at the deadline the wait is cancelled, not abandoned
   // (a reply arriving later would be read as the answer to the next query).
   pollfd p{fd_, POLLIN, 0};
-  while (::poll(&p, 1, poll_ms(deadline)) == 0 && clock::now() < deadline) {
+  while (::poll(&p, 1, slice_ms(deadline, cancel_)) == 0 && clock::now() < deadline && !cancelled()) {
   }
   const bool answered = (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+  if (!answered && cancelled()) // the connection is given up: no CANCEL_WAIT to keep it in step
+    return fail_and_close(cancelled_message(where_, names));
   if (answered) {
     auto r = recv_value<uint8_t>(deadline + std::chrono::seconds(1), "the reply to WAIT " + names);
     if (!r)
@@ -350,8 +392,9 @@ expected<std::vector<uint8_t>> tcp_store_client::get(std::string_view key, clock
 }
 
 expected<counted_in_trainer_store> count_in_trainer_store(const std::string& host, int port,
-                                                          tcp_store_client::clock::time_point deadline) {
-  auto client = tcp_store_client::connect(host, port, deadline);
+                                                          tcp_store_client::clock::time_point deadline,
+                                                          const std::atomic<bool>* cancel) {
+  auto client = tcp_store_client::connect(host, port, deadline, cancel);
   if (!client)
     return std::move(client).take_failure();
   auto joined = client->add(tcp_store_join_key, 1, deadline);

@@ -16,8 +16,12 @@
 // Blocking calls: run them on a thread that may block (the runner's), never on a cooperative
 // actor's. Every call gives up at its deadline with a message naming the store and what it
 // waited for, and the client is then closed (a half-read reply leaves the stream unusable).
+// A client made with a cancel flag also gives up, the same way, within k_cancel_check of the
+// flag turning true: a trainer may choose a deadline of a day, and a destroy or a stopping
+// engine must not wait for it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <span>
@@ -74,13 +78,18 @@ inline constexpr std::string_view tcp_store_join_key = "init/";
 std::string nccl_unique_id_key(std::string_view group_name);
 inline constexpr std::size_t nccl_unique_id_bytes = 128;
 
+// How often a wait looks at its cancel flag.
+inline constexpr std::chrono::milliseconds k_cancel_check{20};
+
 class tcp_store_client {
 public:
   using clock = std::chrono::steady_clock;
 
   // Connects to host:port — retrying refused connections until `deadline`, since the trainer may
-  // start its store after asking the engine to join — then validates and pings.
-  static expected<tcp_store_client> connect(const std::string& host, int port, clock::time_point deadline);
+  // start its store after asking the engine to join — then validates and pings. `cancel` (may
+  // be null; it must outlive the client) cuts this and every later wait of the client short.
+  static expected<tcp_store_client> connect(const std::string& host, int port, clock::time_point deadline,
+                                            const std::atomic<bool>* cancel = nullptr);
 
   tcp_store_client(tcp_store_client&& other) noexcept;
   tcp_store_client& operator=(tcp_store_client&& other) noexcept;
@@ -101,7 +110,12 @@ public:
   const std::string& where() const { return where_; }
 
 private:
-  tcp_store_client(int fd, std::string where) : fd_(fd), where_(std::move(where)) {}
+  tcp_store_client(int fd, std::string where, const std::atomic<bool>* cancel)
+      : fd_(fd), where_(std::move(where)), cancel_(cancel) {}
+  bool cancelled() const;
+  // poll() on the socket for `events` until `deadline`, in slices that look at the cancel flag:
+  // whether the socket became ready (false: the deadline passed, or the wait was cancelled).
+  bool ready(short events, clock::time_point deadline) const;
   status send_all(std::span<const uint8_t> bytes, clock::time_point deadline, std::string_view what);
   status recv_all(std::span<uint8_t> bytes, clock::time_point deadline, std::string_view what);
   template <class T>
@@ -111,6 +125,7 @@ private:
 
   int fd_ = -1;
   std::string where_; // "the trainer's TCPStore at host:port"
+  const std::atomic<bool>* cancel_ = nullptr;
 };
 
 // What an engine rank does to join a trainer's weight-update group before NCCL: connect, count
@@ -128,7 +143,8 @@ struct counted_in_trainer_store {
   int64_t joined = 0;
 };
 expected<counted_in_trainer_store> count_in_trainer_store(const std::string& host, int port,
-                                                          tcp_store_client::clock::time_point deadline);
+                                                          tcp_store_client::clock::time_point deadline,
+                                                          const std::atomic<bool>* cancel = nullptr);
 expected<joined_trainer_store> join_trainer_store(const std::string& host, int port,
                                                   std::string_view group_name,
                                                   tcp_store_client::clock::time_point deadline);

@@ -154,6 +154,99 @@ BOOST_AUTO_TEST_CASE(a_client_cannot_abort_another_clients_request) {
   BOOST_TEST(out.completion_tokens == 200);
 }
 
+namespace {
+
+// The tiny model with room for a prompt of 64 KiB of text: a context of 8192 tokens (64 KiB of
+// "<|endoftext|>" is 5042 of them).
+fs::path long_context_model_dir() {
+  auto dir = tiny_model_dir().parent_path() / "long-context";
+  if (!fs::exists(dir / "config.json")) {
+    fs::create_directories(dir);
+    for (const auto& f : fs::directory_iterator(tiny_model_dir()))
+      if (f.path().filename() != "config.json")
+        fs::copy_file(f.path(), dir / f.path().filename());
+    std::ifstream in(tiny_model_dir() / "config.json");
+    auto config = json::parse(in);
+    config["max_position_embeddings"] = 8192;
+    std::ofstream(dir / "config.json") << config.dump(2);
+  }
+  return dir;
+}
+
+} // namespace
+
+// A text prompt of 64 KiB or more is tokenized on a thread of its own, and its rid was taken only
+// once its tokens came back: a generate from another connection under the same rid, arriving
+// meanwhile, was accepted and ran; that connection's cancel (or hang-up) reached the rid, and the
+// first request was refused as the duplicate when its tokens came back. The rid is now taken
+// from the moment the request is accepted until it ends.
+BOOST_AUTO_TEST_CASE(a_rid_is_taken_while_its_prompt_is_tokenized) {
+  engine_config cfg;
+  cfg.model_path = long_context_model_dir();
+  served_engine s({}, cfg);
+  // The duplicate must reach the front door after the long prompt and before its tokens come
+  // back, which takes well under a millisecond: so by order, not by timing. The front door reads
+  // one message at a time; prompts of 60000 spaces (just under the offload size, so the front
+  // door tokenizes them itself, milliseconds each, then refuses their 15001 tokens) queue work
+  // ahead of the long prompt, and the duplicate joins the queue behind it while that work is
+  // still being done. A ping answered on a connection tells that the connection's earlier
+  // frames have been handed to the front door.
+  auto busy = s.connect();
+  constexpr int k_busy = 32;
+  for (int i = 0; i < k_busy; ++i) {
+    GenerateReqInput w;
+    w.text = std::string(60000, ' ') + "x";
+    w.sampling_params.max_new_tokens = 1;
+    BOOST_REQUIRE(busy->send_with_id("w" + std::to_string(i), "generate", to_json(w)));
+  }
+  BOOST_REQUIRE(busy->call("ping", json::object()).has_value());
+  auto victim = s.connect();
+  GenerateReqInput v;
+  v.rid = "long-prompt";
+  v.text = std::string();
+  for (int i = 0; i < 5100; ++i)
+    *v.text += "<|endoftext|>";
+  v.sampling_params.temperature = 0.0f;
+  v.sampling_params.max_new_tokens = 4;
+  v.sampling_params.ignore_eos = true;
+  BOOST_REQUIRE(v.text->size() >= 64 * 1024);
+  BOOST_REQUIRE(victim->send_with_id("v", "generate", to_json(v)));
+  BOOST_REQUIRE(victim->call("ping", json::object()).has_value());
+  auto dup = greedy_ids({1, 2, 3}, 200);
+  dup.rid = "long-prompt";
+  {
+    auto attacker = s.connect();
+    BOOST_REQUIRE(attacker->send_with_id("a", "generate", to_json(dup)));
+    BOOST_REQUIRE(attacker->send_with_id("c", "cancel", {{"id", "a"}}));
+    auto refused = attacker->wait_for("a");
+    BOOST_REQUIRE_MESSAGE(refused.has_value(), (refused ? std::string() : refused.error()));
+    BOOST_TEST(!refused->ok);
+    const auto message = refused->body.value("message", std::string());
+    BOOST_TEST(message == rid_in_flight_message("long-prompt"), message);
+    auto cancelled = attacker->wait_for("c"); // whatever it says, it may not touch the victim
+    BOOST_REQUIRE_MESSAGE(cancelled.has_value(), (cancelled ? std::string() : cancelled.error()));
+    BOOST_REQUIRE(attacker->send_with_id("a2", "generate", to_json(dup)));
+  } // hangs up with its second duplicate in flight (or already refused)
+  auto out = final_generate(*victim, "v");
+  BOOST_TEST(out.success, out.message);
+  BOOST_REQUIRE(out.finish_reason.has_value());
+  BOOST_TEST(out.finish_reason->type == "length");
+  BOOST_TEST(out.prompt_tokens == 5100);
+  BOOST_TEST(out.completion_tokens == 4);
+  // The busy prompts were tokenized and refused for their length, nothing more.
+  for (int i = 0; i < k_busy; ++i) {
+    auto m = busy->wait_for("w" + std::to_string(i));
+    BOOST_REQUIRE(m.has_value());
+    BOOST_TEST(!m->ok);
+  }
+  // Once the request ended its rid is free: another connection may use it.
+  dup.sampling_params.max_new_tokens = 2;
+  auto again = s.connect()->generate(dup);
+  BOOST_REQUIRE_MESSAGE(again.has_value(), (again ? std::string() : again.error()));
+  BOOST_TEST(again->success, again->message);
+  BOOST_TEST(again->rid == "long-prompt");
+}
+
 // Connection B could stage into and commit connection A's session. The weight updater checks
 // the requester when the request executes, so no ordering of the two connections' requests
 // gets past it (the orderings themselves: tests/actors/update_session_test.cpp).

@@ -46,8 +46,10 @@ struct served_engine {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<net::server> server;
 
+  // `cfg.model_path` empty: the tiny model.
   explicit served_engine(net::server_options opts = {}, engine_config cfg = {}) {
-    cfg.model_path = tiny_model_dir();
+    if (cfg.model_path.empty())
+      cfg.model_path = tiny_model_dir();
     auto e = Engine::start(cfg);
     BOOST_REQUIRE_MESSAGE(e.has_value(), (e ? std::string() : e.error()));
     engine = std::move(*e);

@@ -2,7 +2,8 @@
 // GET, CHECK, WAIT with CANCEL_WAIT), written from PyTorch's protocol as model/tcp_store.hpp
 // describes it, on 127.0.0.1 at a free port. tests/python/test_tcp_store.py holds the client to
 // an independent store, tests/gpu/test_tcp_store.py to PyTorch's own; this one lets actor tests
-// play a trainer: publish a unique id, or close every connection (a trainer that died).
+// play a trainer: publish a unique id, close every connection (a trainer that died), or (silent)
+// accept connections and never answer (a trainer that hangs).
 #pragma once
 
 #include <atomic>
@@ -25,23 +26,18 @@ namespace rlserve::test {
 
 class fake_tcp_store {
 public:
-  fake_tcp_store() {
-    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::listen(listen_fd_, 16);
-    socklen_t len = sizeof a;
-    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    acceptor_ = std::thread([this] { accept_loop(); });
-  }
+  struct silent_t {};
+  static constexpr silent_t silent{};
+
+  fake_tcp_store() : fake_tcp_store(false) {}
+  // Accepts connections and reads what they send, but answers nothing.
+  explicit fake_tcp_store(silent_t) : fake_tcp_store(true) {}
   ~fake_tcp_store() { close_all(); }
 
   int port() const { return port_; }
+  // Connections accepted so far, and how many of them the client closed (a silent store).
+  int accepted() const { return accepted_; }
+  int hung_up() const { return hung_up_; }
 
   void set(const std::string& key, std::vector<uint8_t> value) {
     std::lock_guard lock(mu_);
@@ -74,6 +70,21 @@ public:
   }
 
 private:
+  explicit fake_tcp_store(bool silent) : silent_(silent) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(listen_fd_, 16);
+    socklen_t len = sizeof a;
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+
   void accept_loop() {
     while (!stopped_) {
       pollfd p{listen_fd_, POLLIN, 0};
@@ -84,7 +95,14 @@ private:
         continue;
       std::lock_guard lock(mu_);
       clients_.push_back(fd);
-      workers_.emplace_back([this, fd] { serve(fd); ::close(fd); });
+      ++accepted_;
+      workers_.emplace_back([this, fd] {
+        if (silent_)
+          swallow(fd);
+        else
+          serve(fd);
+        ::close(fd);
+      });
     }
   }
   bool read_all(int fd, void* out, std::size_t n) {
@@ -114,6 +132,19 @@ private:
       if (!data_.count(k))
         return false;
     return true;
+  }
+  // Reads until the client or the test closes the connection; writes nothing.
+  void swallow(int fd) {
+    while (!stopped_) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 20) <= 0)
+        continue;
+      char buf[256];
+      if (::recv(fd, buf, sizeof buf, 0) <= 0) {
+        ++hung_up_;
+        return;
+      }
+    }
   }
   void serve(int fd) {
     using model::tcp_store_wire::query;
@@ -211,6 +242,9 @@ private:
     }
   }
 
+  bool silent_ = false;
+  std::atomic<int> accepted_{0};
+  std::atomic<int> hung_up_{0};
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stopped_{false};

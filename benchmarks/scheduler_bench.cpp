@@ -116,8 +116,10 @@ result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps) {
   scheduler_options options;
   options.max_running_requests = batch;
   options.max_batch_tokens = batch * prompt;
-  auto scheduler = spawn_scheduler(sys, options, runner, runner_actor{}, manifest,
-                                   weight_updater_actor{}, "0", nullptr);
+  // A real weight updater (it stays idle): the scheduler monitors the one it is given.
+  auto updater = spawn_weight_updater(sys, {{runner, manifest}}, "0");
+  auto scheduler = spawn_scheduler(sys, options, runner, runner_actor{}, manifest, updater, "0",
+                                   nullptr);
   auto sink = sys.spawn(chunk_counter, &clock);
   for (int i = 0; i < batch; ++i) {
     TokenizedGenerateReqInput req;
@@ -155,6 +157,7 @@ result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps) {
   while (clock.finished < batch)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(updater, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(runner, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
   return out;

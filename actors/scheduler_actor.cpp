@@ -171,7 +171,11 @@ struct scheduler_state {
   profiler::clock::time_point forward_sent; // when the batch in flight went out (profiles)
   std::vector<policy::running_view> running_views; // step()'s scratch
   std::vector<policy::waiting_view> waiting_views;
-  std::vector<uint64_t> decode_in_flight; // the plain decodes of the batch in flight, in order
+  // The batch in flight: the sequence at each of its positions, and how many of them (the first)
+  // are work entries (the rest are plain decodes).
+  std::vector<uint64_t> in_flight;
+  std::size_t work_in_flight = 0;
+  std::vector<uint64_t> decode_scratch; // step()'s: the plain decodes' sequences
   bool step_scheduled = false;
   bool paused = false;
   pause_mode mode = pause_mode::abort;
@@ -501,18 +505,14 @@ void record_acceptance(scheduler_state& st, request_state& r, int32_t accepted) 
     st.spec_recent.pop_front();
 }
 
-// The prompt logprobs one sequence's result carries; false (and the request failed) when the
-// runner returned another number than was asked for.
-bool apply_scores(scheduler_pointer self, SequenceResult& res) {
-  auto& st = self->state;
-  auto seq = st.by_seq.find(res.seq_id);
-  if (seq == st.by_seq.end())
-    return true;
-  auto& r = *seq->second;
+// What a work position's details add to its request: the routing of the positions it ran and
+// its prompt logprobs. False (and the request ended, failed) when the runner returned another
+// number of either than was asked for.
+bool apply_scores(scheduler_pointer self, request_state& r, WorkResult& res) {
   // Routing replay: the rows of the positions this batch ran (from kv_tokens on; apply_result
   // advances kv_tokens after this).
-  if (r.req.return_routed_experts && res.error.empty() && r.in_batch_tokens > 0 &&
-      r.in_batch_proposals == 0 && !res.routed_experts.empty()) {
+  if (r.req.return_routed_experts && r.in_batch_tokens > 0 && r.in_batch_proposals == 0 &&
+      !res.routed_experts.empty()) {
     auto ran = static_cast<std::size_t>(r.in_batch_tokens);
     if (res.routed_experts.size() % ran != 0 ||
         (r.routed_row != 0 && res.routed_experts.size() / ran != r.routed_row)) {
@@ -529,8 +529,7 @@ bool apply_scores(scheduler_pointer self, SequenceResult& res) {
               r.routed.begin() + static_cast<std::ptrdiff_t>(first));
   }
   auto asked = r.in_batch_scored;
-  r.in_batch_scored = 0;
-  if (asked == 0 || !res.error.empty())
+  if (asked == 0)
     return true;
   if (static_cast<int64_t>(res.scored_logprobs.size()) != asked ||
       (r.req.top_logprobs_num > 0 && static_cast<int64_t>(res.scored_top_logprobs.size()) != asked)) {
@@ -549,15 +548,18 @@ bool apply_scores(scheduler_pointer self, SequenceResult& res) {
   return true;
 }
 
-// One sequence's answer: its new tokens (none for a prefill chunk) or its error.
-void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32_t> tokens,
-                  std::span<const float> logprobs, std::vector<std::vector<TopLogprob>>* tops,
-                  int32_t accepted, const std::string& error) {
+// One position's answer: its sampled token (none for a prefill chunk), for a work position its
+// details (a verification's accepted proposals come before the sampled token), or its error.
+void apply_result(scheduler_pointer self, uint64_t seq_id, int32_t token, float logprob,
+                  WorkResult* details, const std::string& error) {
   auto& st = self->state;
   auto seq = st.by_seq.find(seq_id);
   if (seq == st.by_seq.end())
     return; // finished meanwhile
   auto& r = *seq->second;
+  if (details && error.empty() && !apply_scores(self, r, *details))
+    return; // it ended: the runner's answer did not match what was asked
+  r.in_batch_scored = 0;
   const auto& rid = r.req.rid;
   auto ran = r.in_batch_tokens;
   auto sampled = r.in_batch_samples;
@@ -572,6 +574,8 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32
            error);
     return;
   }
+  const auto accepted =
+    proposals > 0 && details ? static_cast<int32_t>(details->accepted_tokens.size()) : 0;
   auto length_before = sequence_length(r);
   if (proposals > 0) {
     // The target kept the pending token and the accepted proposals; the draft holds the
@@ -600,15 +604,26 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32
     finish(self, std::string(rid), FinishReason{"length", std::nullopt, std::nullopt, {}});
     return;
   }
+  if (token < 0) { // not reached: a position that ran and sampled has its token
+    auto m = std::string("internal error: the runner returned no token for a sampling sequence");
+    finish(self, std::string(rid), FinishReason{"abort", std::nullopt, std::nullopt, m}, false, m);
+    return;
+  }
   if (r.spans.empty() || r.spans.back().weight_version != st.version)
     r.spans.push_back({st.version, static_cast<int32_t>(r.output_ids.size())});
+  // The new tokens: a verification's accepted proposals, then the sampled token.
+  const auto kept = static_cast<std::size_t>(accepted);
   std::optional<FinishReason> reason;
-  for (std::size_t n = 0; n < tokens.size() && !reason; ++n) {
-    r.output_ids.push_back(tokens[n]);
+  for (std::size_t n = 0; n <= kept && !reason; ++n) {
+    const bool sampled_one = n == kept;
+    r.output_ids.push_back(sampled_one ? token : details->accepted_tokens[n]);
     if (r.req.return_logprob) { // kept only when asked for: most rollouts at scale do not
-      r.logprobs.push_back(n < logprobs.size() ? logprobs[n] : 0.0f);
-      r.top_logprobs.push_back(tops && n < tops->size() ? std::move((*tops)[n])
-                                                        : std::vector<TopLogprob>{});
+      r.logprobs.push_back(sampled_one                             ? logprob
+                           : n < details->accepted_logprobs.size() ? details->accepted_logprobs[n]
+                                                                   : 0.0f);
+      r.top_logprobs.push_back(details && n < details->top_logprobs.size()
+                                 ? std::move(details->top_logprobs[n])
+                                 : std::vector<TopLogprob>{});
     }
     reason = stop_check(st, r); // tokens after a stop are dropped
   }
@@ -640,26 +655,20 @@ void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
   if (profiling(st))
     trace(st, "forward", st.forward_sent, "{\"step\":" + std::to_string(out.step) + "}");
   st.forward_in_flight = false;
-  static const std::string no_error;
-  if (!out.success) { // nothing of it ran: results, if any, are not to be applied
-    out.results.clear();
-    out.decode_tokens.clear();
+  const auto n = st.in_flight.size(), W = st.work_in_flight;
+  if (out.success && (out.tokens.size() != n || out.logprobs.size() != n ||
+                      out.details.size() != W || (!out.errors.empty() && out.errors.size() != n))) {
+    out.success = false;
+    out.message = fmt::format("internal error: the runner answered a batch of {} positions ({} "
+                              "work) with {} tokens, {} logprobs, {} details and {} errors",
+                              n, W, out.tokens.size(), out.logprobs.size(), out.details.size(),
+                              out.errors.size());
   }
-  for (auto& res : out.results)
-    if (apply_scores(self, res))
-      apply_result(self, res.seq_id, res.tokens, res.logprobs, &res.top_logprobs, res.accepted,
-                   res.error);
-  static const std::string unanswered = "the runner returned no result for this sequence";
-  for (std::size_t d = 0; out.success && d < st.decode_in_flight.size(); ++d) {
-    if (d >= out.decode_tokens.size() || d >= out.decode_logprobs.size()) {
-      apply_result(self, st.decode_in_flight[d], {}, {}, nullptr, 0, unanswered);
-      continue;
-    }
-    apply_result(self, st.decode_in_flight[d], std::span<const int32_t>(&out.decode_tokens[d], 1),
-                 std::span<const float>(&out.decode_logprobs[d], 1), nullptr, 0,
-                 d < out.decode_errors.size() ? out.decode_errors[d] : no_error);
-  }
-  st.decode_in_flight.clear();
+  // Position i of the answer is position i of the batch; nothing of a failed batch ran.
+  for (std::size_t i = 0; out.success && i < n; ++i)
+    apply_result(self, st.in_flight[i], out.tokens[i], out.logprobs[i],
+                 i < W ? &out.details[i] : nullptr, out.error(i));
+  st.in_flight.clear();
   if (!out.success) {
     // The whole batch failed (the runner could not run it): every request in it ends.
     std::vector<std::string> in_batch;
@@ -715,59 +724,58 @@ void run_target(scheduler_pointer self, ForwardBatch batch) {
     });
 }
 
-// The draft proposes for every speculating request of `batch`, then the target verifies. A
-// request the draft fails on decodes plainly this step and without speculation afterwards: the
-// draft only ever makes generation faster, never fails it.
-void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBatch draft_batch) {
+// The draft proposes for every speculating request of `batch` (draft position j for the target's
+// work position verifies[j]), then the target verifies. A request the draft fails on decodes
+// plainly this step and without speculation afterwards: the draft only ever makes generation
+// faster, never fails it.
+void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBatch draft_batch,
+                           std::vector<std::size_t> verifies) {
   auto& st = self->state;
-  auto fallback = [self](ForwardBatch& batch, uint64_t seq_id) {
+  auto fallback = [self](ForwardBatch& batch, std::size_t position) {
     auto& st = self->state;
-    auto it = st.by_seq.find(seq_id);
+    auto it = st.by_seq.find(batch.seq_ids[position]);
     if (it == st.by_seq.end())
       return;
     auto& r = *it->second;
     r.draft_failed = true;
     r.in_batch_proposals = 0;
     release_draft(self, r);
-    for (auto& w : batch.work)
-      if (w.seq_id == seq_id) {
-        w.draft_tokens.clear();
-        w.draft_probs.clear();
-      }
+    auto& w = batch.work[position];
+    w.draft_tokens.clear();
+    w.draft_probs.clear();
   };
   auto batch_ptr = std::make_shared<ForwardBatch>(std::move(batch));
+  auto verifies_ptr = std::make_shared<std::vector<std::size_t>>(std::move(verifies));
   st.waits.request<ForwardBatchOutput>(
     self, st.draft, std::move(draft_batch),
-    [self, batch_ptr, fallback](ForwardBatchOutput& out) {
+    [self, batch_ptr, verifies_ptr, fallback](ForwardBatchOutput& out) {
       auto& st = self->state;
-      for (auto& res : out.results) {
-        auto it = st.by_seq.find(res.seq_id);
+      const auto& verifies = *verifies_ptr;
+      for (std::size_t j = 0; j < verifies.size(); ++j) {
+        const auto position = verifies[j];
+        auto it = st.by_seq.find(batch_ptr->seq_ids[position]);
         if (it == st.by_seq.end())
           continue;
         auto& r = *it->second;
-        if (!out.success || !res.error.empty() ||
-            static_cast<int64_t>(res.tokens.size()) != r.in_batch_proposals) {
-          fallback(*batch_ptr, res.seq_id);
+        auto* proposal = out.success && j < out.details.size() ? &out.details[j] : nullptr;
+        if (!proposal || !out.error(j).empty() ||
+            static_cast<int64_t>(proposal->proposed_tokens.size()) != r.in_batch_proposals) {
+          fallback(*batch_ptr, position);
           continue;
         }
         // The draft now holds the pending token's prefix and proposals 1 .. k - 1.
         r.draft_kv = sequence_length(r) + r.in_batch_proposals - 1;
-        for (auto& w : batch_ptr->work)
-          if (w.seq_id == res.seq_id) {
-            w.draft_tokens = std::move(res.tokens);
-            w.draft_probs = std::move(res.draft_probs);
-          }
+        auto& w = batch_ptr->work[position];
+        w.draft_tokens = std::move(proposal->proposed_tokens);
+        w.draft_probs = std::move(proposal->draft_probs);
       }
       run_target(self, std::move(*batch_ptr));
     },
-    [self, batch_ptr, fallback](const std::string&) {
-      std::vector<uint64_t> ids;
-      for (const auto& w : batch_ptr->work)
-        ids.push_back(w.seq_id);
-      for (auto id : ids) {
-        auto it = self->state.by_seq.find(id);
+    [self, batch_ptr, verifies_ptr, fallback](const std::string&) {
+      for (auto position : *verifies_ptr) {
+        auto it = self->state.by_seq.find(batch_ptr->seq_ids[position]);
         if (it != self->state.by_seq.end() && it->second->in_batch_proposals > 0)
-          fallback(*batch_ptr, id);
+          fallback(*batch_ptr, position);
       }
       run_target(self, std::move(*batch_ptr));
     });
@@ -962,24 +970,27 @@ void step(scheduler_pointer self) {
     flush_outbox(self);
     return;
   }
+  // Work entries take the batch's first positions, plain decodes the rest (collected aside).
   ForwardBatch batch;
   batch.step = st.next_step++;
-  batch.work.reserve(plan.work.size());
+  batch.seq_ids.reserve(plan.work.size());
+  auto& decodes = st.decode_scratch;
+  decodes.clear();
   ForwardBatch draft_batch;
   draft_batch.step = batch.step;
+  std::vector<std::size_t> verifies; // the target position each draft position proposes for
   for (const auto& w : plan.work) {
     auto& r = *st.by_seq.at(w.id);
     if (!w.admitted && r.prefill_left == 0 && w.tokens == 1 && w.new_blocks == 0 &&
         !(r.req.return_logprob && r.req.top_logprobs_num > 0) && !r.req.return_routed_experts) {
       // A plain decode: flat arrays, no allocation per sequence.
-      batch.decode_seq_ids.push_back(r.seq_id);
+      decodes.push_back(r.seq_id);
       batch.decode_tokens.push_back(r.output_ids.back());
       r.in_batch_tokens = 1;
       r.in_batch_samples = true;
       continue;
     }
     SequenceWork work;
-    work.seq_id = r.seq_id;
     if (w.admitted) {
       st.waiting.erase(std::find(st.waiting.begin(), st.waiting.end(), &r));
       st.running.push_back(&r);
@@ -1024,7 +1035,6 @@ void step(scheduler_pointer self) {
         // Speculative: the draft catches up on what it lacks and proposes w.tokens - 1.
         r.in_batch_proposals = w.tokens - 1;
         SequenceWork proposal;
-        proposal.seq_id = r.seq_id;
         if (!r.on_draft) {
           proposal.new_sequence = true;
           proposal.sampling_params = r.req.sampling_params;
@@ -1044,7 +1054,9 @@ void step(scheduler_pointer self) {
           proposal.tokens.push_back(token_at(r, i));
         proposal.sample = false;
         proposal.propose = static_cast<int32_t>(r.in_batch_proposals);
+        draft_batch.seq_ids.push_back(r.seq_id);
         draft_batch.work.push_back(std::move(proposal));
+        verifies.push_back(batch.work.size()); // the position `work` takes below
       }
     }
     work.sample = w.samples;
@@ -1054,27 +1066,30 @@ void step(scheduler_pointer self) {
       r.version_start = st.version;
     r.in_batch_tokens = w.tokens;
     r.in_batch_samples = w.samples;
+    batch.seq_ids.push_back(r.seq_id);
     batch.work.push_back(std::move(work));
   }
+  batch.seq_ids.insert(batch.seq_ids.end(), decodes.begin(), decodes.end());
   flush_outbox(self);
-  if (batch.work.empty() && batch.decode_seq_ids.empty())
+  if (batch.size() == 0)
     return;
   if (profiling(st)) {
-    int64_t tokens = static_cast<int64_t>(batch.decode_seq_ids.size());
+    int64_t tokens = static_cast<int64_t>(batch.decode_tokens.size());
     for (const auto& w : batch.work)
       tokens += static_cast<int64_t>(w.tokens.size());
     trace(st, "plan", plan_begin,
           fmt::format(R"({{"step":{},"decodes":{},"other":{},"tokens":{},"running":{},"waiting":{}}})",
-                      batch.step, batch.decode_seq_ids.size(), batch.work.size(), tokens,
+                      batch.step, batch.decode_tokens.size(), batch.work.size(), tokens,
                       st.running.size(), st.waiting.size()));
   }
   st.forward_sent = profiler::clock::now();
   st.forward_in_flight = true;
-  st.decode_in_flight = batch.decode_seq_ids;
+  st.in_flight = batch.seq_ids;
+  st.work_in_flight = batch.work.size();
   if (draft_batch.work.empty())
     run_target(self, std::move(batch));
   else
-    run_draft_then_target(self, std::move(batch), std::move(draft_batch));
+    run_draft_then_target(self, std::move(batch), std::move(draft_batch), std::move(verifies));
 }
 
 // retract: every running request gives its KV back and returns to the front of the queue, in

@@ -44,7 +44,7 @@ struct step_clock {
   std::atomic<int64_t> runner_ns{0}; // time the runner spent building its answers
 };
 
-// A runner without a model: every sequence's answer is token 7 with logprob -1.
+// A runner without a model: every position that samples answers token 7 with logprob -1.
 runner_actor::behavior_type modelless_runner(runner_actor::pointer, RunnerManifest manifest,
                                              step_clock* clock) {
   return {
@@ -53,16 +53,14 @@ runner_actor::behavior_type modelless_runner(runner_actor::pointer, RunnerManife
       auto t0 = clock_type::now();
       ForwardBatchOutput out;
       out.step = batch.step;
-      out.results.resize(batch.work.size());
-      for (std::size_t i = 0; i < batch.work.size(); ++i) {
-        out.results[i].seq_id = batch.work[i].seq_id;
-        if (batch.work[i].sample) {
-          out.results[i].tokens = {7};
-          out.results[i].logprobs = {-1.0f};
+      out.tokens.assign(batch.size(), 7);
+      out.logprobs.assign(batch.size(), -1.0f);
+      out.details.resize(batch.work.size());
+      for (std::size_t i = 0; i < batch.work.size(); ++i)
+        if (!batch.work[i].sample) {
+          out.tokens[i] = -1;
+          out.logprobs[i] = 0.0f;
         }
-      }
-      out.decode_tokens.assign(batch.decode_seq_ids.size(), 7);
-      out.decode_logprobs.assign(batch.decode_seq_ids.size(), -1.0f);
       clock->steps.fetch_add(1);
       clock->runner_ns.fetch_add((clock_type::now() - t0).count());
       return out;

@@ -157,8 +157,8 @@ RunnerManifest make_manifest(const runner_options& options, const model::qwen3_m
 
 // Runs `items` as one batch. When the batch as a whole is refused (the forward checks every
 // item before running any), the items at fault are found by trying each alone on a copy of its
-// KV, marked failed in `errors`, and the rest run without them. `items` and `owners` (the index of
-// each item's work) shrink to what ran; `row_of` gets each remaining item's first logits row;
+// KV, marked failed in `errors` (by batch position), and the rest run without them. `items` and
+// `owners` (the batch position each item runs) shrink to what ran; `row_of` gets each remaining item's first logits row;
 // `routed_experts`, when given, the routing of every token that ran, item after item.
 status run_items(runner_state& st, std::vector<model::forward_item>& items,
                  std::vector<std::size_t>& owners, std::vector<std::string>& errors,
@@ -205,67 +205,60 @@ status run_items(runner_state& st, std::vector<model::forward_item>& items,
 }
 
 // A decode-only batch on the GPU runner: forward and sampling on the device, only tokens and
-// logprobs come back. Besides the flat plain decodes, work items that are one sampled token
+// logprobs come back. Besides the plain decodes, work positions that are one sampled token
 // (a decode that just got a new KV block, say) qualify; anything else (prefill, speculation,
 // top logprobs) takes the general path with logits on the host. Uniforms are peeked from each
 // request's sampler and consumed only when the step ran, so a refused batch (which then takes
 // the general path) draws nothing twice.
 bool run_gpu_decodes(runner_state& st, ForwardBatch& batch, ForwardBatchOutput& out) {
   const auto W = batch.work.size();
-  const auto D = batch.decode_seq_ids.size();
-  for (const auto& w : batch.work)
+  for (std::size_t i = 0; i < W; ++i) {
+    const auto& w = batch.work[i];
     if (w.new_sequence || w.tokens.size() != 1 || !w.sample || w.propose > 0 ||
         !w.draft_tokens.empty() || w.top_logprobs_num > 0 || w.kv_length >= 0 ||
-        !w.scored_tokens.empty() || w.return_routed_experts ||
-        st.sequences.count(w.seq_id) == 0 || st.sequences.at(w.seq_id).sampling.uses_history())
+        !w.scored_tokens.empty() || w.return_routed_experts)
       return false;
-  for (auto id : batch.decode_seq_ids) {
+  }
+  std::vector<sequence_state*> seqs;
+  seqs.reserve(batch.size());
+  for (auto id : batch.seq_ids) {
     auto it = st.sequences.find(id);
     if (it == st.sequences.end())
       return false; // the general path reports it
     if (it->second.sampling.uses_history())
       return false; // the device sampler has no penalties: logits go to the host
+    seqs.push_back(&it->second);
   }
   std::vector<model::forward_item> items;
   std::vector<model::gpu_sample_row> rows;
-  std::vector<sequence_state*> seqs;
-  items.reserve(W + D);
-  rows.reserve(W + D);
-  auto add = [&](sequence_state& seq, const int32_t* token) {
+  items.reserve(batch.size());
+  rows.reserve(batch.size());
+  std::vector<std::size_t> blocks_before(W);
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    auto& seq = *seqs[i];
+    const int32_t* token = i < W ? batch.work[i].tokens.data() : batch.decode_tokens.data() + (i - W);
+    if (i < W) {
+      blocks_before[i] = seq.kv.blocks.size();
+      seq.kv.blocks.insert(seq.kv.blocks.end(), batch.work[i].new_blocks.begin(),
+                           batch.work[i].new_blocks.end());
+    }
     items.push_back({&seq.kv, std::span<const int32_t>(token, 1), 1});
     const bool greedy = model::is_greedy(seq.sampling);
     rows.push_back({greedy ? 0.0f : seq.sampling.temperature, seq.sampling.top_k,
                     seq.sampling.top_p, seq.sampling.min_p,
                     greedy ? 0.0f : seq.sampler.peek_uniform()});
-    seqs.push_back(&seq);
-  };
-  std::vector<std::size_t> blocks_before(W);
-  for (std::size_t i = 0; i < W; ++i) {
-    auto& seq = st.sequences.at(batch.work[i].seq_id);
-    blocks_before[i] = seq.kv.blocks.size();
-    seq.kv.blocks.insert(seq.kv.blocks.end(), batch.work[i].new_blocks.begin(),
-                         batch.work[i].new_blocks.end());
-    add(seq, batch.work[i].tokens.data());
   }
-  for (std::size_t d = 0; d < D; ++d)
-    add(st.sequences.at(batch.decode_seq_ids[d]), &batch.decode_tokens[d]);
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  if (!st.gpu->forward_sample(items, rows, tokens, logprobs)) {
+  if (!st.gpu->forward_sample(items, rows, out.tokens, out.logprobs)) {
     for (std::size_t i = 0; i < W; ++i) // the general path appends the new blocks itself
-      st.sequences.at(batch.work[i].seq_id).kv.blocks.resize(blocks_before[i]);
+      seqs[i]->kv.blocks.resize(blocks_before[i]);
+    out.tokens.clear();
+    out.logprobs.clear();
     return false;
   }
-  for (std::size_t j = 0; j < seqs.size(); ++j)
-    if (!model::is_greedy(seqs[j]->sampling))
-      seqs[j]->sampler.consume_uniform();
-  for (std::size_t i = 0; i < W; ++i) {
-    out.results[i].seq_id = batch.work[i].seq_id;
-    out.results[i].tokens = {tokens[i]};
-    out.results[i].logprobs = {logprobs[i]};
-  }
-  out.decode_tokens.assign(tokens.begin() + static_cast<std::ptrdiff_t>(W), tokens.end());
-  out.decode_logprobs.assign(logprobs.begin() + static_cast<std::ptrdiff_t>(W), logprobs.end());
+  for (auto* seq : seqs)
+    if (!model::is_greedy(seq->sampling))
+      seq->sampler.consume_uniform();
+  out.details.resize(W);
   return true;
 }
 
@@ -323,55 +316,72 @@ RunnerReply change_memory(runner_state& st, const std::vector<std::string>& requ
 // One forward batch, traced on the runner's timeline while a profile runs (forward and sampling
 // together; on the GPU the host waits for the device inside it).
 ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
-  if (auto why = released_refusal(st, true, "run a forward batch")) {
+  auto refuse = [&](std::string why) {
     ForwardBatchOutput out;
     out.success = false;
-    out.message = *why;
+    out.message = std::move(why);
     out.step = batch.step;
     return out;
-  }
+  };
+  if (auto why = released_refusal(st, true, "run a forward batch"))
+    return refuse(*why);
+  if (batch.seq_ids.size() != batch.work.size() + batch.decode_tokens.size())
+    return refuse("a forward batch names " + std::to_string(batch.seq_ids.size()) +
+                  " sequences for " + std::to_string(batch.work.size()) + " work entries and " +
+                  std::to_string(batch.decode_tokens.size()) + " plain decodes");
   const auto& profile = st.options.profile;
   if (!profile || !profile->active())
     return run_batch_untraced(st, batch);
   const auto begin = profiler::clock::now();
   auto out = run_batch_untraced(st, batch);
-  int64_t tokens = static_cast<int64_t>(batch.decode_seq_ids.size());
+  int64_t tokens = static_cast<int64_t>(batch.decode_tokens.size());
   for (const auto& w : batch.work)
     tokens += static_cast<int64_t>(w.tokens.size());
   profile->record("runner " + st.options.role, "run_batch", begin, profiler::clock::now(),
                   "{\"step\":" + std::to_string(batch.step) + ",\"sequences\":" +
-                    std::to_string(batch.work.size() + batch.decode_seq_ids.size()) +
+                    std::to_string(batch.size()) +
                     ",\"tokens\":" + std::to_string(tokens) + "}");
   return out;
 }
 
-// One forward batch on the general path (logits on the host), in its phases: every sequence's
-// work is checked and becomes a forward item (prepare_work, prepare_decodes); one forward runs
-// them all (forward_all); each item's rows are then scored, verified, proposed from or sampled
-// (use_rows); draft proposals continue one forward per proposal (continue_proposals). Entries
-// 0 .. W - 1 of `errors` are batch.work, W .. W + D - 1 the plain decodes.
+// One forward batch on the general path (logits on the host), in its phases: every position is
+// checked and becomes a forward item (prepare_work for work positions, prepare_decodes for the
+// plain decodes); one forward runs them all (forward_all); each item's rows are then used
+// (use_rows): a verification verifies, a proposal proposes, a sampling position samples, after
+// scoring its prompt rows; draft proposals continue one forward per proposal
+// (continue_proposals). Everything is indexed by the batch's positions: errors, out.tokens and
+// out.logprobs by every position, out.details by the work positions.
 struct batch_run {
   runner_state& st;
   ForwardBatch& batch;
   ForwardBatchOutput& out;
   const std::size_t vocab;
-  const std::size_t W, D;
+  const std::size_t W, N; // work positions, all positions
   std::vector<std::string> errors;
-  std::vector<std::vector<int32_t>> verify_tokens; // per work: pending token + proposals
+  std::vector<std::vector<int32_t>> verify_tokens; // per work position: pending token + proposals
   std::vector<model::forward_item> items;
-  std::vector<std::size_t> owners; // items[j] runs work or decode owners[j]
+  std::vector<std::size_t> owners; // items[j] runs position owners[j]
   std::vector<float> logits;
   std::vector<std::size_t> row_of;
-  std::vector<std::size_t> proposing; // works still proposing after a forward
+  std::vector<std::size_t> proposing; // work positions still proposing after a forward
   std::vector<float> probs;           // a draft's distribution (scratch)
   std::vector<float> penalized;       // sampling_row's scratch
 
   batch_run(runner_state& s, ForwardBatch& b, ForwardBatchOutput& o)
       : st(s), batch(b), out(o), vocab(static_cast<std::size_t>(s.model->config().vocab_size)),
-        W(b.work.size()), D(b.decode_seq_ids.size()), errors(W + D), verify_tokens(W) {}
+        W(b.work.size()), N(b.size()), errors(N), verify_tokens(W) {
+    out.tokens.assign(N, -1);
+    out.logprobs.assign(N, 0.0f);
+    out.details.resize(W);
+  }
 
   std::span<const float> row(std::size_t j, std::size_t n) const {
     return std::span<const float>(logits.data() + (row_of[j] + n) * vocab, vocab);
+  }
+
+  std::string unknown(uint64_t seq_id) const {
+    return "sequence " + std::to_string(seq_id) + " is unknown to the " + st.options.role +
+           " runner (released, or never started)";
   }
 
   // A new sequence whose first cached_tokens positions another request computed: the whole
@@ -401,14 +411,16 @@ struct batch_run {
     return {};
   }
 
-  // Work i: its sequence (new or known), its KV cut and blocks, and its forward item; or why not.
+  // Work position i: its sequence (new or known), its KV cut and blocks, and its forward item;
+  // or why not.
   std::string prepare_work(std::size_t i) {
     auto& work = batch.work[i];
-    const auto id = std::to_string(work.seq_id);
+    const auto seq_id = batch.seq_ids[i];
+    const auto id = std::to_string(seq_id);
     if (work.new_sequence) {
-      st.sequences.erase(work.seq_id);
+      st.sequences.erase(seq_id);
       auto& seq = st.sequences
-                    .emplace(work.seq_id,
+                    .emplace(seq_id,
                              sequence_state{{}, model::sampler{work.sampling_seed},
                                             to_sampling_config(work.sampling_params,
                                                                st.model->config().eos_token_ids),
@@ -417,10 +429,9 @@ struct batch_run {
       for (int32_t t : work.generated_tokens)
         seq.history.add(t);
     }
-    auto it = st.sequences.find(work.seq_id);
+    auto it = st.sequences.find(seq_id);
     if (it == st.sequences.end())
-      return "sequence " + id + " is unknown to the " + st.options.role +
-             " runner (released, or never started)";
+      return unknown(seq_id);
     auto& seq = it->second;
     auto& kv = seq.kv;
     kv.blocks.insert(kv.blocks.end(), work.new_blocks.begin(), work.new_blocks.end());
@@ -459,22 +470,20 @@ struct batch_run {
     return {};
   }
 
+  // The plain decodes: one token each, no allocation per sequence.
   void prepare_decodes() {
-    out.decode_tokens.assign(D, -1);
-    out.decode_logprobs.assign(D, 0.0f);
-    for (std::size_t d = 0; d < D; ++d) {
-      auto it = st.sequences.find(batch.decode_seq_ids[d]);
+    for (std::size_t i = W; i < N; ++i) {
+      auto it = st.sequences.find(batch.seq_ids[i]);
       if (it == st.sequences.end()) {
-        errors[W + d] = "sequence " + std::to_string(batch.decode_seq_ids[d]) + " is unknown to the " +
-                        st.options.role + " runner (released, or never started)";
+        errors[i] = unknown(batch.seq_ids[i]);
         continue;
       }
-      items.push_back({&it->second.kv, std::span<const int32_t>(&batch.decode_tokens[d], 1), 1});
-      owners.push_back(W + d);
+      items.push_back({&it->second.kv, std::span<const int32_t>(&batch.decode_tokens[i - W], 1), 1});
+      owners.push_back(i);
     }
   }
 
-  // The one forward of the batch; the routing of the works that ask for it.
+  // The one forward of the batch; the routing of the work positions that ask for it.
   status forward_all() {
     const bool routing = std::any_of(batch.work.begin(), batch.work.end(),
                                      [](const SequenceWork& w) { return w.return_routed_experts; });
@@ -491,7 +500,7 @@ struct batch_run {
     for (std::size_t j = 0; j < items.size(); ++j) {
       const auto n = items[j].tokens.size();
       if (owners[j] < W && batch.work[owners[j]].return_routed_experts)
-        out.results[owners[j]].routed_experts.assign(
+        out.details[owners[j]].routed_experts.assign(
           routed.begin() + static_cast<std::ptrdiff_t>(first * per_token),
           routed.begin() + static_cast<std::ptrdiff_t>((first + n) * per_token));
       first += n;
@@ -499,17 +508,8 @@ struct batch_run {
     return {};
   }
 
-  void sample_decode(std::size_t j, std::size_t d) {
-    auto& seq = st.sequences.at(batch.decode_seq_ids[d]);
-    auto sampled = seq.sampler.sample(sampling_row(seq, row(j, 0), penalized), seq.sampling);
-    if (seq.sampling.uses_history())
-      seq.history.add(sampled.token);
-    out.decode_tokens[d] = sampled.token;
-    out.decode_logprobs[d] = sampled.logprob;
-  }
-
   // Prompt logprobs: the rows before the sampled one score the tokens that follow them.
-  void score_prompt(std::size_t j, const SequenceWork& work, const sequence_state& seq, SequenceResult& r) {
+  void score_prompt(std::size_t j, const SequenceWork& work, const sequence_state& seq, WorkResult& r) {
     for (std::size_t n = 0; n < work.scored_tokens.size(); ++n) {
       r.scored_logprobs.push_back(model::token_logprob(row(j, n), seq.sampling.temperature, work.scored_tokens[n]));
       if (work.top_logprobs_num > 0)
@@ -517,65 +517,69 @@ struct batch_run {
     }
   }
 
-  void verify(std::size_t j, const SequenceWork& work, sequence_state& seq, SequenceResult& r) {
+  // The target's side of speculation: the proposals it keeps go to the details, its own token
+  // (a correction or a bonus) is the position's sampled token.
+  void verify(std::size_t j, std::size_t i, sequence_state& seq) {
+    const auto& work = batch.work[i];
+    auto& r = out.details[i];
     const auto k = work.draft_tokens.size();
     auto v = model::verify_draft(seq.sampler, seq.sampling,
                                  std::span<const float>(logits.data() + row_of[j] * vocab, (k + 1) * vocab),
                                  static_cast<int64_t>(vocab), work.draft_tokens, work.draft_probs);
     // The forward stored all k + 1 positions; keep the pending token and the accepted ones.
     seq.kv.length -= static_cast<int64_t>(k) - v.accepted;
-    r.accepted = v.accepted;
     if (work.top_logprobs_num > 0)
       for (std::size_t n = 0; n < v.tokens.size(); ++n)
         r.top_logprobs.push_back(top_logprobs(row(j, n), seq.sampling.temperature, work.top_logprobs_num));
-    r.tokens = std::move(v.tokens);
-    r.logprobs = std::move(v.logprobs);
+    const auto kept = static_cast<std::ptrdiff_t>(v.accepted);
+    r.accepted_tokens.assign(v.tokens.begin(), v.tokens.begin() + kept);
+    r.accepted_logprobs.assign(v.logprobs.begin(), v.logprobs.begin() + kept);
+    out.tokens[i] = v.tokens.back();
+    out.logprobs[i] = v.logprobs.back();
   }
 
   // A draft's proposal from `logits_row`, with the distribution it came from (sampling only).
-  void propose(std::span<const float> logits_row, sequence_state& seq, SequenceResult& r) {
+  void propose(std::span<const float> logits_row, sequence_state& seq, WorkResult& r) {
     seq.sampler.distribution(logits_row, seq.sampling, probs);
-    int32_t d = seq.sampler.draw(probs);
-    r.tokens.push_back(d);
-    r.logprobs.push_back(model::token_logprob(logits_row, seq.sampling.temperature, d));
+    r.proposed_tokens.push_back(seq.sampler.draw(probs));
     if (!model::is_greedy(seq.sampling))
       r.draft_probs.insert(r.draft_probs.end(), probs.begin(), probs.end());
   }
 
-  void sample(std::span<const float> logits_row, const SequenceWork& work, sequence_state& seq,
-              SequenceResult& r) {
+  // Position i samples its next token from `logits_row` (a plain decode's or a work's last row).
+  void sample(std::size_t i, std::span<const float> logits_row, sequence_state& seq) {
     auto row_used = sampling_row(seq, logits_row, penalized);
     auto sampled = seq.sampler.sample(row_used, seq.sampling);
     if (seq.sampling.uses_history())
       seq.history.add(sampled.token);
-    r.tokens.push_back(sampled.token);
-    r.logprobs.push_back(sampled.logprob);
-    if (work.top_logprobs_num > 0)
-      r.top_logprobs.push_back(top_logprobs(row_used, seq.sampling.temperature, work.top_logprobs_num));
+    out.tokens[i] = sampled.token;
+    out.logprobs[i] = sampled.logprob;
+    if (i < W && batch.work[i].top_logprobs_num > 0)
+      out.details[i].top_logprobs.push_back(
+        top_logprobs(row_used, seq.sampling.temperature, batch.work[i].top_logprobs_num));
   }
 
   void use_rows() {
     for (std::size_t j = 0; j < items.size(); ++j) {
       const auto i = owners[j];
+      auto& seq = st.sequences.at(batch.seq_ids[i]);
       if (i >= W) {
-        sample_decode(j, i - W);
+        sample(i, row(j, 0), seq);
         continue;
       }
-      auto& work = batch.work[i];
-      auto& seq = st.sequences.at(work.seq_id);
-      auto& r = out.results[i];
+      const auto& work = batch.work[i];
       if (!work.draft_tokens.empty()) {
-        verify(j, work, seq, r);
+        verify(j, i, seq);
         continue;
       }
-      score_prompt(j, work, seq, r);
+      score_prompt(j, work, seq, out.details[i]);
       const auto sampled_row = row(j, work.scored_tokens.size());
       if (work.propose > 0) {
-        propose(sampled_row, seq, r);
+        propose(sampled_row, seq, out.details[i]);
         if (work.propose > 1)
           proposing.push_back(i);
       } else if (work.sample) {
-        sample(sampled_row, work, seq, r);
+        sample(i, sampled_row, seq);
       }
     }
   }
@@ -586,8 +590,8 @@ struct batch_run {
       items.clear();
       owners.clear();
       for (auto i : proposing) {
-        auto& seq = st.sequences.at(batch.work[i].seq_id);
-        items.push_back({&seq.kv, std::span<const int32_t>(&out.results[i].tokens.back(), 1), 1});
+        auto& seq = st.sequences.at(batch.seq_ids[i]);
+        items.push_back({&seq.kv, std::span<const int32_t>(&out.details[i].proposed_tokens.back(), 1), 1});
         owners.push_back(i);
       }
       if (auto ok = run_items(st, items, owners, errors, logits, row_of); !ok) {
@@ -598,44 +602,40 @@ struct batch_run {
       std::vector<std::size_t> still;
       for (std::size_t j = 0; j < items.size(); ++j) {
         const auto i = owners[j];
-        auto& r = out.results[i];
-        propose(row(j, 0), st.sequences.at(batch.work[i].seq_id), r);
-        if (static_cast<int32_t>(r.tokens.size()) < batch.work[i].propose)
+        auto& r = out.details[i];
+        propose(row(j, 0), st.sequences.at(batch.seq_ids[i]), r);
+        if (static_cast<int32_t>(r.proposed_tokens.size()) < batch.work[i].propose)
           still.push_back(i);
       }
       proposing = std::move(still);
     }
   }
 
-  // Failed sequences answer with their error and nothing else; the others stand.
+  // Failed positions answer with their error and nothing else; the others stand.
   void report_errors() {
-    for (std::size_t i = 0; i < W; ++i)
-      if (!errors[i].empty()) {
-        out.results[i] = SequenceResult{};
-        out.results[i].seq_id = batch.work[i].seq_id;
-        out.results[i].error = std::move(errors[i]);
-      }
-    for (std::size_t d = 0; d < D; ++d)
-      if (!errors[W + d].empty()) {
-        out.decode_errors.resize(D);
-        out.decode_errors[d] = std::move(errors[W + d]);
-        out.decode_tokens[d] = -1;
-      }
+    bool any = false;
+    for (std::size_t i = 0; i < N; ++i) {
+      if (errors[i].empty())
+        continue;
+      any = true;
+      out.tokens[i] = -1;
+      out.logprobs[i] = 0.0f;
+      if (i < W)
+        out.details[i] = WorkResult{};
+    }
+    if (any)
+      out.errors = std::move(errors);
   }
 };
 
 ForwardBatchOutput run_batch_untraced(runner_state& st, ForwardBatch& batch) {
   ForwardBatchOutput out;
   out.step = batch.step;
-  out.results.resize(batch.work.size());
-  if (st.gpu && (!batch.work.empty() || !batch.decode_seq_ids.empty()) &&
-      run_gpu_decodes(st, batch, out))
+  if (st.gpu && batch.size() > 0 && run_gpu_decodes(st, batch, out))
     return out;
   batch_run run(st, batch, out);
-  for (std::size_t i = 0; i < batch.work.size(); ++i) {
-    out.results[i].seq_id = batch.work[i].seq_id;
+  for (std::size_t i = 0; i < run.W; ++i)
     run.errors[i] = run.prepare_work(i);
-  }
   run.prepare_decodes();
   if (auto ok = run.forward_all(); !ok) {
     out.success = false;

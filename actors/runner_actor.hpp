@@ -23,8 +23,9 @@ namespace rlserve {
 using runner_actor = caf::typed_actor<
   // Describes this runner: role, device, limits, and its parameters in load format.
   caf::replies_to<manifest_atom>::with<RunnerManifest>,
-  // Runs one forward batch; results come back in work order. A bad sequence (token outside
-  // the vocabulary, context overflow) fails the whole batch with a message naming it.
+  // Runs one forward batch; the answer is indexed by the batch's positions (work entries, then
+  // plain decodes). A sequence that cannot run (unknown, a token outside the vocabulary, its
+  // context full) fails alone with its error at its position; the others run.
   caf::replies_to<ForwardBatch>::with<ForwardBatchOutput>,
   // Forgets the KV and sampler state of finished, aborted or retracted sequences.
   caf::reacts_to<ReleaseSequences>,

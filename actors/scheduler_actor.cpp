@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -33,12 +34,6 @@ struct request_state {
   TokenizedGenerateReqInput req;
   caf::actor sink;
   uint64_t seq_id = 0;
-  std::vector<int32_t> output_ids;
-  std::vector<float> logprobs;
-  std::vector<std::vector<TopLogprob>> top_logprobs;
-  std::vector<WeightVersionSpan> spans; // which output tokens came from which weight version
-  std::size_t spans_sent = 0;           // how many of them the front door has
-  std::size_t streamed = 0;   // output tokens already sent in chunks
   std::vector<int32_t> blocks; // KV blocks it holds (the runner holds its KV iff non-empty or kv_tokens > 0)
   int64_t kv_tokens = 0;       // positions of prompt + outputs whose KV the runner holds
   int64_t prefill_left = 0;    // tokens to run before the next sample (0: decoding)
@@ -47,7 +42,6 @@ struct request_state {
   bool in_batch_samples = false;
   bool abort_requested = false;
   std::string abort_message;
-  std::string version_start;  // the version its first token was computed with
   // Speculative decoding. The draft runner mirrors the target's block table for this request
   // (same block ids in a pool of the same size) and holds KV for the first draft_kv positions of
   // prompt + outputs; it catches up on the rest when it next proposes.
@@ -56,19 +50,17 @@ struct request_state {
   std::size_t draft_blocks = 0; // how many of `blocks` the draft has been given
   bool draft_failed = false;    // the draft could not run it: plain decoding from now on
   int64_t in_batch_proposals = 0; // this step verifies that many proposals
-  int32_t spec_verify_ct = 0;
-  int32_t spec_accepted = 0;
   // Prompt logprobs (return_logprob): positions logprob_start .. prompt length - 2 each score the
-  // prompt token after them. scored_upto is the next position to score (kept across retracts:
+  // prompt token after them, into out.input_token_logprobs (after the first prompt token's
+  // entry, which has none). scored_upto is the next position to score (kept across retracts:
   // nothing is scored twice); in_batch_scored how many the batch in flight scores.
   int64_t logprob_start = 0;
   int64_t scored_upto = 0;
   int64_t in_batch_scored = 0;
-  std::vector<float> input_logprobs;
-  std::vector<std::vector<TopLogprob>> input_top_logprobs;
   bool input_logprobs_sent = false;
   // Routing replay (return_routed_experts): the routing of every position run so far, rows of
   // routed_row ids (layers x top_k); a position run again (after a retract) takes its new row.
+  // The last chunk takes the rows it reports (out.routed_experts) from here, moved.
   std::vector<int32_t> routed;
   std::size_t routed_row = 0;
   // Prefix cache: cached_path[i] is the cache node of its block i, pinned by it. Usually that
@@ -84,8 +76,19 @@ struct request_state {
   uint64_t kv_epoch = 0;
   bool caching = false;
   std::size_t draft_marked = 0;
-  int32_t cached_tokens = 0;   // prompt tokens the cache served it (meta_info.cached_tokens)
   int64_t computed_before = 0; // most positions it had KV for before a retract or preemption
+  // The request's output, held here only: output_ids are every token it has generated (the
+  // scheduler runs them, checks stops on them, prefills them again after a retract); the
+  // other per-token lists (logprobs, top logprobs, prompt logprobs) hold what no chunk has
+  // carried yet, which for a request that does not stream is all of it until its one chunk;
+  // its rid, prompt count, seed, first version, cached tokens and speculation figures are the
+  // state so far (the token count and newest version are read off the lists when a chunk is
+  // built). The request's last chunk is this record itself, moved (last_chunk). The text is
+  // the front door's to add.
+  // Last in the struct: the fields every step reads above stay on few cache lines.
+  GenerateReqOutput out;
+  std::size_t streamed = 0;   // output tokens already sent in chunks
+  std::size_t spans_sent = 0; // how many of out.weight_version_spans the front door has
 };
 
 int64_t prompt_length(const request_state& r) {
@@ -93,22 +96,22 @@ int64_t prompt_length(const request_state& r) {
 }
 
 int64_t sequence_length(const request_state& r) {
-  return static_cast<int64_t>(r.req.input_ids.size() + r.output_ids.size());
+  return static_cast<int64_t>(r.req.input_ids.size() + r.out.output_ids.size());
 }
 
 // Token `i` of prompt + outputs.
 int32_t token_at(const request_state& r, int64_t i) {
   auto prompt = static_cast<int64_t>(r.req.input_ids.size());
   return i < prompt ? r.req.input_ids[static_cast<std::size_t>(i)]
-                    : r.output_ids[static_cast<std::size_t>(i - prompt)];
+                    : r.out.output_ids[static_cast<std::size_t>(i - prompt)];
 }
 
 // Prompt + outputs as one span (a copy into `scratch` once there are outputs).
 std::span<const int32_t> all_tokens(const request_state& r, std::vector<int32_t>& scratch) {
-  if (r.output_ids.empty())
+  if (r.out.output_ids.empty())
     return r.req.input_ids;
   scratch.assign(r.req.input_ids.begin(), r.req.input_ids.end());
-  scratch.insert(scratch.end(), r.output_ids.begin(), r.output_ids.end());
+  scratch.insert(scratch.end(), r.out.output_ids.begin(), r.out.output_ids.end());
   return scratch;
 }
 
@@ -171,7 +174,11 @@ struct scheduler_state {
   profiler::clock::time_point forward_sent; // when the batch in flight went out (profiles)
   std::vector<policy::running_view> running_views; // step()'s scratch
   std::vector<policy::waiting_view> waiting_views;
-  std::vector<uint64_t> decode_in_flight; // the plain decodes of the batch in flight, in order
+  // The batch in flight: the sequence at each of its positions, and how many of them (the first)
+  // are work entries (the rest are plain decodes).
+  std::vector<uint64_t> in_flight;
+  std::size_t work_in_flight = 0;
+  std::vector<uint64_t> decode_scratch; // step()'s: the plain decodes' sequences
   bool step_scheduled = false;
   bool paused = false;
   pause_mode mode = pause_mode::abort;
@@ -269,69 +276,96 @@ void flush_outbox(scheduler_pointer self) {
     caf::anon_send(sink, std::move(batch));
 }
 
-// Queues what is new since the last chunk (streaming) or everything (final chunk of a
-// non-streaming request). `finish` set: this is the last chunk.
-void emit(scheduler_pointer self, request_state& r, std::optional<FinishReason> finish,
-          bool success = true, std::string message = {}) {
+// The version the request's newest token was computed with (the serving one before any).
+const std::string& newest_version(const scheduler_state& st, const request_state& r) {
+  const auto& spans = r.out.weight_version_spans;
+  return spans.empty() ? st.version : spans.back().weight_version;
+}
+
+// Whether the prompt logprobs go with the chunk being built, and if so their token ids, into the
+// record: they travel once, with the first chunk after the last is scored (the prefill is done
+// before anything is sampled), or with the last chunk when the request ends before.
+bool prompt_logprobs_due(request_state& r, bool last) {
+  if (!r.req.return_logprob || r.input_logprobs_sent ||
+      !(last || r.scored_upto >= prompt_length(r) - 1))
+    return false;
+  r.input_logprobs_sent = true;
+  auto first = r.req.input_ids.begin() + static_cast<std::ptrdiff_t>(r.logprob_start);
+  r.out.input_token_ids.assign(first,
+                               first + static_cast<std::ptrdiff_t>(r.out.input_token_logprobs.size()));
+  return true;
+}
+
+// A streaming request's chunk after a step: the tokens new since its last chunk (copied: the
+// record keeps every token, the scheduler runs them), their logprobs and, once, the prompt's
+// (moved: from now on only the chunk holds them), and the state so far. Version spans travel
+// when they changed; the front door keeps the last it got.
+void stream_progress(scheduler_pointer self, request_state& r) {
   auto& st = self->state;
-  bool finished = finish.has_value() || !success;
-  if (!r.req.stream && !finished)
+  if (!r.req.stream)
     return;
+  const bool prompt_logprobs = prompt_logprobs_due(r, false);
+  auto& out = r.out;
   GenerateReqOutput c;
-  c.rid = r.req.rid;
-  auto from = r.req.stream ? r.streamed : std::size_t{0};
-  c.output_ids.assign(r.output_ids.begin() + static_cast<std::ptrdiff_t>(from), r.output_ids.end());
-  if (r.req.return_logprob) {
-    c.output_token_logprobs.assign(r.logprobs.begin() + static_cast<std::ptrdiff_t>(from),
-                                   r.logprobs.end());
-    c.output_top_logprobs.assign(r.top_logprobs.begin() + static_cast<std::ptrdiff_t>(from),
-                                 r.top_logprobs.end());
+  c.rid = out.rid;
+  c.output_ids.assign(out.output_ids.begin() + static_cast<std::ptrdiff_t>(r.streamed),
+                      out.output_ids.end());
+  r.streamed = out.output_ids.size();
+  if (r.req.return_logprob) { // kept only when asked for
+    c.output_token_logprobs = std::exchange(out.output_token_logprobs, {});
+    c.output_top_logprobs = std::exchange(out.output_top_logprobs, {});
   }
-  r.streamed = r.output_ids.size();
-  // Prompt logprobs travel once: with the first chunk after the last is scored (the prefill is
-  // done before anything is sampled), or with the last chunk when the request ends before.
-  if (r.req.return_logprob && !r.input_logprobs_sent &&
-      (finished || r.scored_upto >= prompt_length(r) - 1)) {
-    r.input_logprobs_sent = true;
-    auto scored = static_cast<std::ptrdiff_t>(r.input_logprobs.size());
-    auto first = r.req.input_ids.begin() + static_cast<std::ptrdiff_t>(r.logprob_start);
-    c.input_token_ids.assign(first, first + 1 + scored);
-    c.input_token_logprobs.push_back(std::numeric_limits<float>::quiet_NaN());
-    c.input_token_logprobs.insert(c.input_token_logprobs.end(), r.input_logprobs.begin(),
-                                  r.input_logprobs.end());
-    if (r.req.top_logprobs_num > 0) {
-      c.input_top_logprobs.emplace_back();
-      for (auto& row : r.input_top_logprobs)
-        c.input_top_logprobs.push_back(std::move(row));
-    }
+  if (prompt_logprobs) {
+    c.input_token_ids = std::exchange(out.input_token_ids, {});
+    c.input_token_logprobs = std::exchange(out.input_token_logprobs, {});
+    c.input_top_logprobs = std::exchange(out.input_top_logprobs, {});
   }
-  if (finished && r.req.return_routed_experts) {
-    // Every position that ran but the last token (never run): prompt + outputs - 1.
-    auto rows = std::min<int64_t>(r.kv_tokens, sequence_length(r) - 1);
-    auto from = std::min<int64_t>(r.req.routed_experts_start_len, rows);
-    auto row = static_cast<int64_t>(r.routed_row);
-    rows = std::min<int64_t>(rows, static_cast<int64_t>(r.routed.size()) / std::max<int64_t>(row, 1));
-    c.routed_experts.emplace(r.routed.begin() + from * row, r.routed.begin() + std::max(rows, from) * row);
-    c.routed_experts_start_len = static_cast<int32_t>(from);
+  if (out.weight_version_spans.size() != r.spans_sent) {
+    c.weight_version_spans = out.weight_version_spans;
+    r.spans_sent = out.weight_version_spans.size();
   }
-  c.finished = finished;
-  c.finish_reason = std::move(finish);
-  c.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
-  c.completion_tokens = static_cast<int32_t>(r.output_ids.size());
-  c.weight_version_start = r.version_start.empty() ? st.version : r.version_start;
-  c.weight_version = r.spans.empty() ? st.version : r.spans.back().weight_version;
-  // The spans travel when they changed and with the last chunk; the front door keeps the last
-  // it got (copying them into every streamed chunk would cost an allocation per token).
-  if (finished || r.spans.size() != r.spans_sent) {
-    c.weight_version_spans = r.spans;
-    r.spans_sent = r.spans.size();
-  }
-  c.success = success;
-  c.message = std::move(message);
-  c.spec_verify_ct = r.spec_verify_ct;
-  c.spec_accepted_tokens = r.spec_accepted;
-  c.cached_tokens = r.cached_tokens;
+  c.prompt_tokens = out.prompt_tokens;
+  c.completion_tokens = static_cast<int32_t>(out.output_ids.size());
+  c.cached_tokens = out.cached_tokens;
+  c.weight_version_start = out.weight_version_start.empty() ? st.version : out.weight_version_start;
+  c.weight_version = newest_version(st, r);
+  c.sampling_seed = out.sampling_seed;
+  c.spec_verify_ct = out.spec_verify_ct;
+  c.spec_accepted_tokens = out.spec_accepted_tokens;
   st.outbox.emplace_back(r.sink, std::move(c));
+}
+
+// A request's last chunk: its record, moved, with the finish and, for routing replay, the rows
+// of every position that ran but the last token (never run), from routed_experts_start_len on.
+// `ran`: the positions whose KV it held (release_kv has forgotten them by now). A streaming
+// request's earlier tokens went with its earlier chunks.
+GenerateReqOutput last_chunk(const scheduler_state& st, request_state& r,
+                             std::optional<FinishReason> finish, bool success, std::string message,
+                             int64_t ran) {
+  prompt_logprobs_due(r, true);
+  auto& out = r.out;
+  out.completion_tokens = static_cast<int32_t>(out.output_ids.size());
+  out.weight_version = newest_version(st, r);
+  if (r.req.return_routed_experts) {
+    const auto row = static_cast<int64_t>(r.routed_row);
+    auto rows = std::min<int64_t>(ran, sequence_length(r) - 1);
+    const auto from = std::min<int64_t>(r.req.routed_experts_start_len, rows);
+    rows = std::min<int64_t>(rows, static_cast<int64_t>(r.routed.size()) / std::max<int64_t>(row, 1));
+    auto& ids = r.routed;
+    ids.resize(static_cast<std::size_t>(std::max(rows, from) * row));
+    ids.erase(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(from * row));
+    out.routed_experts = std::move(ids);
+    out.routed_experts_start_len = static_cast<int32_t>(from);
+  }
+  if (out.weight_version_start.empty())
+    out.weight_version_start = st.version;
+  out.output_ids.erase(out.output_ids.begin(),
+                       out.output_ids.begin() + static_cast<std::ptrdiff_t>(r.streamed));
+  out.finished = true;
+  out.finish_reason = std::move(finish);
+  out.success = success;
+  out.message = std::move(message);
+  return std::move(out);
 }
 
 // Forgets the request's sequence on the draft runner; it starts afresh when it next proposes.
@@ -436,8 +470,9 @@ void finish(scheduler_pointer self, const std::string& rid, std::optional<Finish
   if (it == st.requests.end())
     return;
   auto& r = it->second;
-  emit(self, r, std::move(reason), success, std::move(message));
-  release_kv(self, r);
+  const auto ran = r.kv_tokens; // release_kv forgets it
+  release_kv(self, r);          // reads the record's tokens and routing: before they move
+  st.outbox.emplace_back(r.sink, last_chunk(st, r, std::move(reason), success, std::move(message), ran));
   st.by_seq.erase(r.seq_id);
   st.running.erase(std::remove(st.running.begin(), st.running.end(), &r), st.running.end());
   st.waiting.erase(std::remove(st.waiting.begin(), st.waiting.end(), &r), st.waiting.end());
@@ -457,8 +492,8 @@ FinishReason abort_reason(const request_state& r) {
 // tokens, length, then stop strings).
 std::optional<FinishReason> stop_check(const scheduler_state& st, const request_state& r) {
   const auto& p = r.req.sampling_params;
-  int32_t last = r.output_ids.back();
-  auto out_len = static_cast<int64_t>(r.output_ids.size());
+  int32_t last = r.out.output_ids.back();
+  auto out_len = static_cast<int64_t>(r.out.output_ids.size());
   if (out_len >= p.min_new_tokens) {
     bool eos = std::find(st.manifest.eos_token_ids.begin(), st.manifest.eos_token_ids.end(),
                          last) != st.manifest.eos_token_ids.end();
@@ -474,7 +509,7 @@ std::optional<FinishReason> stop_check(const scheduler_state& st, const request_
                         "reached the model's context length (" +
                           std::to_string(st.manifest.max_context_length) + " tokens)"};
   if (!p.stop.empty() && st.tokenizer && out_len >= p.min_new_tokens) {
-    auto text = st.tokenizer->decode(r.output_ids, p.skip_special_tokens);
+    auto text = st.tokenizer->decode(r.out.output_ids, p.skip_special_tokens);
     for (const auto& s : p.stop)
       if (!s.empty() && text.find(s) != std::string::npos)
         return FinishReason{"stop", std::nullopt, s, {}};
@@ -492,8 +527,8 @@ void requeue(scheduler_pointer self, request_state& r) {
 }
 
 void record_acceptance(scheduler_state& st, request_state& r, int32_t accepted) {
-  ++r.spec_verify_ct;
-  r.spec_accepted += accepted;
+  ++r.out.spec_verify_ct;
+  r.out.spec_accepted_tokens += accepted;
   ++st.spec_verify_steps;
   st.spec_accepted_tokens += static_cast<uint64_t>(accepted);
   st.spec_recent.push_back(accepted + 1);
@@ -501,18 +536,14 @@ void record_acceptance(scheduler_state& st, request_state& r, int32_t accepted) 
     st.spec_recent.pop_front();
 }
 
-// The prompt logprobs one sequence's result carries; false (and the request failed) when the
-// runner returned another number than was asked for.
-bool apply_scores(scheduler_pointer self, SequenceResult& res) {
-  auto& st = self->state;
-  auto seq = st.by_seq.find(res.seq_id);
-  if (seq == st.by_seq.end())
-    return true;
-  auto& r = *seq->second;
+// What a work position's details add to its request: the routing of the positions it ran and
+// its prompt logprobs. False (and the request ended, failed) when the runner returned another
+// number of either than was asked for.
+bool apply_scores(scheduler_pointer self, request_state& r, WorkResult& res) {
   // Routing replay: the rows of the positions this batch ran (from kv_tokens on; apply_result
   // advances kv_tokens after this).
-  if (r.req.return_routed_experts && res.error.empty() && r.in_batch_tokens > 0 &&
-      r.in_batch_proposals == 0 && !res.routed_experts.empty()) {
+  if (r.req.return_routed_experts && r.in_batch_tokens > 0 && r.in_batch_proposals == 0 &&
+      !res.routed_experts.empty()) {
     auto ran = static_cast<std::size_t>(r.in_batch_tokens);
     if (res.routed_experts.size() % ran != 0 ||
         (r.routed_row != 0 && res.routed_experts.size() / ran != r.routed_row)) {
@@ -529,8 +560,7 @@ bool apply_scores(scheduler_pointer self, SequenceResult& res) {
               r.routed.begin() + static_cast<std::ptrdiff_t>(first));
   }
   auto asked = r.in_batch_scored;
-  r.in_batch_scored = 0;
-  if (asked == 0 || !res.error.empty())
+  if (asked == 0)
     return true;
   if (static_cast<int64_t>(res.scored_logprobs.size()) != asked ||
       (r.req.top_logprobs_num > 0 && static_cast<int64_t>(res.scored_top_logprobs.size()) != asked)) {
@@ -540,24 +570,27 @@ bool apply_scores(scheduler_pointer self, SequenceResult& res) {
            false, m);
     return false;
   }
-  r.input_logprobs.insert(r.input_logprobs.end(), res.scored_logprobs.begin(),
-                          res.scored_logprobs.end());
+  r.out.input_token_logprobs.insert(r.out.input_token_logprobs.end(),
+                                    res.scored_logprobs.begin(), res.scored_logprobs.end());
   if (r.req.top_logprobs_num > 0)
     for (auto& row : res.scored_top_logprobs)
-      r.input_top_logprobs.push_back(std::move(row));
+      r.out.input_top_logprobs.push_back(std::move(row));
   r.scored_upto += asked;
   return true;
 }
 
-// One sequence's answer: its new tokens (none for a prefill chunk) or its error.
-void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32_t> tokens,
-                  std::span<const float> logprobs, std::vector<std::vector<TopLogprob>>* tops,
-                  int32_t accepted, const std::string& error) {
+// One position's answer: its sampled token (none for a prefill chunk), for a work position its
+// details (a verification's accepted proposals come before the sampled token), or its error.
+void apply_result(scheduler_pointer self, uint64_t seq_id, int32_t token, float logprob,
+                  WorkResult* details, const std::string& error) {
   auto& st = self->state;
   auto seq = st.by_seq.find(seq_id);
   if (seq == st.by_seq.end())
     return; // finished meanwhile
   auto& r = *seq->second;
+  if (details && error.empty() && !apply_scores(self, r, *details))
+    return; // it ended: the runner's answer did not match what was asked
+  r.in_batch_scored = 0;
   const auto& rid = r.req.rid;
   auto ran = r.in_batch_tokens;
   auto sampled = r.in_batch_samples;
@@ -572,6 +605,8 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32
            error);
     return;
   }
+  const auto accepted =
+    proposals > 0 && details ? static_cast<int32_t>(details->accepted_tokens.size()) : 0;
   auto length_before = sequence_length(r);
   if (proposals > 0) {
     // The target kept the pending token and the accepted proposals; the draft holds the
@@ -600,22 +635,35 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, std::span<const int32
     finish(self, std::string(rid), FinishReason{"length", std::nullopt, std::nullopt, {}});
     return;
   }
-  if (r.spans.empty() || r.spans.back().weight_version != st.version)
-    r.spans.push_back({st.version, static_cast<int32_t>(r.output_ids.size())});
+  if (token < 0) { // not reached: a position that ran and sampled has its token
+    auto m = std::string("internal error: the runner returned no token for a sampling sequence");
+    finish(self, std::string(rid), FinishReason{"abort", std::nullopt, std::nullopt, m}, false, m);
+    return;
+  }
+  auto& spans = r.out.weight_version_spans;
+  if (spans.empty() || spans.back().weight_version != st.version)
+    spans.push_back({st.version, static_cast<int32_t>(r.out.output_ids.size())});
+  // The new tokens: a verification's accepted proposals, then the sampled token.
+  const auto kept = static_cast<std::size_t>(accepted);
   std::optional<FinishReason> reason;
-  for (std::size_t n = 0; n < tokens.size() && !reason; ++n) {
-    r.output_ids.push_back(tokens[n]);
+  for (std::size_t n = 0; n <= kept && !reason; ++n) {
+    const bool sampled_one = n == kept;
+    r.out.output_ids.push_back(sampled_one ? token : details->accepted_tokens[n]);
     if (r.req.return_logprob) { // kept only when asked for: most rollouts at scale do not
-      r.logprobs.push_back(n < logprobs.size() ? logprobs[n] : 0.0f);
-      r.top_logprobs.push_back(tops && n < tops->size() ? std::move((*tops)[n])
-                                                        : std::vector<TopLogprob>{});
+      r.out.output_token_logprobs.push_back(sampled_one ? logprob
+                                            : n < details->accepted_logprobs.size()
+                                              ? details->accepted_logprobs[n]
+                                              : 0.0f);
+      r.out.output_top_logprobs.push_back(details && n < details->top_logprobs.size()
+                                            ? std::move(details->top_logprobs[n])
+                                            : std::vector<TopLogprob>{});
     }
     reason = stop_check(st, r); // tokens after a stop are dropped
   }
   if (reason) {
     finish(self, std::string(rid), std::move(reason));
   } else {
-    emit(self, r, std::nullopt);
+    stream_progress(self, r);
     if (st.options.prefix_cache) // with the tokens just appended (a verification's too)
       cache_full_blocks(st, r);
   }
@@ -640,26 +688,20 @@ void on_batch_done(scheduler_pointer self, ForwardBatchOutput& out) {
   if (profiling(st))
     trace(st, "forward", st.forward_sent, "{\"step\":" + std::to_string(out.step) + "}");
   st.forward_in_flight = false;
-  static const std::string no_error;
-  if (!out.success) { // nothing of it ran: results, if any, are not to be applied
-    out.results.clear();
-    out.decode_tokens.clear();
+  const auto n = st.in_flight.size(), W = st.work_in_flight;
+  if (out.success && (out.tokens.size() != n || out.logprobs.size() != n ||
+                      out.details.size() != W || (!out.errors.empty() && out.errors.size() != n))) {
+    out.success = false;
+    out.message = fmt::format("internal error: the runner answered a batch of {} positions ({} "
+                              "work) with {} tokens, {} logprobs, {} details and {} errors",
+                              n, W, out.tokens.size(), out.logprobs.size(), out.details.size(),
+                              out.errors.size());
   }
-  for (auto& res : out.results)
-    if (apply_scores(self, res))
-      apply_result(self, res.seq_id, res.tokens, res.logprobs, &res.top_logprobs, res.accepted,
-                   res.error);
-  static const std::string unanswered = "the runner returned no result for this sequence";
-  for (std::size_t d = 0; out.success && d < st.decode_in_flight.size(); ++d) {
-    if (d >= out.decode_tokens.size() || d >= out.decode_logprobs.size()) {
-      apply_result(self, st.decode_in_flight[d], {}, {}, nullptr, 0, unanswered);
-      continue;
-    }
-    apply_result(self, st.decode_in_flight[d], std::span<const int32_t>(&out.decode_tokens[d], 1),
-                 std::span<const float>(&out.decode_logprobs[d], 1), nullptr, 0,
-                 d < out.decode_errors.size() ? out.decode_errors[d] : no_error);
-  }
-  st.decode_in_flight.clear();
+  // Position i of the answer is position i of the batch; nothing of a failed batch ran.
+  for (std::size_t i = 0; out.success && i < n; ++i)
+    apply_result(self, st.in_flight[i], out.tokens[i], out.logprobs[i],
+                 i < W ? &out.details[i] : nullptr, out.error(i));
+  st.in_flight.clear();
   if (!out.success) {
     // The whole batch failed (the runner could not run it): every request in it ends.
     std::vector<std::string> in_batch;
@@ -691,9 +733,9 @@ int64_t proposals_for(const scheduler_state& st, const request_state& r) {
   if (!st.draft || !st.draft_gone.empty() || st.options.speculative_num_draft_tokens <= 0 ||
       r.prefill_left > 0 || reads_generated_tokens(r.req.sampling_params) ||
       r.req.return_routed_experts || // the rows of rejected proposals would need undoing
-      r.draft_failed || r.output_ids.empty())
+      r.draft_failed || r.out.output_ids.empty())
     return 0;
-  auto out_len = static_cast<int64_t>(r.output_ids.size());
+  auto out_len = static_cast<int64_t>(r.out.output_ids.size());
   auto left = std::min<int64_t>(r.req.sampling_params.max_new_tokens - out_len,
                                 st.manifest.max_context_length - sequence_length(r));
   auto k = std::min<int64_t>({st.options.speculative_num_draft_tokens, left - 1,
@@ -715,59 +757,58 @@ void run_target(scheduler_pointer self, ForwardBatch batch) {
     });
 }
 
-// The draft proposes for every speculating request of `batch`, then the target verifies. A
-// request the draft fails on decodes plainly this step and without speculation afterwards: the
-// draft only ever makes generation faster, never fails it.
-void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBatch draft_batch) {
+// The draft proposes for every speculating request of `batch` (draft position j for the target's
+// work position verifies[j]), then the target verifies. A request the draft fails on decodes
+// plainly this step and without speculation afterwards: the draft only ever makes generation
+// faster, never fails it.
+void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBatch draft_batch,
+                           std::vector<std::size_t> verifies) {
   auto& st = self->state;
-  auto fallback = [self](ForwardBatch& batch, uint64_t seq_id) {
+  auto fallback = [self](ForwardBatch& batch, std::size_t position) {
     auto& st = self->state;
-    auto it = st.by_seq.find(seq_id);
+    auto it = st.by_seq.find(batch.seq_ids[position]);
     if (it == st.by_seq.end())
       return;
     auto& r = *it->second;
     r.draft_failed = true;
     r.in_batch_proposals = 0;
     release_draft(self, r);
-    for (auto& w : batch.work)
-      if (w.seq_id == seq_id) {
-        w.draft_tokens.clear();
-        w.draft_probs.clear();
-      }
+    auto& w = batch.work[position];
+    w.draft_tokens.clear();
+    w.draft_probs.clear();
   };
   auto batch_ptr = std::make_shared<ForwardBatch>(std::move(batch));
+  auto verifies_ptr = std::make_shared<std::vector<std::size_t>>(std::move(verifies));
   st.waits.request<ForwardBatchOutput>(
     self, st.draft, std::move(draft_batch),
-    [self, batch_ptr, fallback](ForwardBatchOutput& out) {
+    [self, batch_ptr, verifies_ptr, fallback](ForwardBatchOutput& out) {
       auto& st = self->state;
-      for (auto& res : out.results) {
-        auto it = st.by_seq.find(res.seq_id);
+      const auto& verifies = *verifies_ptr;
+      for (std::size_t j = 0; j < verifies.size(); ++j) {
+        const auto position = verifies[j];
+        auto it = st.by_seq.find(batch_ptr->seq_ids[position]);
         if (it == st.by_seq.end())
           continue;
         auto& r = *it->second;
-        if (!out.success || !res.error.empty() ||
-            static_cast<int64_t>(res.tokens.size()) != r.in_batch_proposals) {
-          fallback(*batch_ptr, res.seq_id);
+        auto* proposal = out.success && j < out.details.size() ? &out.details[j] : nullptr;
+        if (!proposal || !out.error(j).empty() ||
+            static_cast<int64_t>(proposal->proposed_tokens.size()) != r.in_batch_proposals) {
+          fallback(*batch_ptr, position);
           continue;
         }
         // The draft now holds the pending token's prefix and proposals 1 .. k - 1.
         r.draft_kv = sequence_length(r) + r.in_batch_proposals - 1;
-        for (auto& w : batch_ptr->work)
-          if (w.seq_id == res.seq_id) {
-            w.draft_tokens = std::move(res.tokens);
-            w.draft_probs = std::move(res.draft_probs);
-          }
+        auto& w = batch_ptr->work[position];
+        w.draft_tokens = std::move(proposal->proposed_tokens);
+        w.draft_probs = std::move(proposal->draft_probs);
       }
       run_target(self, std::move(*batch_ptr));
     },
-    [self, batch_ptr, fallback](const std::string&) {
-      std::vector<uint64_t> ids;
-      for (const auto& w : batch_ptr->work)
-        ids.push_back(w.seq_id);
-      for (auto id : ids) {
-        auto it = self->state.by_seq.find(id);
+    [self, batch_ptr, verifies_ptr, fallback](const std::string&) {
+      for (auto position : *verifies_ptr) {
+        auto it = self->state.by_seq.find(batch_ptr->seq_ids[position]);
         if (it != self->state.by_seq.end() && it->second->in_batch_proposals > 0)
-          fallback(*batch_ptr, id);
+          fallback(*batch_ptr, position);
       }
       run_target(self, std::move(*batch_ptr));
     });
@@ -906,7 +947,7 @@ void admit_cached_prefix(scheduler_state& st, request_state& r, SequenceWork& wo
     restore_cached_routing(st, r, m);
   // meta_info.cached_tokens: prompt tokens it did not compute itself before a retract.
   const auto prompt = prompt_length(r);
-  r.cached_tokens += static_cast<int32_t>(
+  r.out.cached_tokens += static_cast<int32_t>(
     std::max<int64_t>(0, std::min(r.kv_tokens, prompt) - std::min(r.computed_before, prompt)));
   st.prefix_query_tokens += static_cast<uint64_t>(sequence_length(r));
   st.prefix_hit_tokens += static_cast<uint64_t>(r.kv_tokens);
@@ -962,24 +1003,27 @@ void step(scheduler_pointer self) {
     flush_outbox(self);
     return;
   }
+  // Work entries take the batch's first positions, plain decodes the rest (collected aside).
   ForwardBatch batch;
   batch.step = st.next_step++;
-  batch.work.reserve(plan.work.size());
+  batch.seq_ids.reserve(plan.work.size());
+  auto& decodes = st.decode_scratch;
+  decodes.clear();
   ForwardBatch draft_batch;
   draft_batch.step = batch.step;
+  std::vector<std::size_t> verifies; // the target position each draft position proposes for
   for (const auto& w : plan.work) {
     auto& r = *st.by_seq.at(w.id);
     if (!w.admitted && r.prefill_left == 0 && w.tokens == 1 && w.new_blocks == 0 &&
         !(r.req.return_logprob && r.req.top_logprobs_num > 0) && !r.req.return_routed_experts) {
       // A plain decode: flat arrays, no allocation per sequence.
-      batch.decode_seq_ids.push_back(r.seq_id);
-      batch.decode_tokens.push_back(r.output_ids.back());
+      decodes.push_back(r.seq_id);
+      batch.decode_tokens.push_back(r.out.output_ids.back());
       r.in_batch_tokens = 1;
       r.in_batch_samples = true;
       continue;
     }
     SequenceWork work;
-    work.seq_id = r.seq_id;
     if (w.admitted) {
       st.waiting.erase(std::find(st.waiting.begin(), st.waiting.end(), &r));
       st.running.push_back(&r);
@@ -988,9 +1032,9 @@ void step(scheduler_pointer self) {
       work.new_sequence = true;
       work.sampling_params = r.req.sampling_params;
       // Back from a retract, the sampler is reseeded by position so a rerun is reproducible.
-      work.sampling_seed = r.req.sampling_seed + r.output_ids.size();
+      work.sampling_seed = r.req.sampling_seed + r.out.output_ids.size();
       if (reads_generated_tokens(r.req.sampling_params))
-        work.generated_tokens = r.output_ids;
+        work.generated_tokens = r.out.output_ids;
       r.on_runner = true;
     }
     auto blocks = st.blocks->allocate(w.new_blocks);
@@ -1019,12 +1063,11 @@ void step(scheduler_pointer self) {
         r.in_batch_scored = std::max<int64_t>(hi - lo, 0);
       }
     } else {
-      work.tokens = {r.output_ids.back()};
+      work.tokens = {r.out.output_ids.back()};
       if (w.tokens > 1) {
         // Speculative: the draft catches up on what it lacks and proposes w.tokens - 1.
         r.in_batch_proposals = w.tokens - 1;
         SequenceWork proposal;
-        proposal.seq_id = r.seq_id;
         if (!r.on_draft) {
           proposal.new_sequence = true;
           proposal.sampling_params = r.req.sampling_params;
@@ -1044,37 +1087,42 @@ void step(scheduler_pointer self) {
           proposal.tokens.push_back(token_at(r, i));
         proposal.sample = false;
         proposal.propose = static_cast<int32_t>(r.in_batch_proposals);
+        draft_batch.seq_ids.push_back(r.seq_id);
         draft_batch.work.push_back(std::move(proposal));
+        verifies.push_back(batch.work.size()); // the position `work` takes below
       }
     }
     work.sample = w.samples;
     work.return_routed_experts = r.req.return_routed_experts;
     work.top_logprobs_num = r.req.return_logprob ? r.req.top_logprobs_num : 0;
-    if (w.samples && r.version_start.empty())
-      r.version_start = st.version;
+    if (w.samples && r.out.weight_version_start.empty())
+      r.out.weight_version_start = st.version;
     r.in_batch_tokens = w.tokens;
     r.in_batch_samples = w.samples;
+    batch.seq_ids.push_back(r.seq_id);
     batch.work.push_back(std::move(work));
   }
+  batch.seq_ids.insert(batch.seq_ids.end(), decodes.begin(), decodes.end());
   flush_outbox(self);
-  if (batch.work.empty() && batch.decode_seq_ids.empty())
+  if (batch.size() == 0)
     return;
   if (profiling(st)) {
-    int64_t tokens = static_cast<int64_t>(batch.decode_seq_ids.size());
+    int64_t tokens = static_cast<int64_t>(batch.decode_tokens.size());
     for (const auto& w : batch.work)
       tokens += static_cast<int64_t>(w.tokens.size());
     trace(st, "plan", plan_begin,
           fmt::format(R"({{"step":{},"decodes":{},"other":{},"tokens":{},"running":{},"waiting":{}}})",
-                      batch.step, batch.decode_seq_ids.size(), batch.work.size(), tokens,
+                      batch.step, batch.decode_tokens.size(), batch.work.size(), tokens,
                       st.running.size(), st.waiting.size()));
   }
   st.forward_sent = profiler::clock::now();
   st.forward_in_flight = true;
-  st.decode_in_flight = batch.decode_seq_ids;
+  st.in_flight = batch.seq_ids;
+  st.work_in_flight = batch.work.size();
   if (draft_batch.work.empty())
     run_target(self, std::move(batch));
   else
-    run_draft_then_target(self, std::move(batch), std::move(draft_batch));
+    run_draft_then_target(self, std::move(batch), std::move(draft_batch), std::move(verifies));
 }
 
 // retract: every running request gives its KV back and returns to the front of the queue, in
@@ -1319,6 +1367,7 @@ void accept_request(scheduler_pointer self, TokenizedGenerateReqInput& req, caf:
     c.finished = true;
     c.success = false;
     c.prompt_tokens = static_cast<int32_t>(r.req.input_ids.size());
+    c.sampling_seed = r.req.sampling_seed;
     c.message = std::move(why);
     c.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt, c.message};
     caf::anon_send(r.sink, TokenChunks{{std::move(c)}});
@@ -1347,6 +1396,14 @@ void accept_request(scheduler_pointer self, TokenizedGenerateReqInput& req, caf:
   r.logprob_start = r.req.logprob_start_len < 0 ? std::max<int64_t>(prompt - 1, 0)
                                                 : std::min<int64_t>(r.req.logprob_start_len, prompt - 1);
   r.scored_upto = r.logprob_start;
+  r.out.rid = rid;
+  r.out.prompt_tokens = static_cast<int32_t>(prompt);
+  r.out.sampling_seed = r.req.sampling_seed;
+  if (r.req.return_logprob) { // the first prompt token's entry: nothing before it was scored
+    r.out.input_token_logprobs.push_back(std::numeric_limits<float>::quiet_NaN());
+    if (r.req.top_logprobs_num > 0)
+      r.out.input_top_logprobs.emplace_back();
+  }
   auto& stored = st.requests.emplace(rid, std::move(r)).first->second;
   st.by_seq[stored.seq_id] = &stored;
   // max_new_tokens 0 ends at once, unless the prompt is to be scored (prompt logprobs only).
@@ -1426,12 +1483,16 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
       // chunk, or its caller would wait for chunks forever.
       auto rid = req.rid;
       auto reply_to = sink;
+      const auto prompt = static_cast<int32_t>(req.input_ids.size());
+      const auto seed = req.sampling_seed;
       guarded([&] { accept_request(self, req, sink); },
               [&](const std::string& what) {
                 GenerateReqOutput c;
                 c.rid = rid;
                 c.finished = true;
                 c.success = false;
+                c.prompt_tokens = prompt;
+                c.sampling_seed = seed;
                 c.message = "the scheduler failed handling this request: " + what;
                 c.finish_reason = FinishReason{"abort", std::nullopt, std::nullopt, c.message};
                 caf::anon_send(reply_to, TokenChunks{{std::move(c)}});

@@ -45,7 +45,9 @@ namespace {
 using policy::gate_op;
 
 struct active_request {
-  GenerateReqOutput result; // everything so far
+  // What the caller is answered with: the chunks so far folded (append_chunk), with their text.
+  // A request that does not stream gets one chunk, the scheduler's whole record, moved here.
+  GenerateReqOutput result;
   caf::actor_addr owner;    // who sent the GenerateReqInput: only it may cancel
   caf::actor sink;
   bool stream = false;
@@ -267,9 +269,6 @@ void start_generate(tokenizer_pointer self, const std::string& rid) {
   a.promise = q->second.promise;
   if (st.tokenizer)
     a.decoder.emplace(*st.tokenizer, q->second.req.sampling_params.skip_special_tokens);
-  a.result.rid = rid;
-  a.result.sampling_seed = q->second.req.sampling_seed;
-  a.result.prompt_tokens = static_cast<int32_t>(q->second.req.input_ids.size());
   auto req = std::move(q->second.req);
   st.queued.erase(q);
   st.active.emplace(rid, std::move(a));
@@ -314,15 +313,14 @@ void on_chunk(tokenizer_pointer self, GenerateReqOutput& c) {
     c.text += a.decoder->finish();
   if (a.texts_in_logprobs)
     add_token_texts(*st.tokenizer, c);
-  // What the scheduler does not know or sends only when it changes.
-  c.sampling_seed = a.result.sampling_seed;
-  if (c.prompt_tokens == 0)
-    c.prompt_tokens = a.result.prompt_tokens;
-  if (c.weight_version_spans.empty())
-    c.weight_version_spans = a.result.weight_version_spans;
   const bool finished = c.finished;
-  if (a.stream && a.sink)
+  if (a.stream && a.sink) {
+    // The caller gets the delta (a copy: the result keeps the fold), with the version spans
+    // so far, which the scheduler sends only when they change.
+    if (c.weight_version_spans.empty())
+      c.weight_version_spans = a.result.weight_version_spans;
     caf::anon_send(a.sink, c);
+  }
   append_chunk(a.result, std::move(c));
   auto& r = a.result;
   if (!finished)

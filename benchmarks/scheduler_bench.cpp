@@ -44,7 +44,7 @@ struct step_clock {
   std::atomic<int64_t> runner_ns{0}; // time the runner spent building its answers
 };
 
-// A runner without a model: every sequence's answer is token 7 with logprob -1.
+// A runner without a model: every position that samples answers token 7 with logprob -1.
 runner_actor::behavior_type modelless_runner(runner_actor::pointer, RunnerManifest manifest,
                                              step_clock* clock) {
   return {
@@ -53,16 +53,14 @@ runner_actor::behavior_type modelless_runner(runner_actor::pointer, RunnerManife
       auto t0 = clock_type::now();
       ForwardBatchOutput out;
       out.step = batch.step;
-      out.results.resize(batch.work.size());
-      for (std::size_t i = 0; i < batch.work.size(); ++i) {
-        out.results[i].seq_id = batch.work[i].seq_id;
-        if (batch.work[i].sample) {
-          out.results[i].tokens = {7};
-          out.results[i].logprobs = {-1.0f};
+      out.tokens.assign(batch.size(), 7);
+      out.logprobs.assign(batch.size(), -1.0f);
+      out.details.resize(batch.work.size());
+      for (std::size_t i = 0; i < batch.work.size(); ++i)
+        if (!batch.work[i].sample) {
+          out.tokens[i] = -1;
+          out.logprobs[i] = 0.0f;
         }
-      }
-      out.decode_tokens.assign(batch.decode_seq_ids.size(), 7);
-      out.decode_logprobs.assign(batch.decode_seq_ids.size(), -1.0f);
       clock->steps.fetch_add(1);
       clock->runner_ns.fetch_add((clock_type::now() - t0).count());
       return out;
@@ -116,8 +114,10 @@ result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps) {
   scheduler_options options;
   options.max_running_requests = batch;
   options.max_batch_tokens = batch * prompt;
-  auto scheduler = spawn_scheduler(sys, options, runner, runner_actor{}, manifest,
-                                   weight_updater_actor{}, "0", nullptr);
+  // A real weight updater (it stays idle): the scheduler monitors the one it is given.
+  auto updater = spawn_weight_updater(sys, {{runner, manifest}}, "0");
+  auto scheduler = spawn_scheduler(sys, options, runner, runner_actor{}, manifest, updater, "0",
+                                   nullptr);
   auto sink = sys.spawn(chunk_counter, &clock);
   for (int i = 0; i < batch; ++i) {
     TokenizedGenerateReqInput req;
@@ -155,6 +155,7 @@ result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps) {
   while (clock.finished < batch)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(updater, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(runner, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(sink, caf::exit_reason::user_shutdown);
   return out;

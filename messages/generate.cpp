@@ -24,11 +24,15 @@ std::string rid_in_flight_message(const std::string& rid) {
 }
 
 void append_chunk(GenerateReqOutput& so_far, GenerateReqOutput chunk) {
+  // Moves only: with nothing so far (a request's first or only chunk) the chunk's lists and
+  // text are kept as they are.
   auto join = [](auto& head, auto& tail) {
+    if (head.empty())
+      return;
     head.insert(head.end(), std::make_move_iterator(tail.begin()), std::make_move_iterator(tail.end()));
     tail = std::move(head);
   };
-  chunk.text = std::move(so_far.text) + chunk.text;
+  join(so_far.text, chunk.text);
   join(so_far.output_ids, chunk.output_ids);
   join(so_far.output_token_logprobs, chunk.output_token_logprobs);
   join(so_far.output_top_logprobs, chunk.output_top_logprobs);

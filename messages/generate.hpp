@@ -150,14 +150,16 @@ struct GenerateReqOutput {
 // The chunks of one scheduler step for one sink (the front door): one message per step, not one
 // per request. A chunk is a GenerateReqOutput holding what is new since the request's previous
 // chunk (tokens, logprobs) and the state so far (counts, versions, finish); its text is empty:
-// the front door detokenizes, and folds chunks into the result with append_chunk.
+// the front door detokenizes, and folds chunks into the result with append_chunk. A request's
+// last chunk is the scheduler's record of its output itself, moved: a request that does not
+// stream reaches its caller as that one object, never copied.
 struct TokenChunks {
   std::vector<GenerateReqOutput> chunks;
 };
 
 // Folds `chunk` (what is new since the previous one) into `so_far`: per-token lists and the text
 // are joined, the prompt logprobs (sent once) kept, everything else taken from the chunk as the
-// state so far. The front door builds results this way and SGLang-style streams (each event
+// state so far. Only moves: into an empty `so_far` the chunk's lists go as they are. The front door builds results this way and SGLang-style streams (each event
 // the whole result so far) are built by the HTTP front the same way.
 void append_chunk(GenerateReqOutput& so_far, GenerateReqOutput chunk);
 

@@ -16,9 +16,10 @@ namespace rlserve {
 
 // ---- forward -----------------------------------------------------------------------------------
 
-// One sequence's share of a forward batch: `tokens` are appended to the sequence's KV (a prompt
-// chunk, or the token sampled last step) and, when `sample` is set, a next token is sampled
-// from the last position with the sequence's own seeded sampler.
+// One work entry of a forward batch (a position below ForwardBatch::work.size()): `tokens` are
+// appended to the sequence's KV (a prompt chunk, or the token sampled last step) and, when
+// `sample` is set, a next token is sampled from the last position with the sequence's own
+// seeded sampler.
 //
 // Speculative decoding adds two shapes of work (model/speculative.hpp):
 //  - draft runner, `propose` = k > 0: after `tokens`, the draft samples k tokens one after
@@ -28,8 +29,7 @@ namespace rlserve {
 //    it and the k proposals in one forward, keeps the proposals it accepts and adds one token of
 //    its own; its KV keeps the pending token and the accepted proposals only.
 struct SequenceWork {
-  uint64_t seq_id = 0;
-  bool new_sequence = false;       // drop any KV under seq_id and start fresh
+  bool new_sequence = false;       // drop any KV under the sequence's id and start fresh
   std::vector<int32_t> new_blocks; // KV pool blocks appended to the sequence's block table
   // Read when new_sequence is set: the first cached_tokens positions are already in the leading
   // new_blocks (a prefix another request computed, shared through the scheduler's prefix
@@ -53,52 +53,68 @@ struct SequenceWork {
   // The runner returns the logprob of each (and its top logprobs when top_logprobs_num > 0).
   std::vector<int32_t> scored_tokens;
   // Routing replay: return the router's top-k expert ids of every layer for every position of
-  // `tokens` (SequenceResult::routed_experts).
+  // `tokens` (WorkResult::routed_experts).
   bool return_routed_experts = false;
   int32_t propose = 0;                // draft: tokens to propose after `tokens`
   std::vector<int32_t> draft_tokens;  // target: proposals to verify
   std::vector<float> draft_probs;     // target: [k, vocab] draft distributions (empty if greedy)
 };
 
-// `work` holds everything that is not a plain decode. Plain decode steps — a running sequence
-// runs the token it sampled last and samples the next, needing no new block, no top logprobs and
-// no proposals — are by far the most common work at large batch sizes; they travel as flat
-// arrays so a step of hundreds of them costs no allocation per sequence.
+// One forward batch: one sequence per position, W = work.size() work entries at positions
+// 0 .. W - 1, then D = decode_tokens.size() plain decodes at positions W .. W + D - 1, and the
+// answer (ForwardBatchOutput) is indexed by the same positions. A plain decode step — a running
+// sequence runs the token it sampled last and samples the next, needing no new block, no top
+// logprobs and no proposals — is by far the most common work at large batch sizes, so it is
+// only its position's entry in seq_ids and decode_tokens: a step of hundreds of them costs no
+// allocation per sequence.
 struct ForwardBatch {
   uint64_t step = 0;
-  std::vector<SequenceWork> work;
-  std::vector<uint64_t> decode_seq_ids;
-  std::vector<int32_t> decode_tokens; // one per decode_seq_ids entry
+  std::vector<uint64_t> seq_ids;      // the sequence at each position (W + D entries)
+  std::vector<SequenceWork> work;     // positions 0 .. W - 1
+  std::vector<int32_t> decode_tokens; // position W + d runs decode_tokens[d]
+
+  std::size_t size() const { return seq_ids.size(); }
 };
 
-struct SequenceResult {
-  uint64_t seq_id = 0;
-  // New tokens: one sampled token; for a verification the accepted proposals and the target's
-  // own token; for a proposal the k proposed tokens. Empty when sample was false or it failed.
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;                      // one per token
-  std::vector<std::vector<TopLogprob>> top_logprobs; // one list per token when asked
+// What a work position returns besides its sampled token (ForwardBatchOutput::details). Empty
+// when the position failed.
+struct WorkResult {
+  // Verification: the proposals the target kept, which come before the position's own sampled
+  // token, and the target's logprob of each.
+  std::vector<int32_t> accepted_tokens;
+  std::vector<float> accepted_logprobs;
+  // Proposal (draft runner): the k proposed tokens and the [k, vocab] distributions they were
+  // drawn from (empty for greedy requests).
+  std::vector<int32_t> proposed_tokens;
+  std::vector<float> draft_probs;
+  // top_logprobs_num > 0: one list per new token (the accepted proposals, then the sampled one).
+  std::vector<std::vector<TopLogprob>> top_logprobs;
   std::vector<float> scored_logprobs;                       // one per SequenceWork::scored_tokens
   std::vector<std::vector<TopLogprob>> scored_top_logprobs; // one list each when asked
   // return_routed_experts: [tokens run, num_hidden_layers, num_experts_per_tok] expert ids, -1
   // in dense layers (empty for a model without experts).
   std::vector<int32_t> routed_experts;
-  int32_t accepted = 0;          // verification: proposals accepted
-  std::vector<float> draft_probs; // proposal: [k, vocab] distributions the proposals came from
-                                  // (empty for greedy requests)
-  std::string error;         // non-empty: this sequence failed (the others still ran)
 };
 
+// The answer to a ForwardBatch, by its positions. Every position has its sampled token and that
+// token's logprob (-1 and 0 when it sampled none: a prefill chunk before the last, a proposal,
+// a failure); errors is empty when no position failed, else one entry per position, the reason
+// for each that failed (such a position returns nothing else; the others still ran). Work
+// positions have their details too.
 struct ForwardBatchOutput {
   bool success = true;
   std::string message;
   uint64_t step = 0;
-  std::vector<SequenceResult> results; // in the order of ForwardBatch::work
-  // Plain decodes, in the order of ForwardBatch::decode_seq_ids: the sampled token (-1 when it
-  // failed) and its logprob; decode_errors is empty when none failed, else one entry each.
-  std::vector<int32_t> decode_tokens;
-  std::vector<float> decode_logprobs;
-  std::vector<std::string> decode_errors;
+  std::vector<int32_t> tokens;     // one per position
+  std::vector<float> logprobs;     // one per position
+  std::vector<std::string> errors; // none, or one per position
+  std::vector<WorkResult> details; // one per work position (the first W)
+
+  // Position i's error; empty when it ran.
+  const std::string& error(std::size_t i) const {
+    static const std::string none;
+    return i < errors.size() ? errors[i] : none;
+  }
 };
 
 struct ReleaseSequences {
@@ -238,28 +254,28 @@ struct WeightUpdaterStatus {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SequenceWork& x) {
-  return f(caf::meta::type_name("SequenceWork"), x.seq_id, x.new_sequence, x.new_blocks,
-           x.cached_tokens, x.copy_from_block, x.kv_length, x.tokens, x.sample, x.sampling_params, x.sampling_seed,
-           x.generated_tokens, x.top_logprobs_num, x.scored_tokens, x.return_routed_experts, x.propose, x.draft_tokens, x.draft_probs);
+  return f(caf::meta::type_name("SequenceWork"), x.new_sequence, x.new_blocks, x.cached_tokens,
+           x.copy_from_block, x.kv_length, x.tokens, x.sample, x.sampling_params, x.sampling_seed,
+           x.generated_tokens, x.top_logprobs_num, x.scored_tokens, x.return_routed_experts,
+           x.propose, x.draft_tokens, x.draft_probs);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ForwardBatch& x) {
-  return f(caf::meta::type_name("ForwardBatch"), x.step, x.work, x.decode_seq_ids,
-           x.decode_tokens);
+  return f(caf::meta::type_name("ForwardBatch"), x.step, x.seq_ids, x.work, x.decode_tokens);
 }
 
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, SequenceResult& x) {
-  return f(caf::meta::type_name("SequenceResult"), x.seq_id, x.tokens, x.logprobs,
-           x.top_logprobs, x.scored_logprobs, x.scored_top_logprobs, x.routed_experts,
-           x.accepted, x.draft_probs, x.error);
+typename Inspector::result_type inspect(Inspector& f, WorkResult& x) {
+  return f(caf::meta::type_name("WorkResult"), x.accepted_tokens, x.accepted_logprobs,
+           x.proposed_tokens, x.draft_probs, x.top_logprobs, x.scored_logprobs,
+           x.scored_top_logprobs, x.routed_experts);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ForwardBatchOutput& x) {
-  return f(caf::meta::type_name("ForwardBatchOutput"), x.success, x.message, x.step, x.results,
-           x.decode_tokens, x.decode_logprobs, x.decode_errors);
+  return f(caf::meta::type_name("ForwardBatchOutput"), x.success, x.message, x.step, x.tokens,
+           x.logprobs, x.errors, x.details);
 }
 
 template <class Inspector>

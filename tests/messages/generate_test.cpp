@@ -1,6 +1,7 @@
 // messages/generate: append_chunk folds chunks the way the front door and SGLang's cumulative
 // stream need — per-token lists and text joined, prompt logprobs and routing kept once sent,
-// version spans kept until they change, everything else the latest; request ids are given once.
+// version spans kept until they change, everything else the latest, a first chunk moved whole;
+// request ids are given once.
 #include <boost/test/unit_test.hpp>
 
 #include "messages/generate.hpp"
@@ -58,6 +59,30 @@ BOOST_AUTO_TEST_CASE(chunks_fold_into_the_result_so_far) {
   BOOST_REQUIRE(so_far.routed_experts.has_value());
   BOOST_TEST(so_far.routed_experts->size() == 3u);
   BOOST_TEST(so_far.sampling_seed == 9u);
+}
+
+// A request that does not stream gets one chunk, the scheduler's record of its output: folding
+// it into the empty result moves its lists and text, it copies none of them.
+BOOST_AUTO_TEST_CASE(an_only_chunk_becomes_the_result_without_a_copy) {
+  GenerateReqOutput only;
+  only.rid = "r";
+  only.text = "a text longer than any short-string buffer holds";
+  only.output_ids = {1, 2, 3};
+  only.output_token_logprobs = {-0.5f, -1.0f, -0.25f};
+  only.output_top_logprobs = {{TopLogprob{1, -0.5f}}, {}, {}};
+  only.finished = true;
+  const auto* text = only.text.data();
+  const auto* ids = only.output_ids.data();
+  const auto* logprobs = only.output_token_logprobs.data();
+  const auto* tops = only.output_top_logprobs.data();
+  GenerateReqOutput so_far;
+  append_chunk(so_far, std::move(only));
+  BOOST_TEST(so_far.text.data() == text);
+  BOOST_TEST(so_far.output_ids.data() == ids);
+  BOOST_TEST(so_far.output_token_logprobs.data() == logprobs);
+  BOOST_TEST(so_far.output_top_logprobs.data() == tops);
+  BOOST_TEST((so_far.output_ids == std::vector<int32_t>{1, 2, 3}));
+  BOOST_TEST(so_far.finished);
 }
 
 BOOST_AUTO_TEST_CASE(a_request_without_a_rid_gets_one_and_keeps_it) {

@@ -89,9 +89,9 @@ RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 34)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
 RLSERVE_FIELD_COUNT(HealthCheckReqOutput, 2)
 // runner.hpp
-RLSERVE_FIELD_COUNT(SequenceWork, 17)
+RLSERVE_FIELD_COUNT(SequenceWork, 16)
 RLSERVE_FIELD_COUNT(ForwardBatch, 4)
-RLSERVE_FIELD_COUNT(SequenceResult, 10)
+RLSERVE_FIELD_COUNT(WorkResult, 8)
 RLSERVE_FIELD_COUNT(ForwardBatchOutput, 7)
 RLSERVE_FIELD_COUNT(ReleaseSequences, 1)
 RLSERVE_FIELD_COUNT(TensorSpec, 3)
@@ -949,7 +949,7 @@ struct samples<HealthCheckReqOutput> : status_samples<HealthCheckReqOutput> {};
 template <>
 struct samples<SequenceWork> : simple_samples<SequenceWork> {
   static SequenceWork full() {
-    return {5, true, {4, 9}, 32, 3, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, {6, 6}, 3, {5}, true, 4, {7, 8},
+    return {true, {4, 9}, 32, 3, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, {6, 6}, 3, {5}, true, 4, {7, 8},
             {0.25f, 0.75f}};
   }
 };
@@ -957,23 +957,23 @@ struct samples<SequenceWork> : simple_samples<SequenceWork> {
 template <>
 struct samples<ForwardBatch> : simple_samples<ForwardBatch> {
   static ForwardBatch full() {
-    return {11, {samples<SequenceWork>::full(), SequenceWork{}}, {3, 4}, {100, 101}};
+    return {11, {5, 6, 3, 4}, {samples<SequenceWork>::full(), SequenceWork{}}, {100, 101}};
   }
 };
 
 template <>
-struct samples<SequenceResult> : simple_samples<SequenceResult> {
-  static SequenceResult full() {
-    return {5,  {42, 7}, {-0.3f, -1.5f}, {{{42, -0.3f}, {43, -1.0f}}, {}}, {-2.0f}, {{{1, -2.0f}}},
-            {3, 1, -1, -1}, 1, {0.5f, 0.5f}, "sampler failed"};
+struct samples<WorkResult> : simple_samples<WorkResult> {
+  static WorkResult full() {
+    return {{42}, {-0.3f}, {8, 9}, {0.5f, 0.5f}, {{{42, -0.3f}, {43, -1.0f}}, {}}, {-2.0f},
+            {{{1, -2.0f}}}, {3, 1, -1, -1}};
   }
 };
 
 template <>
 struct samples<ForwardBatchOutput> : simple_samples<ForwardBatchOutput> {
   static ForwardBatchOutput full() {
-    return {false, "oom", 11, {samples<SequenceResult>::full()}, {9, -1}, {-0.5f, 0.0f},
-            {"", "sequence 4 is unknown"}};
+    return {false, "oom", 11, {7, 9, -1}, {-1.5f, -0.5f, 0.0f}, {"", "", "sequence 4 is unknown"},
+            {samples<WorkResult>::full()}};
   }
 };
 

@@ -93,6 +93,15 @@ int slice_ms(clock::time_point deadline, const std::atomic<bool>* cancel) {
   return cancel ? std::min<int>(ms, static_cast<int>(k_cancel_check.count())) : ms;
 }
 
+// poll() on `p` one slice at a time until an event or an error, the deadline, or the cancel:
+// the last poll()'s result (0 when nothing came).
+int poll_sliced(pollfd& p, clock::time_point deadline, const std::atomic<bool>* cancel) {
+  int r = 0;
+  while ((r = ::poll(&p, 1, slice_ms(deadline, cancel))) == 0 && clock::now() < deadline && !is_set(cancel)) {
+  }
+  return r;
+}
+
 std::string cancelled_message(std::string_view where, std::string_view what) {
   return fmt::format("{}: gave up waiting for {}: the wait was cancelled", where, what);
 }
@@ -112,10 +121,7 @@ expected<int> connect_once(const addrinfo* ai, clock::time_point deadline, const
       return -1;
     }
     pollfd p{fd, POLLOUT, 0};
-    int r = 0;
-    while ((r = ::poll(&p, 1, slice_ms(deadline, cancel))) == 0 && clock::now() < deadline &&
-           !is_set(cancel)) {
-    }
+    const int r = poll_sliced(p, deadline, cancel);
     int err = 0;
     socklen_t len = sizeof(err);
     if (r <= 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
@@ -206,7 +212,7 @@ bool tcp_store_client::cancelled() const { return is_set(cancel_); }
 bool tcp_store_client::ready(short events, clock::time_point deadline) const {
   while (true) {
     pollfd p{fd_, events, 0};
-    const int r = ::poll(&p, 1, slice_ms(deadline, cancel_));
+    const int r = poll_sliced(p, deadline, cancel_);
     if (r > 0 || (r < 0 && errno != EINTR))
       return true; // the next send or recv says what happened
     if (cancelled() || clock::now() >= deadline)
@@ -339,8 +345,7 @@ status tcp_store_client::wait(std::span<const std::string_view> keys, clock::tim
   // Poll for the one-byte answer ourselves: at the deadline the wait is cancelled, not abandoned
   // (a reply arriving later would be read as the answer to the next query).
   pollfd p{fd_, POLLIN, 0};
-  while (::poll(&p, 1, slice_ms(deadline, cancel_)) == 0 && clock::now() < deadline && !cancelled()) {
-  }
+  poll_sliced(p, deadline, cancel_);
   const bool answered = (p.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
   if (!answered && cancelled()) // the connection is given up: no CANCEL_WAIT to keep it in step
     return fail_and_close(cancelled_message(where_, names));

@@ -161,16 +161,8 @@ struct graph {
   }
 };
 
-InitWeightsUpdateGroupReqInput init_request(int port) {
-  InitWeightsUpdateGroupReqInput r;
-  r.master_address = "127.0.0.1";
-  r.master_port = port;
-  r.rank_offset = 1;
-  r.world_size = 2;
-  r.group_name = "G";
-  r.timeout_s = 600; // the trainer's deadline: no answer may wait for it
-  return r;
-}
+// The trainer's deadline is 600 s: no answer may wait for it.
+InitWeightsUpdateGroupReqInput init_request(int port) { return join_request(port, 600); }
 
 // Starts an init against `store`, which never answers, and returns once the engine's rank is
 // waiting in the rendezvous: connected, its group actor known.

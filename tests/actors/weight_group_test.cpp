@@ -40,14 +40,7 @@ struct fixture {
   }
 
   InitWeightsUpdateGroupReqInput request(int port, double timeout_s = 5) {
-    InitWeightsUpdateGroupReqInput r;
-    r.master_address = "127.0.0.1";
-    r.master_port = port;
-    r.rank_offset = 1;
-    r.world_size = 2;
-    r.group_name = "G";
-    r.timeout_s = timeout_s;
-    return r;
+    return test::join_request(port, timeout_s);
   }
 
   template <class Out, class In>

@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "messages/weight_update.hpp"
 #include "model/tcp_store.hpp"
 
 namespace rlserve::test {
@@ -254,5 +255,18 @@ private:
   std::vector<int> clients_;
   std::vector<std::thread> workers_;
 };
+
+// An init_weights_update_group request as a trainer of world size 2 sends it through the store
+// at `port` on this host (group "G", the engine at rank 1), with the trainer's deadline.
+inline InitWeightsUpdateGroupReqInput join_request(int port, double timeout_s) {
+  InitWeightsUpdateGroupReqInput r;
+  r.master_address = "127.0.0.1";
+  r.master_port = port;
+  r.rank_offset = 1;
+  r.world_size = 2;
+  r.group_name = "G";
+  r.timeout_s = timeout_s;
+  return r;
+}
 
 } // namespace rlserve::test

@@ -7,7 +7,11 @@ one as started by default (prefix cache on) and one with --disable-radix-cache. 
 between the two so machine noise falls on both alike; each round uses fresh prompts (nothing
 cached from an earlier round helps). Prints per server the median wall time of a round, output
 tokens per second, and the prefill tokens computed per round (get_server_info's prefill_tokens),
-then the ratios. Checks that both servers return the same tokens for every sample.
+then the ratios, and how many samples both servers returned alike. On the CPU runner every
+sample must be identical (the bench fails otherwise). The GPU runner is not batch-invariant yet:
+a prefix computed once in another batch's shape, or a sample decoded beside other rows, can round
+differently in the last bits and, at temperature 1, pick another token from there on; on the GPU
+the bench reports the share of identical samples instead of failing.
 
     python3 benchmarks/prefix_cache_bench.py --rlserve build/apps/rlserve [--device cpu]
         [--model DIR | --arch qwen3-moe --preset small] [--prompts 8] [--samples 16]
@@ -70,6 +74,7 @@ def main():
         try:
             rng = random.Random(0)
             stats = {name: [] for name in servers}
+            same = total = 0
             for r in range(args.rounds + 1):  # round 0 warms up, with one prompt
                 prompts = [[rng.randrange(3, min(vocab, 30000)) for _ in range(args.prompt_len)]
                            for _ in range(args.prompts if r > 0 else 1)]
@@ -79,7 +84,12 @@ def main():
                                                                       args.tokens, seed=r)
                     if r > 0:
                         stats[name].append((sec, out_tokens / sec, prefill))
-                assert outs["cache"] == outs["no cache"], "the cache changed what was sampled"
+                pairs = [(a, b) for ga, gb in zip(outs["cache"], outs["no cache"]) for a, b in zip(ga, gb)]
+                if r > 0:
+                    same += sum(a == b for a, b in pairs)
+                    total += len(pairs)
+                if args.device == "cpu":
+                    assert all(a == b for a, b in pairs), "the cache changed what was sampled"
             print(f"{args.prompts} prompts x {args.samples} samples, prompt {args.prompt_len} tokens, "
                   f"{args.tokens} new, device {args.device}, {args.rounds} rounds (medians):")
             med = {}
@@ -91,7 +101,8 @@ def main():
                 print(f"  {name:9s} {sec:8.3f} s/round  {rate:9.1f} output tokens/s  "
                       f"{prefill:9.0f} prefill tokens/round")
             print(f"  prefill work / {med['no cache'][2] / max(med['cache'][2], 1):.1f}, "
-                  f"throughput x {med['cache'][1] / med['no cache'][1]:.2f}; samples identical")
+                  f"throughput x {med['cache'][1] / med['no cache'][1]:.2f}; samples identical: "
+                  f"{same} of {total}")
         finally:
             for proc, _ in servers.values():
                 proc.terminate()

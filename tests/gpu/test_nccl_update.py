@@ -53,6 +53,31 @@ def generate(engine):
     return r.get("output_ids")
 
 
+def socket_fds(pid):
+    """The engine's descriptors that are sockets, as (listening, other) counts: NCCL's bootstrap
+    leaves its listening sockets behind when a communicator is aborted mid-rendezvous."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    listening = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    if cols[3] == "0A" and cols[9] in inodes:  # 0A: TCP_LISTEN
+                        listening.add(cols[9])
+        except OSError:
+            pass
+    return len(listening), len(inodes) - len(listening)
+
+
 def usage(engine):
     """The engine process's file descriptors, threads, RSS and GPU memory (nvidia-smi)."""
     pid = engine.proc.pid
@@ -73,7 +98,8 @@ def usage(engine):
                 gpu = int(mib) << 20
     except Exception:
         pass
-    return {"fds": fds, "threads": threads, "rss": rss, "gpu": gpu}
+    listening, _ = socket_fds(pid)
+    return {"fds": fds, "threads": threads, "rss": rss, "gpu": gpu, "listening": listening}
 
 
 # SGLang's and slime's trainer side of the group (init_custom_process_group): rendezvous through
@@ -268,8 +294,17 @@ def main():
         check(after["threads"] == base["threads"] and after["fds"] == base["fds"],
               "no thread or file descriptor left by 100 store cycles")
         check(after["rss"] - base["rss"] < 32 << 20, f"RSS growth {(after['rss'] - base['rss']) >> 10} KiB over 100 cycles")
-        check(after_nccl["threads"] <= after["threads"] + 2 and after_nccl["fds"] <= after["fds"] + 4,
-              "aborted NCCL communicators leave (almost) no threads or descriptors")
+        # NCCL 2.28's bootstrap does not close its listening sockets when a communicator is
+        # aborted before the other ranks arrived (its bootstrapInit error path): a bounded,
+        # per-abort leak that is NCCL's (docs/protocol.md, "Joining a trainer's NCCL group"). Anything else left
+        # behind (threads, other descriptors) would be the engine's.
+        leaked = after_nccl["fds"] - after["fds"]
+        leaked_listening = after_nccl["listening"] - after["listening"]
+        check(after_nccl["threads"] <= after["threads"] + 2,
+              f"aborted NCCL communicators leave no threads ({after['threads']} -> {after_nccl['threads']})")
+        check(leaked - leaked_listening <= 4 and leaked_listening <= 2 * 10,
+              f"aborted NCCL communicators leave no descriptors but NCCL's bootstrap listeners "
+              f"({leaked} more, {leaked_listening} of them listening sockets, over 10 aborts)")
         check(after_nccl["gpu"] - after["gpu"] < 256 << 20,
               f"GPU memory growth over 10 aborted NCCL inits: {(after_nccl['gpu'] - after['gpu']) >> 20} MiB")
         check(generate(engine) is not None, "the engine serves after all of it")

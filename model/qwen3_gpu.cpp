@@ -579,7 +579,8 @@ status qwen3_gpu_model::impl::launch(int64_t T, int64_t S, int64_t R, bool graph
                           cudaMemcpyHostToDevice, stream));
   if (!graph_ok || !options.cuda_graphs || profile)
     return run_step(T, S, R);
-  auto it = graphs.find(T);
+  const std::pair<int64_t, bool> key{T, record_routing};
+  auto it = graphs.find(key);
   if (it == graphs.end()) {
     // Warm up eagerly once (cuBLAS picks its kernels, lazy module loading happens), then capture.
     if (auto s = run_step(T, S, R); !s)
@@ -598,7 +599,7 @@ status qwen3_gpu_model::impl::launch(int64_t T, int64_t S, int64_t R, bool graph
     cudaGraphDestroy(graph);
     if (e != cudaSuccess)
       return fail("CUDA graph instantiation failed: " + cuda_text(e));
-    it = graphs.emplace(T, exec).first;
+    it = graphs.emplace(key, exec).first;
     // The warm-up already ran this step's work; running the graph again would write the same
     // KV slots with the same values, so it is harmless, and keeps one code path.
   }
@@ -722,9 +723,11 @@ status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float
   bool decode = std::all_of(items.begin(), items.end(), [](const forward_item& it) {
     return it.tokens.size() == 1 && it.logit_rows == 1;
   });
-  // Recording the routing is a copy per sparse layer the graphs do not hold: eager then.
+  // Recording the routing adds a copy per sparse layer: decode steps that record replay graphs of
+  // their own (keyed by the bucket and the recording), so a routed request does not take its
+  // whole batch off the graphs, and batches that do not record pay nothing for it.
   const bool record = routed_experts != nullptr && p.routed_record != nullptr;
-  const bool graph = !record && decode && static_cast<int64_t>(items.size()) <= std::min<int64_t>(p.max_seqs, 256);
+  const bool graph = decode && static_cast<int64_t>(items.size()) <= std::min<int64_t>(p.max_seqs, 256);
   if (auto s = p.prepare(items, T, S, R, graph); !s)
     return s;
   p.record_routing = record;

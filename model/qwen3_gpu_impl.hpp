@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -236,8 +237,8 @@ struct qwen3_gpu_model::impl {
   void* meta_host = nullptr;
   std::size_t meta_bytes = 0;
   gpu_detail::step_meta dev{}, host{};
-  // graphs per bucket
-  std::map<int64_t, cudaGraphExec_t> graphs;
+  // graphs per bucket of tokens and whether the step records the routing
+  std::map<std::pair<int64_t, bool>, cudaGraphExec_t> graphs;
   // weight updates: the recipe BF16 updates of INT4 modules are quantized with, the per-tensor
   // table of batched copies, a non-finite flag word, a pinned bounce buffer for host uploads
   std::optional<kernels::int4_recipe> int4_recipe;

@@ -285,12 +285,20 @@ BOOST_AUTO_TEST_CASE(graph_replay_equals_eager_bit_for_bit) {
       ia.push_back({&a.kv[i], std::span<const int32_t>(&next[i], 1), 1});
       ib.push_back({&b.kv[i], std::span<const int32_t>(&next[i], 1), 1});
     }
-    BOOST_REQUIRE(eager->forward(ia, la));
-    BOOST_REQUIRE(graphed->forward(ib, lb));
+    // Steps 3 and 4 record the routing (return_routed_experts): the graphed model replays a
+    // graph of its own for them, with the same logits and the same experts as eager.
+    const bool routed = step == 3 || step == 4;
+    std::vector<int32_t> ra, rb;
+    BOOST_REQUIRE(eager->forward(ia, la, routed ? &ra : nullptr));
+    BOOST_REQUIRE(graphed->forward(ib, lb, routed ? &rb : nullptr));
     BOOST_TEST(std::memcmp(la.data(), lb.data(), la.size() * 4) == 0, "step " << step);
+    BOOST_TEST(ra == rb, "routed experts, step " << step);
+    if (routed)
+      BOOST_TEST(std::count(rb.begin(), rb.end(), -1) < static_cast<std::ptrdiff_t>(rb.size()));
   }
   BOOST_TEST(eager->graphs_captured() == 0);
-  BOOST_TEST(graphed->graphs_captured() == 1); // 5 sequences: the bucket of 8
+  // 5 sequences: the bucket of 8, once plain and once recording the routing.
+  BOOST_TEST(graphed->graphs_captured() == 2);
 }
 
 BOOST_AUTO_TEST_CASE(device_sampling_picks_what_the_host_sampler_picks) {

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <sys/resource.h>
@@ -101,6 +102,31 @@ GetServerInfoReqOutput server_info(caf::actor_system& sys, const scheduler_actor
   return out;
 }
 
+// A wait of the benchmark that ends in 60 s at most: a scheduler that stops stepping or never
+// finishes the aborted requests is a bug to see, not a hang. Says what the scheduler reports.
+// `poll` 0 yields between looks instead of sleeping.
+template <class Done>
+void wait_or_fail(caf::actor_system& sys, const scheduler_actor& scheduler, const step_clock& clock,
+                  const char* what, std::chrono::microseconds poll, Done done) {
+  const auto deadline = clock_type::now() + std::chrono::seconds(60);
+  while (!done()) {
+    if (clock_type::now() > deadline) {
+      auto info = server_info(sys, scheduler);
+      std::fprintf(stderr,
+                   "scheduler_bench: stuck %s: runner steps %lld, finished %lld, chunk messages %lld; the "
+                   "scheduler says running %d, waiting %d, scheduler steps %llu, paused %d\n",
+                   what, static_cast<long long>(clock.steps.load()), static_cast<long long>(clock.finished.load()),
+                   static_cast<long long>(clock.chunk_messages.load()), info.running_requests,
+                   info.waiting_requests, static_cast<unsigned long long>(info.scheduler_steps), int(info.paused));
+      std::exit(2);
+    }
+    if (poll.count() == 0)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(poll);
+  }
+}
+
 result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps) {
   step_clock clock;
   RunnerManifest manifest;
@@ -129,16 +155,14 @@ result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps) {
     caf::anon_send(scheduler, std::move(req), sink);
   }
   // Warm up past admission and prefill, then measure `steps` decode steps.
-  while (clock.steps < 8)
-    std::this_thread::yield();
+  wait_or_fail(sys, scheduler, clock, "warming up", std::chrono::microseconds(0), [&] { return clock.steps >= 8; });
   auto info0 = server_info(sys, scheduler);
   auto s0 = clock.steps.load();
   auto m0 = clock.chunk_messages.load();
   auto r0 = clock.runner_ns.load();
   auto t0 = clock_type::now();
   auto c0 = cpu_seconds();
-  while (clock.steps < s0 + steps)
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  wait_or_fail(sys, scheduler, clock, "decoding", std::chrono::microseconds(200), [&] { return clock.steps >= s0 + steps; });
   auto t1 = clock_type::now();
   auto c1 = cpu_seconds();
   auto info1 = server_info(sys, scheduler);
@@ -152,8 +176,8 @@ result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps) {
   // forward request + reply + the step self-message, and the chunk messages to sinks.
   out.messages = 3.0 + double(clock.chunk_messages.load() - m0) / n;
   caf::anon_send(scheduler, AbortReq{"", true, "benchmark over"});
-  while (clock.finished < batch)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  wait_or_fail(sys, scheduler, clock, "finishing the aborted requests", std::chrono::milliseconds(1),
+               [&] { return clock.finished >= batch; });
   caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(updater, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(runner, caf::exit_reason::user_shutdown);

@@ -134,7 +134,10 @@ result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps) {
   manifest.vocab_size = 512;
   manifest.max_context_length = 1 << 20;
   manifest.kv_block_size = 16;
-  const int64_t prompt = 16, max_new = steps + 64;
+  // Requests outlive the measurement whatever happens before it: the main thread, descheduled on a
+  // small machine between the warm-up and the start of the measurement, once let 65 steps pass,
+  // and requests of `steps + 64` new tokens ended before the measured steps did.
+  const int64_t prompt = 16, max_new = 2 * steps + 256;
   manifest.kv_num_blocks = batch * ((prompt + max_new) / 16 + 2);
   auto runner = sys.spawn<caf::detached>(modelless_runner, manifest, &clock);
   scheduler_options options;
@@ -162,7 +165,14 @@ result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps) {
   auto r0 = clock.runner_ns.load();
   auto t0 = clock_type::now();
   auto c0 = cpu_seconds();
-  wait_or_fail(sys, scheduler, clock, "decoding", std::chrono::microseconds(200), [&] { return clock.steps >= s0 + steps; });
+  wait_or_fail(sys, scheduler, clock, "decoding", std::chrono::microseconds(200), [&] {
+    if (clock.finished > 0) {
+      std::fprintf(stderr, "scheduler_bench: requests ended after %lld steps, before the %lld measured ones\n",
+                   static_cast<long long>(clock.steps.load()), static_cast<long long>(steps));
+      std::exit(2);
+    }
+    return clock.steps >= s0 + steps;
+  });
   auto t1 = clock_type::now();
   auto c1 = cpu_seconds();
   auto info1 = server_info(sys, scheduler);

@@ -180,15 +180,18 @@ for what in "$@"; do
     determinism)
       det_dir="$OUT/determinism"
       mkdir -p "$det_dir"
-      if [ -x "$DEV/rlserve_actors_gpu_tests" ]; then
-        echo "=== the engine's determinism cases (two engines, alone vs batched, chunked prefill)"
-        timeout "${TEST_TIMEOUT:-240}" "$DEV/rlserve_actors_gpu_tests" --run_test='@determinism' \
-          --log_level=message --report_level=short > "$det_dir/engine_cases.log" 2>&1
+      # The engine's cases (two engines, alone vs batched, chunked prefill) and the kernels'
+      # (the tiled fused MoE: repeats, token order, alone vs batched).
+      for exe in rlserve_actors_gpu_tests rlserve_kernels_gpu_tests; do
+        [ -x "$DEV/$exe" ] || continue
+        echo "=== $exe: the determinism cases"
+        timeout "${TEST_TIMEOUT:-240}" "$DEV/$exe" --run_test='@determinism' \
+          --log_level=message --report_level=short > "$det_dir/$exe.log" 2>&1
         st=$?
-        grep -E "error|failed|passed|\*\*\*" "$det_dir/engine_cases.log" | tail -15
-        echo "determinism cases: exit $st"
+        grep -E "error|failed|passed|token rows differ|\*\*\*" "$det_dir/$exe.log" | tail -15
+        echo "determinism cases of $exe: exit $st"
         [ $st -eq 0 ] || rc=1
-      fi
+      done
       echo "=== determinism: decode_bench twice per setting (separate processes), hashes compared"
       det_args=${DET_ARGS:---batches 1,8,32 --steps 32 --prompt 128 --mode int4}
       # "mode B=batch tokens-hash lp<logprobs-hash>" per row line of a decode_bench log (an older

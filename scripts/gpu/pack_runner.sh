@@ -4,6 +4,8 @@
 # machine, where scripts/gpu/run_runner.sh runs them (NCCL and cuBLAS come from the image's
 # nvidia.* Python packages there).
 #   scripts/gpu/pack_runner.sh [BUILD_DIR]      (default build-gemm; the folder is BUILD_DIR/runner)
+# With PACK_XZ=FILE the folder is also written there as an xz tarball of `runner/` (the carry limit
+# is 64 MiB; the folder itself is larger), which run_runner.sh unpacks where DEV is missing.
 # With KEEP_CONFIG=1 an existing build folder is used as configured (e.g. the default `build`,
 # whose CUDA code is built for sm_80 and sm_90a) instead of being set to sm_90a only.
 set -euo pipefail
@@ -24,3 +26,8 @@ done | sort -u | grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|lib
   | grep -vE '/(libcublas|libcublasLt|libnccl)\.so' | while read -r lib; do cp -L "$lib" "$D/"; done
 strip "$D"/rlserve* "$D"/*_bench
 du -sh "$D"
+if [ -n "${PACK_XZ:-}" ]; then
+  mkdir -p "$(dirname "$PACK_XZ")"
+  tar -C "$B" -cf - runner | xz -4 -T0 > "$PACK_XZ"
+  du -sh "$PACK_XZ"
+fi

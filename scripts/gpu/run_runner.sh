@@ -35,11 +35,23 @@
 #             tests/gpu/test_nccl_update_2gpu.py (the broadcast itself; skips below two GPUs)
 #     prefix  benchmarks/prefix_cache_bench.py (GRPO rounds with the prefix cache on and off, on
 #             a make-model --preset a3b-slice checkpoint: Qwen3-30B-A3B layer shapes)
-# Nothing is built here, and nothing about the GPU is changed.
+# Nothing is built here, and nothing about the GPU is changed. Where $DEV has no binaries yet (a fresh
+# machine), the tarball `PACK_XZ=.carry/runner.tar.xz scripts/gpu/pack_runner.sh build` wrote
+# (RUNNER_XZ, that path by default) is unpacked beside it first, so DEV must end in /runner.
 set -uo pipefail
 DEV=${DEV:-build-gemm/runner}
 OUT=${OUT:-/tmp/rlserve-runner-out}
 mkdir -p "$OUT"
+# A fresh GPU machine has only what was carried: unpack the tarball pack_runner.sh wrote
+# (RUNNER_XZ, default .carry/runner.tar.xz) when $DEV is not there yet.
+RUNNER_XZ=${RUNNER_XZ:-.carry/runner.tar.xz}
+if [ ! -x "$DEV/rlserve" ] && [ -f "$RUNNER_XZ" ]; then
+  mkdir -p "$(dirname "$DEV")"
+  tar -C "$(dirname "$DEV")" -xJf "$RUNNER_XZ" || { echo "cannot unpack $RUNNER_XZ"; exit 2; }
+  [ -x "$DEV/rlserve" ] || { echo "$RUNNER_XZ has no runner/rlserve for DEV=$DEV"; exit 2; }
+  echo "unpacked $RUNNER_XZ into $(dirname "$DEV")"
+fi
+[ -x "$DEV/rlserve" ] || { echo "no binaries in DEV=$DEV (run scripts/gpu/pack_runner.sh and carry them)"; exit 2; }
 [ $# -eq 0 ] && set -- all
 NVLIBS=$(python3 -c 'import glob, os, nvidia
 print(":".join(sorted({os.path.dirname(f) for p in nvidia.__path__

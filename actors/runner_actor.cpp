@@ -158,8 +158,9 @@ RunnerManifest make_manifest(const runner_options& options, const model::qwen3_m
 // Runs `items` as one batch. When the batch as a whole is refused (the forward checks every
 // item before running any), the items at fault are found by trying each alone on a copy of its
 // KV, marked failed in `errors` (by batch position), and the rest run without them. `items` and
-// `owners` (the batch position each item runs) shrink to what ran; `row_of` gets each remaining item's first logits row;
-// `routed_experts`, when given, the routing of every token that ran, item after item.
+// `owners` (the batch position each item runs) shrink to what ran; `row_of` gets each remaining
+// item's first logits row; `routed_experts`, when given, the routing of every token that ran,
+// item after item.
 status run_items(runner_state& st, std::vector<model::forward_item>& items,
                  std::vector<std::size_t>& owners, std::vector<std::string>& errors,
                  std::vector<float>& logits, std::vector<std::size_t>& row_of,

@@ -159,8 +159,9 @@ struct TokenChunks {
 
 // Folds `chunk` (what is new since the previous one) into `so_far`: per-token lists and the text
 // are joined, the prompt logprobs (sent once) kept, everything else taken from the chunk as the
-// state so far. Only moves: into an empty `so_far` the chunk's lists go as they are. The front door builds results this way and SGLang-style streams (each event
-// the whole result so far) are built by the HTTP front the same way.
+// state so far. Only moves: into an empty `so_far` the chunk's lists go as they are. The front
+// door builds results this way, and SGLang-style streams (each event the whole result so far)
+// are built by the HTTP front the same way.
 void append_chunk(GenerateReqOutput& so_far, GenerateReqOutput chunk);
 
 // SGLang AbortReq: one request by rid, or every request.

@@ -291,7 +291,7 @@ BOOST_AUTO_TEST_CASE(a_missing_device_or_a_bad_device_name_fails_start_clearly) 
   BOOST_TEST(contains(e.error(), "expected auto, cpu, cuda or cuda:N"));
 }
 
-// Issue 18, on the GPU runner, the three properties determinism_sim_test.cpp holds on the CPU:
+// On the GPU runner, the three properties determinism_sim_test.cpp holds on the CPU:
 // bit-identical tokens and logprobs (1) from two engine instances given the same seeded requests,
 // (2) for a request alone and among 31 random others, (3) for a prompt prefilled in chunks of 16
 // tokens and in one chunk.

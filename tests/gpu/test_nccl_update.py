@@ -53,9 +53,9 @@ def generate(engine):
     return r.get("output_ids")
 
 
-def socket_fds(pid):
-    """The engine's descriptors that are sockets, as (listening, other) counts: NCCL's bootstrap
-    leaves its listening sockets behind when a communicator is aborted mid-rendezvous."""
+def listening_sockets(pid):
+    """How many of the process's descriptors are listening TCP sockets: NCCL's bootstrap leaves
+    its listening sockets behind when a communicator is aborted mid-rendezvous."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -75,7 +75,7 @@ def socket_fds(pid):
                         listening.add(cols[9])
         except OSError:
             pass
-    return len(listening), len(inodes) - len(listening)
+    return len(listening)
 
 
 def usage(engine):
@@ -98,8 +98,7 @@ def usage(engine):
                 gpu = int(mib) << 20
     except Exception:
         pass
-    listening, _ = socket_fds(pid)
-    return {"fds": fds, "threads": threads, "rss": rss, "gpu": gpu, "listening": listening}
+    return {"fds": fds, "threads": threads, "rss": rss, "gpu": gpu, "listening": listening_sockets(pid)}
 
 
 # SGLang's and slime's trainer side of the group (init_custom_process_group): rendezvous through
@@ -296,8 +295,8 @@ def main():
         check(after["rss"] - base["rss"] < 32 << 20, f"RSS growth {(after['rss'] - base['rss']) >> 10} KiB over 100 cycles")
         # NCCL 2.28's bootstrap does not close its listening sockets when a communicator is
         # aborted before the other ranks arrived (its bootstrapInit error path): a bounded,
-        # per-abort leak that is NCCL's (docs/protocol.md, "Joining a trainer's NCCL group"). Anything else left
-        # behind (threads, other descriptors) would be the engine's.
+        # per-abort leak that is NCCL's (docs/protocol.md, "Joining a trainer's NCCL group").
+        # Anything else left behind (threads, other descriptors) would be the engine's.
         leaked = after_nccl["fds"] - after["fds"]
         leaked_listening = after_nccl["listening"] - after["listening"]
         check(after_nccl["threads"] <= after["threads"] + 2,

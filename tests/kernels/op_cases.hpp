@@ -277,7 +277,8 @@ inline op_case gemv_bf16_case(int64_t rows, int64_t n, int64_t k, bool f32_out) 
            std::to_string(k) + (f32_out ? " fp32 out" : " bf16 out");
   c.arrays = {{"x", elem::bf16, rows * k, role::input, 1.0},
               {"w", elem::bf16, n * k, role::input, 0.05},
-              {"y", f32_out ? elem::f32 : elem::bf16, rows * n, role::output, 0, 0, 0, f32_out ? k_f32_sum : k_bf16_out}};
+              {"y", f32_out ? elem::f32 : elem::bf16, rows * n, role::output, 0, 0, 0,
+               f32_out ? k_f32_sum : k_bf16_out}};
   c.call = [=](backend b, const std::vector<void*>& p) {
     const kernels::gemv_bf16_args args{as<uint16_t>(p[0]), as<uint16_t>(p[1]), p[2], rows, n, k, n, f32_out};
     return b == backend::cpu ? kernels::gemv_bf16_ref(args) : kernels::gemv_bf16_launch(args, nullptr);

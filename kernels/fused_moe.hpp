@@ -66,7 +66,8 @@ struct moe_align_args {
 // Entries sorted_ids may need: block * (num_ids / block + min(experts, num_ids)).
 int64_t moe_align_capacity(int64_t num_ids, int64_t experts, int32_t block);
 kernel_status moe_align_can_implement(const moe_align_args& args);
-// CPU: ids inside each expert's run in ascending order. CUDA: the same sets, in any order.
+// Ids inside each expert's run in ascending order, on the CPU and on the GPU (the order decides
+// each row's GEMM tile, and so its summation order: kernels/cuda/fused_moe.cu).
 kernel_status moe_align_ref(const moe_align_args& args);
 kernel_status moe_align_launch(const moe_align_args& args, cudaStream_t stream);
 
@@ -105,6 +106,13 @@ struct fused_moe_args {
   // k_moe_gemv_auto_ids, block_rows is 0 and H, I <= k_moe_gemv_max_dim), 1 always the GEMV path
   // (needs tokens * top_k <= k_moe_gemv_max_ids and the same H, I), -1 never.
   int32_t gemv = 0;
+
+  // Batch invariance: a token's output bits do not depend on the other tokens of the launch
+  // (their number, order or routing). The tiled path alone (no GEMV path), 8-row m blocks at
+  // every T, and GEMM tiles never split along k (w4a16 whole tiles), so each output element is
+  // summed in one order wherever its row lands. Slower at large T (weights are read once per 8
+  // rows of an expert); refused with a block_rows other than 0 or 8, or gemv = 1.
+  bool batch_invariant = false;
 };
 
 // Small-T decode path: with few (token, slot) pairs the tiled GEMMs run 1.5-3 units per CTA and
@@ -120,6 +128,14 @@ struct fused_moe_args {
 constexpr int64_t k_moe_gemv_auto_ids = 8;
 constexpr int64_t k_moe_gemv_max_ids = 64;
 constexpr int64_t k_moe_gemv_max_dim = 8192; // H and I: x and h are staged in shared memory (FP32)
+
+// Whether fused_moe_launch takes the GEMV path for `args` (the rule of fused_moe_args::gemv).
+inline bool fused_moe_takes_gemv_path(const fused_moe_args& a) {
+  if (a.batch_invariant)
+    return false;
+  return a.gemv == 1 || (a.gemv == 0 && a.block_rows == 0 && a.tokens * a.top_k <= k_moe_gemv_auto_ids &&
+                         a.hidden <= k_moe_gemv_max_dim && a.intermediate <= k_moe_gemv_max_dim);
+}
 
 kernel_status fused_moe_can_implement(const fused_moe_args& args);
 // CPU reference (host pointers): moe_topk_ref, then per expert gemm_w4a16_ref (w13), SiLU-mul,

@@ -357,6 +357,7 @@ kernels::fused_moe_args qwen3_gpu_model::impl::int4_moe_args(const gpu_layer& L,
   f.w2_scale = w2.scale;
   f.w2_zero_point = w2.zero_point;
   f.out = delta;
+  f.batch_invariant = options.moe_batch_invariant;
   return f;
 }
 

@@ -62,6 +62,11 @@ struct gpu_options {
   // (kernels/gemv_bf16.hpp) rather than cuBLAS; off only to compare the two
   // (decode_bench --linears cublas).
   bool bf16_gemv = true;
+  // The INT4 fused MoE in its batch-invariant mode (kernels::fused_moe_args::batch_invariant): a
+  // token's MoE output does not depend on the rest of its batch. One op of a batch-invariant
+  // forward, not the whole of one (docs/performance.md); decode_bench --moe-batch-invariant
+  // measures its cost.
+  bool moe_batch_invariant = false;
   // Device bytes a weight update may stage before its commit (0: as many as the weights take,
   // i.e. one full copy of the model).
   std::size_t staging_budget_bytes = 0;

@@ -113,7 +113,8 @@ kernel_status fused_moe_can_implement(const fused_moe_args& a) {
       (a.max_tokens > 0 && a.tokens > a.max_tokens) || (a.block_rows != 0 && a.block_rows != 8 && a.block_rows != 16 && a.block_rows != 32 &&
        a.block_rows != 48 && a.block_rows != 64) ||
       a.max_ctas < 0 || a.gemv < -1 || a.gemv > 1 || (a.gemv == 1 && (a.tokens * a.top_k > k_moe_gemv_max_ids || a.hidden > k_moe_gemv_max_dim ||
-                                  a.intermediate > k_moe_gemv_max_dim)))
+                                  a.intermediate > k_moe_gemv_max_dim)) ||
+      (a.batch_invariant && ((a.block_rows != 0 && a.block_rows != 8) || a.gemv == 1)))
     return kernel_status::invalid_problem;
   if (!int4_group_size_supported(a.group_size))
     return kernel_status::invalid_problem;

@@ -110,17 +110,34 @@ moe_topk_kernel(const float* __restrict__ logits, // [T, E]
 
 // ---- 2. alignment -------------------------------------------------------------------------------------
 
-// One CTA: per-expert counts (shared-memory atomics), a warp scan of the padded counts, the
-// block -> expert table, padding entries, then the scatter (positions inside an expert's run come
-// from atomics: any order, every output row is computed independently of its position).
+// One CTA: per-expert counts (shared-memory atomics: integer, any order gives the same counts), a
+// warp scan of the padded counts, the block -> expert table, padding entries, then the scatter in
+// ascending id order inside each expert's run, as the CPU twin. The order matters: a row's m block
+// decides its GEMM tile, and tiles are split along k at places that depend on their index in the
+// persistent grid's partition, so a row placed in another block of its expert is summed in
+// another order. With positions taken from atomics, two runs of the same batch differed in their
+// last bits wherever an expert got more rows than one block holds (every prefill).
+//
+// The ordered scatter goes through the ids 1024 at a time: in each chunk, a thread's rank among
+// the ids of its expert is the count of the same expert in earlier chunks (fill), in earlier warps
+// of this chunk (the per-warp counts, one byte each: at most 32), and in earlier lanes of its warp
+// (__match_any_sync).
+constexpr int k_align_warps = k_align_threads / 32;
+std::size_t align_smem_bytes(int64_t experts) {
+  return static_cast<std::size_t>(3 * experts + 1) * sizeof(int32_t) + static_cast<std::size_t>(k_align_warps * experts);
+}
+
 __device__ __forceinline__ void align_body(const int32_t* __restrict__ topk_ids, int32_t num_ids, int32_t experts,
                                            int32_t block, int32_t* __restrict__ sorted_ids,
                                            int32_t* __restrict__ block_expert, int32_t* __restrict__ num_padded) {
   extern __shared__ int32_t sh[];
   int32_t* count = sh;              // [E]
   int32_t* offset = sh + experts;   // [E + 1]
-  int32_t* fill = sh + 2 * experts + 1; // [E]
+  int32_t* fill = sh + 2 * experts + 1; // [E]: ids of the expert in earlier chunks
+  uint8_t* warp_count = reinterpret_cast<uint8_t*>(sh + 3 * experts + 1); // [warps][E] of this chunk
   const int tid = threadIdx.x;
+  for (int i = tid; i < k_align_warps * experts; i += blockDim.x)
+    warp_count[i] = 0;
   for (int e = tid; e < experts; e += blockDim.x)
     count[e] = 0, fill[e] = 0;
   __syncthreads();
@@ -161,10 +178,32 @@ __device__ __forceinline__ void align_body(const int32_t* __restrict__ topk_ids,
     for (int32_t b = offset[e] / block; b < offset[e + 1] / block; ++b)
       block_expert[b] = e;
   __syncthreads(); // the padding stores are ordered before the scatter (same CTA)
-  for (int32_t i = tid; i < num_ids; i += blockDim.x) {
-    const int32_t e = topk_ids[i];
-    if (e >= 0 && e < experts)
-      sorted_ids[offset[e] + atomicAdd(fill + e, 1)] = i;
+  const int warp = tid >> 5, lane = tid & 31;
+  for (int32_t base = 0; base < num_ids; base += blockDim.x) { // uniform trip count: barriers inside
+    const int32_t i = base + tid;
+    const int32_t e = i < num_ids ? topk_ids[i] : -1;
+    const bool valid = e >= 0 && e < experts;
+    const unsigned peers = __match_any_sync(0xffffffffu, valid ? e : -1);
+    const int rank = __popc(peers & ((1u << lane) - 1u));
+    if (valid && rank == 0)
+      warp_count[warp * experts + e] = static_cast<uint8_t>(__popc(peers));
+    __syncthreads();
+    if (valid) {
+      int32_t before = fill[e] + rank;
+      for (int w = 0; w < warp; ++w)
+        before += warp_count[w * experts + e];
+      sorted_ids[offset[e] + before] = i;
+    }
+    __syncthreads();
+    for (int x = tid; x < experts; x += blockDim.x) {
+      int32_t chunk = 0;
+      for (int w = 0; w < k_align_warps; ++w) {
+        chunk += warp_count[w * experts + x];
+        warp_count[w * experts + x] = 0;
+      }
+      fill[x] += chunk;
+    }
+    __syncthreads();
   }
 }
 
@@ -481,6 +520,8 @@ moe_layout layout_of(const fused_moe_args& a) {
 // decode pads little (8-row swap-AB blocks up to ~115 tokens at E 128, top-8) and prefill gets
 // large blocks.
 int moe_block_rows(const fused_moe_args& a) {
+  if (a.batch_invariant)
+    return 8; // one variant at every T: its in-CTA k split is part of the summation order
   if (w4a16::block_rows_valid(a.block_rows))
     return a.block_rows;
   const double per_expert = static_cast<double>(a.tokens) * a.top_k / static_cast<double>(a.experts);
@@ -508,7 +549,7 @@ kernel_status moe_topk_launch(const moe_topk_args& a, cudaStream_t stream) {
 kernel_status moe_align_launch(const moe_align_args& a, cudaStream_t stream) {
   if (auto st = moe_align_can_implement(a); st != kernel_status::ok)
     return st;
-  const std::size_t smem = (3 * a.experts + 1) * sizeof(int32_t);
+  const std::size_t smem = align_smem_bytes(a.experts);
   moe_align_kernel<<<1, k_align_threads, smem, stream>>>(a.topk_ids, static_cast<int32_t>(a.num_ids),
                                                          static_cast<int32_t>(a.experts), a.block, a.sorted_ids,
                                                          a.block_expert, a.num_padded);
@@ -572,9 +613,7 @@ kernel_status fused_moe_launch(const fused_moe_args& a, void* workspace, cudaStr
   const int64_t groups2 = a.group_size == k_int4_channel ? 1 : I / a.group_size;
 
   moe_topk_args topk{T, a.experts, a.top_k, a.norm_topk_prob, a.router_logits, v.topk_ids, v.topk_weights};
-  const bool gemv = a.gemv == 1 || (a.gemv == 0 && a.block_rows == 0 && num_ids <= k_moe_gemv_auto_ids &&
-                                           H <= k_moe_gemv_max_dim && I <= k_moe_gemv_max_dim);
-  if (gemv) {
+  if (fused_moe_takes_gemv_path(a)) {
     if (auto st = moe_topk_can_implement(topk); st != kernel_status::ok)
       return st;
     const int32_t glen_log2 = groups13 == 1 ? 0 : 31 - __builtin_clz(static_cast<unsigned>(a.group_size));
@@ -599,7 +638,7 @@ kernel_status fused_moe_launch(const fused_moe_args& a, void* workspace, cudaStr
       return st;
     if (auto st = moe_align_can_implement(align); st != kernel_status::ok)
       return st;
-    const std::size_t smem = (3 * a.experts + 1) * sizeof(int32_t);
+    const std::size_t smem = align_smem_bytes(a.experts);
     moe_route_kernel<<<1, k_align_threads, smem, stream>>>(
       a.router_logits, static_cast<int32_t>(T), static_cast<int32_t>(a.experts), a.top_k, a.norm_topk_prob,
       v.topk_ids, v.topk_weights, block, v.sorted_ids, v.block_expert, v.num_padded);
@@ -622,6 +661,7 @@ kernel_status fused_moe_launch(const fused_moe_args& a, void* workspace, cudaStr
   p.max_m_blocks = static_cast<int32_t>(moe_align_capacity(num_ids, a.experts, block) / block);
   p.num_ids = static_cast<int32_t>(num_ids);
   p.has_zero_point = a.has_zero_point;
+  p.whole_tiles = a.batch_invariant;
 
   // w13: rows of x gathered by token (= id / k), gate | up columns paired per CTA tile.
   p.a_row_div = a.top_k;
@@ -641,7 +681,11 @@ kernel_status fused_moe_launch(const fused_moe_args& a, void* workspace, cudaStr
   p.c = v.h;
   p.ldc = I;
   p.up_tile_offset = static_cast<int32_t>(I / 64);
-  if (auto st = w4a16::run(p, mb, grid, counters, partials, stream, true); st != kernel_status::ok)
+  // Batch-invariant: a CTA per tile the capacity allows (whole tiles), else the persistent grid.
+  auto grid_of = [&](const w4a16::problem& q) {
+    return a.batch_invariant ? static_cast<int>(w4a16::tiles_of(q, mb)) : grid;
+  };
+  if (auto st = w4a16::run(p, mb, grid_of(p), counters, partials, stream, true); st != kernel_status::ok)
     return st;
 
   // w2: rows of h by flat id, FP32 rows of y. Launched as a programmatic dependent of w13: its
@@ -664,7 +708,7 @@ kernel_status fused_moe_launch(const fused_moe_args& a, void* workspace, cudaStr
   p.ldc = H;
   p.up_tile_offset = 0;
   p.prefetch_units = k_moe_prefetch_units;
-  if (auto st = w4a16::run(p, mb, grid, counters, partials, stream, true); st != kernel_status::ok)
+  if (auto st = w4a16::run(p, mb, grid_of(p), counters, partials, stream, true); st != kernel_status::ok)
     return st;
 
   cudaLaunchConfig_t cc{};

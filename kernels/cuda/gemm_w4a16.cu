@@ -93,7 +93,9 @@ w4a16_kernel(const problem p,
   s.n_tiles = p.ep == epilogue::silu_mul_bf16 ? (p.up_tile_offset + 1) / 2 : (s.n64 + k_sub - 1) / k_sub;
   s.ki = (p.k + k_stage_k - 1) / k_stage_k;
   s.units = s.n_tiles * s.num_mblk * s.ki;
-  s.grid = min(static_cast<int32_t>(gridDim.x), s.units);
+  // Whole tiles: one tile per CTA (the host launches a CTA for every tile the workspace holds),
+  // so run c is exactly tile c's k stages and the split-tile code below never runs.
+  s.grid = min(static_cast<int32_t>(gridDim.x), p.whole_tiles ? s.n_tiles * s.num_mblk : s.units);
   s.glen_log2 = 31 - __clz(max(p.glen, 1));
   s.stage_groups = (p.groups > 1 && p.glen < k_stage_k) ? k_stage_k / p.glen : 1;
   s.k16 = p.k / 16;

@@ -75,6 +75,14 @@ struct problem {
   // units of its run into L2 (only for a problem whose m blocks and experts were written by a
   // kernel that finished before the previous one passed its own wait: the MoE's w2 after w13).
   int32_t prefetch_units = 0;
+
+  // ---- partition ----
+  // Whole tiles: CTA c computes tile c over its whole k range, so no tile is split and every
+  // output element is summed in the same order whatever the tile's index (the m, the routing).
+  // The launch must then have a CTA for every tile (tiles_of: grid_for does not apply); CTAs past
+  // the tiles in use return at once. For batch invariance (the fused MoE's batch_invariant); the
+  // default splits tiles along k to balance the SMs (stream-K).
+  bool whole_tiles = false;
 };
 
 constexpr int k_tile_n = 256; // output columns per CTA tile

@@ -309,6 +309,23 @@ BOOST_AUTO_TEST_CASE(can_implement_names_the_shapes_it_needs) {
   BOOST_TEST((fused_moe_can_implement(a) == kernel_status::invalid_problem));
   a.experts = 4; // top-8 of 4 experts
   BOOST_TEST((fused_moe_can_implement(a) == kernel_status::invalid_problem));
+  // The batch-invariant mode fixes the block rows at 8 and the tiled path: hooks that ask
+  // otherwise contradict it.
+  a.experts = 128, a.batch_invariant = true;
+  BOOST_TEST((fused_moe_can_implement(a) == kernel_status::ok));
+  a.block_rows = 8;
+  BOOST_TEST((fused_moe_can_implement(a) == kernel_status::ok));
+  a.block_rows = 16;
+  BOOST_TEST((fused_moe_can_implement(a) == kernel_status::invalid_problem));
+  a.block_rows = 0, a.gemv = 1;
+  BOOST_TEST((fused_moe_can_implement(a) == kernel_status::invalid_problem));
+  a.gemv = -1;
+  BOOST_TEST((fused_moe_can_implement(a) == kernel_status::ok));
+  BOOST_TEST(!fused_moe_takes_gemv_path(a));
+  a.batch_invariant = false, a.gemv = 0, a.tokens = 1; // T * k = 8: the GEMV path by default
+  BOOST_TEST(fused_moe_takes_gemv_path(a));
+  a.batch_invariant = true;
+  BOOST_TEST(!fused_moe_takes_gemv_path(a));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

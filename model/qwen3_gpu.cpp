@@ -8,6 +8,9 @@
 
 #include "model/qwen3_gpu_impl.hpp"
 
+#include <atomic>
+#include <cerrno>
+
 namespace rlserve::model {
 
 using namespace gpu_detail;
@@ -30,6 +33,19 @@ status qwen3_gpu_model::impl::init_device() {
     return fail(fmt::format("{}: compute capability {}.{}; the kernels need 8.0 or newer",
                             device_name, prop.major, prop.minor));
   GPU_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (const char* path = std::getenv("RLSERVE_GPU_TRACE"); path && *path) {
+    static std::atomic<int> models{0};
+    trace_model = models++;
+    trace_file = std::fopen(path, "a");
+    if (!trace_file)
+      return fail(fmt::format("RLSERVE_GPU_TRACE: cannot open '{}' for appending: {}", path, std::strerror(errno)));
+  }
+  if (const char* seed = std::getenv("RLSERVE_GPU_POISON"); seed && *seed) {
+    char* end = nullptr;
+    poison_seed = std::strtoull(seed, &end, 10);
+    if (*end != '\0' || poison_seed == 0)
+      return fail(fmt::format("RLSERVE_GPU_POISON: '{}' is not a positive decimal seed", seed));
+  }
   weight_arena = std::make_unique<vmm_arena>(device, "weights");
   kv_arena = std::make_unique<vmm_arena>(device, "kv_cache");
   runtime_arena = std::make_unique<vmm_arena>(device, "cuda_graph");
@@ -50,6 +66,67 @@ status qwen3_gpu_model::impl::init_device() {
     return std::move(flag).take_failure();
   quant_flag = *flag;
   GPU_TRY(cudaMemset(quant_flag, 0, sizeof(uint64_t)));
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------------
+// the determinism probe (RLSERVE_GPU_TRACE, RLSERVE_GPU_POISON: qwen3_gpu_impl.hpp)
+
+status qwen3_gpu_model::impl::trace(const char* phase, const traced_rows& out) {
+  if (!trace_file || out.rows <= 0)
+    return {};
+  const std::size_t elem = out.type == trace_type::bf16 ? 2 : 4;
+  const auto row_bytes = static_cast<std::size_t>(out.row_elems) * elem;
+  std::vector<std::byte> rows(static_cast<std::size_t>(out.rows) * row_bytes);
+  GPU_TRY(cudaMemcpyAsync(rows.data(), out.data, rows.size(), cudaMemcpyDeviceToHost, stream));
+  GPU_TRY(cudaStreamSynchronize(stream));
+  std::string name(phase);
+  std::replace(name.begin(), name.end(), ' ', '_');
+  static constexpr const char* type_names[] = {"bf16", "f32", "i32"};
+  std::string line = fmt::format("m{} s{} l{} {} {} {}x{}", trace_model, trace_step, trace_layer, name,
+                                 type_names[static_cast<int>(out.type)], out.rows, out.row_elems);
+  for (int64_t r = 0; r < out.rows; ++r) {
+    const std::byte* row = rows.data() + static_cast<std::size_t>(r) * row_bytes;
+    // The magnitude tells a last-bit difference (a summation order) from garbage (a read of
+    // memory nobody wrote) when two files part.
+    double magnitude = 0;
+    for (int64_t i = 0; i < out.row_elems; ++i) {
+      float f32 = 0;
+      int32_t i32 = 0;
+      uint16_t b16 = 0;
+      switch (out.type) {
+      case trace_type::bf16:
+        std::memcpy(&b16, row + 2 * i, 2);
+        magnitude += std::fabs(kernels::bf16_to_float(b16));
+        break;
+      case trace_type::f32:
+        std::memcpy(&f32, row + 4 * i, 4);
+        magnitude += std::fabs(f32);
+        break;
+      case trace_type::i32:
+        std::memcpy(&i32, row + 4 * i, 4);
+        magnitude += std::abs(static_cast<double>(i32));
+        break;
+      }
+    }
+    line += fmt::format(" {:016x}:{:.9g}", kernels::xxh3_64(row, row_bytes), magnitude);
+  }
+  line += '\n';
+  if (std::fwrite(line.data(), 1, line.size(), trace_file) != line.size() || std::fflush(trace_file) != 0)
+    return fail(fmt::format("RLSERVE_GPU_TRACE: cannot write the trace: {}", std::strerror(errno)));
+  return {};
+}
+
+status qwen3_gpu_model::impl::poison(void* ptr, std::size_t bytes, uint64_t salt) {
+  kernels::fill_random_args f;
+  f.out = ptr;
+  f.count = static_cast<int64_t>(bytes / 4);
+  f.seed = poison_seed * 0x9E3779B97F4A7C15ull + salt;
+  f.kind = kernels::fill_random_args::word32;
+  if (f.count == 0)
+    return {};
+  KERNEL_TRY("RLSERVE_GPU_POISON fill", kernels::fill_random_launch(f, stream));
+  GPU_TRY(cudaStreamSynchronize(stream));
   return {};
 }
 
@@ -105,8 +182,15 @@ status qwen3_gpu_model::impl::allocate_runtime() {
     if (!k || !v)
       return fail(fmt::format("{}: cannot allocate the KV pool ({} blocks of {} tokens)",
                               device_name, options.kv_num_blocks, options.kv_block_size));
-    GPU_TRY(cudaMemset(*k, 0, num_slots * nkv * D * 2));
-    GPU_TRY(cudaMemset(*v, 0, num_slots * nkv * D * 2));
+    if (poison_seed) {
+      if (auto s = poison(*k, num_slots * nkv * D * 2, 2 * l); !s)
+        return s;
+      if (auto s = poison(*v, num_slots * nkv * D * 2, 2 * l + 1); !s)
+        return s;
+    } else {
+      GPU_TRY(cudaMemset(*k, 0, num_slots * nkv * D * 2));
+      GPU_TRY(cudaMemset(*v, 0, num_slots * nkv * D * 2));
+    }
     k_cache.push_back(*k);
     v_cache.push_back(*v);
   }
@@ -220,6 +304,10 @@ status qwen3_gpu_model::impl::allocate_runtime() {
     grab(gemm_ws, static_cast<int64_t>(gemm_bytes));
   if (!ok)
     return fail(fmt::format("{}: cannot allocate kernel workspaces", device_name));
+  if (poison_seed) // before the workspaces are zeroed: only what must start at zero does
+    for (std::size_t i = 0; i < grabbed.size(); ++i)
+      if (auto s = poison(grabbed[i].first, grabbed[i].second, 1000 + i); !s)
+        return s;
   // Zero the workspaces once (their counters must start at zero; launches leave them so).
   for (auto& [ptr, bytes] : grabbed)
     if (ptr == moe_ws || ptr == gemm_ws || ptr == attn_ws || ptr == sample_ws)
@@ -391,13 +479,17 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
 
   mark("start");
   KERNEL_TRY("embedding", kernels::embed_launch({dev.ids, embed, residual, T, V, H}, stream));
-  mark("embedding");
+  trace_layer = -1;
+  if (auto s = mark("embedding", {residual, T, H, trace_type::f32}); !s)
+    return s;
   const uint16_t* pending = nullptr; // the last sublayer's output, added at the next norm
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const auto& L = layers[l];
+    trace_layer = l;
     kernels::add_rms_norm_args n1{residual, pending, L.input_norm, nullptr, h, T, H, eps};
     KERNEL_TRY("input_layernorm", kernels::add_rms_norm_launch(n1, stream));
-    mark("norms");
+    if (auto s = mark("norms", {h, T, H, trace_type::bf16}); !s)
+      return s;
     if (L.qkv_fused) {
       if (auto s = gemm_bf16(L.qkv_fused, qkv_cols, H, h, T, qkv, qkv_cols, false); !s)
         return s;
@@ -409,7 +501,8 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
       if (auto s = gemm(L.v, h, T, qkv + (nq + nkv) * D, qkv_cols, false); !s)
         return s;
     }
-    mark("qkv GEMM");
+    if (auto s = mark("qkv GEMM", {qkv, T, qkv_cols, trace_type::bf16}); !s)
+      return s;
     kernels::qk_norm_rope_kv_args r;
     r.qkv = qkv;
     r.q_norm = L.q_norm;
@@ -429,15 +522,19 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
     r.num_slots = num_slots;
     r.eps = eps;
     KERNEL_TRY("q/k norm + RoPE + KV write", kernels::qk_norm_rope_kv_launch(r, stream));
-    mark("q/k norm + RoPE + KV write");
+    if (auto s = mark("q/k norm + RoPE + KV write", {q, T, nq * D, trace_type::bf16}); !s)
+      return s;
     KERNEL_TRY("paged attention", kernels::paged_attention_launch(attention_args(l, T, S), attn_ws, stream));
-    mark("paged attention");
+    if (auto s = mark("paged attention", {attn, T, nq * D, trace_type::bf16}); !s)
+      return s;
     if (auto s = gemm(L.o, attn, T, delta, H, false); !s)
       return s;
-    mark("o_proj GEMM");
+    if (auto s = mark("o_proj GEMM", {delta, T, H, trace_type::bf16}); !s)
+      return s;
     kernels::add_rms_norm_args n2{residual, delta, L.post_norm, nullptr, h, T, H, eps};
     KERNEL_TRY("post_attention_layernorm", kernels::add_rms_norm_launch(n2, stream));
-    mark("norms");
+    if (auto s = mark("norms", {h, T, H, trace_type::bf16}); !s)
+      return s;
     if (!L.sparse) {
       const int64_t I = c.intermediate_size;
       if (L.gate_up_fused) {
@@ -455,12 +552,26 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
       const int64_t E = c.num_experts;
       if (auto s = gemm_bf16(L.router, E, H, h, T, router_logits, E, true); !s)
         return s;
-      mark("router GEMM");
+      if (auto s = mark("router GEMM", {router_logits, T, E, trace_type::f32}); !s)
+        return s;
       const int32_t* ids = nullptr;
       if (L.w13 >= 0) {
         const kernels::fused_moe_args f = int4_moe_args(L, T);
         KERNEL_TRY("fused MoE (INT4)", kernels::fused_moe_launch(f, moe_ws, stream));
-        ids = kernels::fused_moe_workspace_parts(f, moe_ws).topk_ids;
+        const auto parts = kernels::fused_moe_workspace_parts(f, moe_ws);
+        ids = parts.topk_ids;
+        if (trace_file) { // the MoE's own stages: which of them parts first
+          const int64_t K = c.num_experts_per_tok;
+          if (auto s = trace("MoE top-k ids", {parts.topk_ids, T, K, trace_type::i32}); !s)
+            return s;
+          if (auto s = trace("MoE top-k weights", {parts.topk_weights, T, K, trace_type::f32}); !s)
+            return s;
+          if (!kernels::fused_moe_takes_gemv_path(f)) // the GEMV path keeps gate|up elsewhere
+            if (auto s = trace("MoE w13 (SiLU-mul)", {parts.h, T * K, c.moe_intermediate_size, trace_type::bf16}); !s)
+              return s;
+          if (auto s = trace("MoE w2 rows", {parts.y, T * K, H, trace_type::f32}); !s)
+            return s;
+        }
       } else {
         const kernels::moe_bf16_args f = bf16_moe_args(L, T);
         KERNEL_TRY("fused MoE (BF16)", kernels::moe_bf16_launch(f, moe_ws, stream));
@@ -472,7 +583,8 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
                                 static_cast<std::size_t>(T) * K * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream));
       }
     }
-    mark(L.sparse ? "MoE" : "dense MLP");
+    if (auto s = mark(L.sparse ? "MoE" : "dense MLP", {delta, T, H, trace_type::bf16}); !s)
+      return s;
     pending = delta;
   }
   // The last delta joins the residual, then only the rows that want logits are normed.
@@ -480,10 +592,13 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
   KERNEL_TRY("final residual add", kernels::add_rms_norm_launch(last, stream));
   kernels::add_rms_norm_args fin{residual, nullptr, final_norm, dev.logit_rows, h_rows, R, H, eps};
   KERNEL_TRY("final norm", kernels::add_rms_norm_launch(fin, stream));
-  mark("norms");
+  trace_layer = c.num_hidden_layers;
+  if (auto s = mark("norms", {h_rows, R, H, trace_type::bf16}); !s)
+    return s;
   auto lm = gemm_bf16(lm_head, V, H, h_rows, R, logits, V, true);
-  mark("lm_head GEMM");
-  return lm;
+  if (!lm)
+    return lm;
+  return mark("lm_head GEMM", {logits, R, V, trace_type::f32});
 }
 
 // Checks the items and fills the host metadata. With `padded`, T / S / R are rounded up to the
@@ -578,7 +693,8 @@ status qwen3_gpu_model::impl::launch(int64_t T, int64_t S, int64_t R, bool graph
                           cudaMemcpyHostToDevice, stream));
   GPU_TRY(cudaMemcpyAsync(dev.temperature, host.temperature, static_cast<std::size_t>(4 * max_rows) * 4,
                           cudaMemcpyHostToDevice, stream));
-  if (!graph_ok || !options.cuda_graphs || profile)
+  ++trace_step;
+  if (!graph_ok || !options.cuda_graphs || profile || trace_file)
     return run_step(T, S, R);
   const std::pair<int64_t, bool> key{T, record_routing};
   auto it = graphs.find(key);
@@ -728,7 +844,7 @@ status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float
   // their own (keyed by the bucket and the recording), so a routed request does not take its
   // whole batch off the graphs, and batches that do not record pay nothing for it.
   const bool record = routed_experts != nullptr && p.routed_record != nullptr;
-  const bool graph = decode && static_cast<int64_t>(items.size()) <= std::min<int64_t>(p.max_seqs, 256);
+  const bool graph = decode && !p.trace_file && static_cast<int64_t>(items.size()) <= std::min<int64_t>(p.max_seqs, 256);
   if (auto s = p.prepare(items, T, S, R, graph); !s)
     return s;
   p.record_routing = record;
@@ -856,7 +972,7 @@ status qwen3_gpu_model::forward_sample(std::span<forward_item> items,
     if (it.tokens.size() != 1 || it.logit_rows != 1)
       return fail("forward_sample: every sequence must run one token and ask for one logits row");
   int64_t T = 0, S = 0, R = 0;
-  const bool graph = static_cast<int64_t>(items.size()) <= std::min<int64_t>(p.max_seqs, 256);
+  const bool graph = !p.trace_file && static_cast<int64_t>(items.size()) <= std::min<int64_t>(p.max_seqs, 256);
   if (auto s = p.prepare(items, T, S, R, graph); !s)
     return s;
   for (int64_t r = 0; r < R; ++r) {
@@ -886,6 +1002,10 @@ status qwen3_gpu_model::forward_sample(std::span<forward_item> items,
   GPU_TRY(cudaMemcpyAsync(tokens.data(), p.out_token, items.size() * 4, cudaMemcpyDeviceToHost, p.stream));
   GPU_TRY(cudaMemcpyAsync(logprobs.data(), p.out_logprob, items.size() * 4, cudaMemcpyDeviceToHost, p.stream));
   p.mark("sampler");
+  if (auto s = p.trace("sampled tokens", {p.out_token, R, 1, impl::trace_type::i32}); !s)
+    return s;
+  if (auto s = p.trace("sampled logprobs", {p.out_logprob, R, 1, impl::trace_type::f32}); !s)
+    return s;
   GPU_TRY(cudaStreamSynchronize(p.stream));
   p.collect();
   for (auto& it : items)

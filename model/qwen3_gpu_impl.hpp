@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -276,7 +277,35 @@ struct qwen3_gpu_model::impl {
     marks.clear();
   }
 
+  // ---- the determinism probe (docs/testing.md, 'Where two runs part') ----
+  // RLSERVE_GPU_TRACE=FILE: every step runs eagerly and unpadded, and after each phase the rows it
+  // wrote are copied to the host and one line is appended to FILE: the model, the step, the
+  // layer, the phase and, per row, its XXH3 and the sum of its magnitudes.
+  // scripts/gpu/trace_diff.py compares two such files and names the first phase where they part.
+  // RLSERVE_GPU_POISON=SEED: the activation scratch and the KV pool start as seeded random words
+  // instead of what the driver maps (zeros), so that a read of memory no kernel wrote differs
+  // between two seeds.
+  std::FILE* trace_file = nullptr;
+  int trace_model = 0;
+  int64_t trace_step = 0, trace_layer = -1;
+  uint64_t poison_seed = 0;
+  enum class trace_type { bf16, f32, i32 };
+  struct traced_rows {
+    const void* data = nullptr;
+    int64_t rows = 0, row_elems = 0;
+    trace_type type = trace_type::bf16;
+  };
+  // The profile's event (RLSERVE_GPU_PROFILE) and the trace's line for `out` (RLSERVE_GPU_TRACE).
+  status mark(const char* phase, const traced_rows& out) {
+    mark(phase);
+    return trace(phase, out);
+  }
+  status trace(const char* phase, const traced_rows& out);
+  status poison(void* ptr, std::size_t bytes, uint64_t salt);
+
   ~impl() {
+    if (trace_file)
+      std::fclose(trace_file);
     for (auto& [b, g] : graphs)
       cudaGraphExecDestroy(g);
     if (batch_table)

@@ -3,7 +3,7 @@
 # repository root, with binaries built elsewhere and carried in $DEV (build-gemm/runner by default:
 # rlserve, rlserve_model_gpu_tests, rlserve_actors_gpu_tests, rlserve_kernels_gpu_tests,
 # decode_bench, kernels_bench and the non-system shared libraries they link). Logs go to $OUT.
-#   scripts/gpu/run_runner.sh [tests|parity|bench|moe|gemv|hf|hf-static|determinism|all]...
+#   scripts/gpu/run_runner.sh [tests|parity|bench|moe|gemv|hf|hf-static|determinism|trace|all]...
 #     tests   the gpu-labelled C++ tests of the model, the actors and the kernels (all but the
 #             determinism cases; GPU_TEST_FILTER, a Boost.Test --run_test filter such as
 #             "qwen3_gpu_gpu_test/graph_replay_equals_eager_bit_for_bit", picks cases instead)
@@ -23,6 +23,10 @@
 #             determinism/table.md. Then compute-sanitizer --tool initcheck on a tiny decode_bench
 #             run, if compute-sanitizer is on the machine (DET_INITCHECK=0 skips it). Exit 1 when
 #             the base setting differs between its two processes or a run fails.
+#     trace   the determinism probe: decode_bench with every phase's output hashed, twice with one
+#             poison seed and once with another (TRACE_ARGS, default --batches 1,32 --steps 4
+#             --prompt 64 --layers 4 --mode int4); scripts/gpu/trace_diff.py names where each pair
+#             of runs parts, into trace/AB.txt and trace/AC.txt
 #     ipc     tests/gpu/test_ipc_update.py (a PyTorch trainer updates `rlserve serve` by CUDA IPC)
 #     update  benchmarks/update_bench (CUDA IPC update at Qwen3-30B-A3B shape, INT4 and BF16 experts)
 #     xxh3    benchmarks/gpu/kernels_bench --only xxh3 (device checksums vs a copy)
@@ -274,6 +278,36 @@ print(next(iter(sorted(f for p in nvidia.__path__ for f in glob.glob(os.path.joi
         echo "initcheck: exit $st"
         [ $st -eq 0 ] || rc=1
       fi
+      ;;&
+    trace)
+      # The determinism probe (docs/testing.md, 'Where two runs part'): decode_bench three times
+      # with every phase's output rows hashed (RLSERVE_GPU_TRACE): A and B with the same poison
+      # seed in separate processes (they part where a race or the timing decides), A and C with
+      # two poison seeds for the scratch and the KV pool (they part where memory no kernel wrote
+      # is read). scripts/gpu/trace_diff.py names the first phase where each pair parts.
+      tr_dir="$OUT/trace"
+      mkdir -p "$tr_dir"
+      tr_args=${TRACE_ARGS:---batches 1,32 --steps 4 --prompt 64 --layers 4 --mode int4}
+      echo "=== trace: decode_bench $tr_args, three runs"
+      for run in A:1 B:1 C:2; do
+        name=${run%%:*} seed=${run##*:}
+        rm -f "$tr_dir/$name.trace"
+        # shellcheck disable=SC2086 # the argument list is meant to split
+        RLSERVE_GPU_TRACE="$tr_dir/$name.trace" RLSERVE_GPU_POISON=$seed timeout "${TRACE_TIMEOUT:-240}" \
+          "$DEV/decode_bench" $tr_args > "$tr_dir/$name.log" 2>&1
+        st=$?
+        echo "run $name (poison seed $seed): exit $st, $(wc -l < "$tr_dir/$name.trace" 2>/dev/null || echo 0) trace lines"
+        [ $st -eq 0 ] || { rc=1; tail -5 "$tr_dir/$name.log"; }
+      done
+      for pair in A:B A:C; do
+        a=${pair%%:*} b=${pair##*:}
+        [ "$pair" = A:B ] && what="same poison seed, two processes" || what="two poison seeds"
+        echo "--- $a vs $b ($what)"
+        python3 scripts/gpu/trace_diff.py "$tr_dir/$a.trace" "$tr_dir/$b.trace" | tee "$tr_dir/$a$b.txt"
+        st=${PIPESTATUS[0]}
+        [ $st -eq 0 ] || rc=1
+      done
+      [ "${TRACE_KEEP:-0}" = 1 ] || rm -f "$tr_dir"/*.trace # tens of MB: the comparisons say what they hold
       ;;&
     hf|all)
       echo "=== transformers decode"

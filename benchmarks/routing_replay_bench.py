@@ -1,7 +1,8 @@
 """routing_replay_bench: what return_routed_experts costs, and what it costs the requests that do
-not ask, on the CPU runner (results: docs/performance.md).
+not ask, on the CPU or the GPU runner (results: docs/performance.md).
 
-Starts `rlserve serve --device cpu` on a seeded Qwen3-MoE made by `rlserve make-model`, then runs
+Starts `rlserve serve --device cpu|cuda` on a seeded Qwen3-MoE made by `rlserve make-model` (or
+the one --model names), then runs
 rounds of B concurrent greedy requests of N new tokens each, in three shapes, interleaved so
 that machine noise falls on all three alike:
   none   no request asks for routing
@@ -10,7 +11,8 @@ that machine noise falls on all three alike:
 and prints tokens per second (median over rounds) per shape.
 
     python3 benchmarks/routing_replay_bench.py --rlserve build/apps/rlserve [--preset small]
-        [--batch 16] [--tokens 32] [--rounds 5]
+        [--batch 16] [--tokens 32] [--rounds 5] [--device cpu|cuda] [--model DIR]
+        [--serve-arg=--flag=value ...]
 """
 import argparse
 import os
@@ -41,11 +43,16 @@ def main():
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--model", help="an existing Qwen3-MoE directory (else one is made from --preset)")
+    ap.add_argument("--serve-arg", action="append", default=[], help="passed to rlserve serve")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = os.path.join(tmp, "moe")
-        make_model(args.rlserve, model, "qwen3-moe", args.preset)
-        proc, port = start_server(args.rlserve, "--model", model, "--device", "cpu")
+        model = args.model
+        if not model:
+            model = os.path.join(tmp, "moe")
+            make_model(args.rlserve, model, "qwen3-moe", args.preset)
+        proc, port = start_server(args.rlserve, "--model", model, "--device", args.device, *args.serve_arg)
         try:
             shapes = {"none": set(), "one": {0}, "all": set(range(args.batch))}
             round_of(port, args.batch, args.tokens, set())  # warm-up

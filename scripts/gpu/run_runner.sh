@@ -3,7 +3,7 @@
 # repository root, with binaries built elsewhere and carried in $DEV (build-gemm/runner by default:
 # rlserve, rlserve_model_gpu_tests, rlserve_actors_gpu_tests, rlserve_kernels_gpu_tests,
 # decode_bench, kernels_bench and the non-system shared libraries they link). Logs go to $OUT.
-#   scripts/gpu/run_runner.sh [tests|parity|bench|moe|gemv|hf|hf-static|determinism|trace|all]...
+#   scripts/gpu/run_runner.sh [tests|parity|bench|moe|gemv|hf|hf-static|determinism|trace|routing|all]...
 #     tests   the gpu-labelled C++ tests of the model, the actors and the kernels (all but the
 #             determinism cases; GPU_TEST_FILTER, a Boost.Test --run_test filter such as
 #             "qwen3_gpu_gpu_test/graph_replay_equals_eager_bit_for_bit", picks cases instead)
@@ -27,6 +27,8 @@
 #             poison seed and once with another (TRACE_ARGS, default --batches 1,32 --steps 4
 #             --prompt 64 --layers 4 --mode int4); scripts/gpu/trace_diff.py names where each pair
 #             of runs parts, into trace/AB.txt and trace/AC.txt
+#     routing benchmarks/routing_replay_bench.py on the GPU runner (a3b-slice checkpoint): what
+#             return_routed_experts costs the batches that ask and those that do not (ROUTING_ARGS)
 #     ipc     tests/gpu/test_ipc_update.py (a PyTorch trainer updates `rlserve serve` by CUDA IPC)
 #     update  benchmarks/update_bench (CUDA IPC update at Qwen3-30B-A3B shape, INT4 and BF16 experts)
 #     xxh3    benchmarks/gpu/kernels_bench --only xxh3 (device checksums vs a copy)
@@ -167,6 +169,17 @@ for what in "$@"; do
       timeout "${PREFIX_TIMEOUT:-500}" python3 benchmarks/prefix_cache_bench.py --rlserve "$DEV/rlserve" \
         --device cuda --model "$model" ${PREFIX_ARGS:---prompts 64 --samples 16 --prompt-len 1024 --tokens 256 --rounds 1 --serve-arg=--kv-cache-tokens=300000 --serve-arg=--max-running-requests=256} \
         2>&1 | tee "$OUT/prefix_cache_bench.log" | tail -8
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      ;;&
+    routing)
+      echo "=== routing_replay_bench on the GPU runner (a3b-slice)"
+      model=/tmp/rlserve-a3b-slice
+      [ -f "$model/config.json" ] || "$DEV/rlserve" make-model --arch qwen3-moe --preset a3b-slice \
+        --out "$model" --seed 1 > "$OUT/make_model.log" 2>&1
+      # shellcheck disable=SC2086 # the argument list is meant to split
+      timeout "${ROUTING_TIMEOUT:-400}" python3 benchmarks/routing_replay_bench.py --rlserve "$DEV/rlserve" \
+        --device cuda --model "$model" ${ROUTING_ARGS:---batch 32 --tokens 128 --rounds 5} \
+        2>&1 | tee "$OUT/routing_replay_bench.log" | tail -5
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       ;;&
     ipc|all)

@@ -151,13 +151,13 @@ void read_fields(object_reader& r, SamplingParams& x) {
   r.field("no_stop_trim", x.no_stop_trim);
   r.field("sampling_seed", x.sampling_seed);
   // SGLang features rlserve does not implement and that would change the tokens (constrained
-  // decoding, logit biases) are refused when set. custom_params only reach a custom logit
-  // processor (refused at the top level), and stream_interval only paces streamed chunks:
-  // both are accepted and ignored (slime sends custom_params whenever top_p < 1).
+  // decoding, logit biases) are refused when set. custom_params reach a custom logit processor
+  // (refused at the top level) and are ignored, but for slime's top-p replay switch, which is
+  // refused (read_custom_params); stream_interval only paces streamed chunks and is ignored.
   for (auto key : {"json_schema", "regex", "ebnf", "structural_tag", "stop_regex", "logit_bias"})
     r.unsupported(key);
-  for (auto key : {"custom_params", "stream_interval"})
-    r.ignore(key);
+  read_custom_params(r);
+  r.ignore("stream_interval");
 }
 
 void read_fields(object_reader& r, GenerateReqInput& x) {

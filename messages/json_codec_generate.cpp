@@ -177,6 +177,10 @@ void read_fields(object_reader& r, GenerateReqInput& x) {
   r.field("routed_experts_start_len", x.routed_experts_start_len, k_count);
   r.field("stream", x.stream);
   r.unsupported("input_embeds", nullptr, "send text or input_ids");
+  // miles' DSA indexer replay (--use-rollout-indexer-replay) reads meta_info.indexer_topk; no
+  // model rlserve serves has an indexer, so asking for it is refused rather than answered
+  // without it. false (what miles sends otherwise) is inert.
+  r.unsupported("return_indexer_topk", false, "no model rlserve serves has a DSA indexer");
   // Would change what comes back (other inputs, adapters, sessions, extra outputs, a
   // disaggregated prefill elsewhere): refused when set.
   for (auto key : {"image_data", "video_data", "audio_data", "return_hidden_states",

@@ -246,6 +246,7 @@ expected<OpenAIChatRequest> parse_openai_chat_request(std::string_view body, std
     r.field("return_token_ids", x.return_token_ids);
     r.field("return_prompt_token_ids", x.return_prompt_token_ids);
     r.field("return_routed_experts", x.generate.return_routed_experts);
+    r.unsupported("return_indexer_topk", false, "no model rlserve serves has a DSA indexer");
     r.field("routed_experts_start_len", x.generate.routed_experts_start_len, k_count);
     r.unsupported("continue_final_message", false);
     r.unsupported("audio");

@@ -395,6 +395,9 @@ std::vector<bad_case> bad_cases() {
      R"({"input_ids": [1], "sampling_params": {"top_p": 0.9, "custom_params": {"return_top_p_token_ids": true}}})",
      {"sampling_params.custom_params.return_top_p_token_ids: not supported by rlserve (got true)",
       "--rollout-top-p 1.0"}},
+    // miles' DSA indexer replay: no served model has an indexer (false is inert).
+    {"indexer replay", gen, R"({"input_ids": [1], "return_indexer_topk": true})",
+     {"return_indexer_topk: not supported by rlserve (got true); no model rlserve serves has a DSA indexer"}},
     {"custom_params not an object", sp, R"({"custom_params": [1]})",
      {"custom_params: expected an object, got [1]"}},
     {"logit_bias", sp, R"({"logit_bias": {"42": -100}})",

@@ -161,6 +161,7 @@ BOOST_AUTO_TEST_CASE(chat_refusals_name_the_field) {
                     "return_token_ids: not supported with stream: true"));
   BOOST_TEST(starts(chat_error("{" + hi + R"(, "return_routed_experts": true})"),
                     "return_routed_experts: needs return_meta_info: true"));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "return_indexer_topk": true})"), "return_indexer_topk: not supported"));
   BOOST_TEST(starts(completion_error(R"({"prompt": "x", "return_routed_experts": true})"),
                     "return_routed_experts: not supported"));
 }

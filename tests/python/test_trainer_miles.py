@@ -61,6 +61,8 @@ What the replay leaves out, and why:
   - return_routed_experts / return_indexer_topk are sent false, as miles does without routing
     replay (the replay's model is dense); tests/python/test_generation_features.py checks the
     routing payload on a Qwen3-MoE in the layout miles' _decode_topk_buffer reads.
+    return_indexer_topk true (indexer replay, for DSA models) is refused: no model rlserve
+    serves has an indexer (get_indexer_topk_from_response in generate_endpoint_utils.py).
   - release/resume_memory_occupation, pull_weights, the NCCL group calls, LoRA adapters, and
     miles' p2p transfer (/parallelism_config, /get_remote_instance_transfer_engine_info): not
     served.
@@ -227,6 +229,10 @@ def main():
             t.check(read_response(output, 6)["weight_version"] == "step-1", output["meta_info"])
             session_chat(engine, "step-1")
             prefill_scoring(engine)
+            # --use-rollout-indexer-replay (DSA models, which rlserve does not serve): refused at
+            # once rather than answered without meta_info.indexer_topk.
+            refused = engine.post("/generate", dict(generate_payload(2), return_indexer_topk=True))
+            t.check(refused.status == 400 and "return_indexer_topk" in refused.text, refused.text)
 
             # The audit after an update: one checksum body per engine, ranks sorted by GPU rank.
             body = admin(engine, "weights_checker",

@@ -20,8 +20,8 @@
 //   SamplingParams refuses unknown arguments too). SGLang fields that rlserve does not
 //   implement and that would change results are accepted while inert (absent, null, false, "",
 //   [], {} or SGLang's default) and rejected with "<path>: not supported by rlserve" otherwise;
-//   those that change nothing rlserve returns (priority, log_metrics, custom_params, ...) are
-//   accepted and ignored.
+//   those that change nothing rlserve returns (priority, log_metrics, custom_params but for
+//   its return_top_p_token_ids, ...) are accepted and ignored.
 // - Replies (…ReqOutput, GenerateReqOutput and their parts) are read leniently: unknown keys
 //   are ignored, so a newer server can add fields without breaking older clients. Types and
 //   ranges are still checked.

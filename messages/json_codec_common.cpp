@@ -429,6 +429,25 @@ void read_stop(object_reader& r, std::vector<std::string>& out) {
   }
 }
 
+void read_custom_params(object_reader& r) {
+  auto v = r.get("custom_params");
+  if (v == nullptr)
+    return;
+  if (!v->is_object()) {
+    r.cx().expected_but_got(r.at("custom_params"), "an object", *v);
+    return;
+  }
+  auto it = v->find("return_top_p_token_ids");
+  if (it == v->end() || it->is_null() || (it->is_boolean() && !it->get<bool>()))
+    return;
+  const path params = r.at("custom_params");
+  r.cx().fail(params.key("return_top_p_token_ids"),
+              "not supported by rlserve (got " + describe(*it) +
+                "): top-p replay (meta_info.top_p_token_ids / top_p_token_offsets and logprobs "
+                "renormalized over the nucleus) is not implemented; sample with top_p 1.0 "
+                "(slime: --rollout-top-p 1.0)");
+}
+
 } // namespace json_codec_detail
 
 uint64_t ignored_request_fields() {

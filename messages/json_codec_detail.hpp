@@ -416,6 +416,14 @@ void write_fields(json& j, const DeviceTensorRef& x);
 // string would end every request at its first token).
 void read_stop(object_reader& r, std::vector<std::string>& out);
 
+// `custom_params` (SGLang's SamplingParams and OpenAI requests): an object, or null, whose keys
+// reach a custom logit processor (refused elsewhere), so they are ignored, except
+// `return_top_p_token_ids`: slime's patched SGLang then returns the kept nucleus of every output
+// token (meta_info.top_p_token_ids / top_p_token_offsets) and logprobs renormalized over it, and
+// slime's loss refuses a rollout without them. rlserve does neither, so a true value is refused
+// here, before the rollout, rather than failing the training step after it.
+void read_custom_params(object_reader& r);
+
 // Numbers of elements and bytes of a shape that passed shape_rule, or nullopt when the byte
 // count overflows int64.
 std::optional<int64_t> byte_count(const std::vector<int64_t>& shape, dtype t);

@@ -151,13 +151,13 @@ void read_fields(object_reader& r, SamplingParams& x) {
   r.field("no_stop_trim", x.no_stop_trim);
   r.field("sampling_seed", x.sampling_seed);
   // SGLang features rlserve does not implement and that would change the tokens (constrained
-  // decoding, logit biases) are refused when set. custom_params only reach a custom logit
-  // processor (refused at the top level), and stream_interval only paces streamed chunks:
-  // both are accepted and ignored (slime sends custom_params whenever top_p < 1).
+  // decoding, logit biases) are refused when set. custom_params reach a custom logit processor
+  // (refused at the top level) and are ignored, but for slime's top-p replay switch, which is
+  // refused (read_custom_params); stream_interval only paces streamed chunks and is ignored.
   for (auto key : {"json_schema", "regex", "ebnf", "structural_tag", "stop_regex", "logit_bias"})
     r.unsupported(key);
-  for (auto key : {"custom_params", "stream_interval"})
-    r.ignore(key);
+  read_custom_params(r);
+  r.ignore("stream_interval");
 }
 
 void read_fields(object_reader& r, GenerateReqInput& x) {
@@ -177,6 +177,10 @@ void read_fields(object_reader& r, GenerateReqInput& x) {
   r.field("routed_experts_start_len", x.routed_experts_start_len, k_count);
   r.field("stream", x.stream);
   r.unsupported("input_embeds", nullptr, "send text or input_ids");
+  // miles' DSA indexer replay (--use-rollout-indexer-replay) reads meta_info.indexer_topk; no
+  // model rlserve serves has an indexer, so asking for it is refused rather than answered
+  // without it. false (what miles sends otherwise) is inert.
+  r.unsupported("return_indexer_topk", false, "no model rlserve serves has a DSA indexer");
   // Would change what comes back (other inputs, adapters, sessions, extra outputs, a
   // disaggregated prefill elsewhere): refused when set.
   for (auto key : {"image_data", "video_data", "audio_data", "return_hidden_states",

@@ -57,12 +57,13 @@ void read_common(object_reader& r, std::string& model, GenerateReqInput& g, bool
   r.unsupported("best_of", 1);
   r.unsupported("response_format", nullptr, "constrained decoding is not implemented");
   for (auto key : {"regex", "json_schema", "ebnf", "structural_tag", "stop_regex", "lora_path",
-                   "custom_logit_processor", "return_hidden_states", "return_routed_experts"})
+                   "custom_logit_processor", "return_hidden_states"})
     r.unsupported(key);
   // Accounting, routing and storage hints of OpenAI's and SGLang's APIs.
-  for (auto key : {"user", "metadata", "store", "service_tier", "priority", "custom_params",
-                   "extra_key", "cache_salt", "routed_dp_rank", "session_id"})
+  for (auto key : {"user", "metadata", "store", "service_tier", "priority", "extra_key", "cache_salt",
+                   "routed_dp_rank", "session_id"})
     r.ignore(key);
+  read_custom_params(r);
 }
 
 // The prompt of a completion: one string or one list of token ids. A list of several prompts is
@@ -183,6 +184,10 @@ expected<OpenAICompletionRequest> parse_openai_completion_request(std::string_vi
     x = init;
     read_common(r, x.model, x.generate, x.include_usage);
     read_prompt(r, x.generate);
+    // SGLang returns a completion's routing rows in the reply's `sglext`, and its output ids
+    // with return_token_ids; neither is written here.
+    r.unsupported("return_routed_experts", false, "use /generate, whose meta_info.routed_experts has them");
+    r.unsupported("return_token_ids", false, "use /generate, whose output_ids are the token ids");
     r.field("max_tokens", x.generate.sampling_params.max_new_tokens, k_count);
     r.field("logprobs", x.logprobs, int_rule<int32_t>{.lo = 0, .hi = k_max_top_logprobs});
     r.field("echo", x.echo);
@@ -204,8 +209,8 @@ expected<OpenAICompletionRequest> parse_openai_completion_request(std::string_vi
   return x;
 }
 
-expected<OpenAIChatRequest> parse_openai_chat_request(std::string_view body) {
-  auto j = parse_json(body.empty() ? std::string_view("{}") : body);
+expected<OpenAIChatRequest> parse_openai_chat_request(std::string_view body, std::size_t max_input_ids) {
+  auto j = parse_request_json(body.empty() ? std::string_view("{}") : body, max_input_ids);
   if (!j)
     return std::move(j).take_failure();
   if (!j->is_object())
@@ -234,6 +239,15 @@ expected<OpenAIChatRequest> parse_openai_chat_request(std::string_view body) {
     for (auto key : {"tool_choice", "function_call"})
       if (auto v = r.get(key); v && !(v->is_string() && (*v == "none" || *v == "auto")))
         r.fail(key, "not supported by rlserve (tool calling is not implemented)");
+    // The prompt as token ids (SGLang's extension): the chat template is not rendered; messages
+    // are still required and checked, as SGLang requires them.
+    r.field("input_ids", x.generate.input_ids, list_rule<int_rule<int32_t>>{.elem = k_token_id, .non_empty = true});
+    r.field("return_meta_info", x.return_meta_info);
+    r.field("return_token_ids", x.return_token_ids);
+    r.field("return_prompt_token_ids", x.return_prompt_token_ids);
+    r.field("return_routed_experts", x.generate.return_routed_experts);
+    r.unsupported("return_indexer_topk", false, "no model rlserve serves has a DSA indexer");
+    r.field("routed_experts_start_len", x.generate.routed_experts_start_len, k_count);
     r.unsupported("continue_final_message", false);
     r.unsupported("audio");
     r.unsupported("prediction");
@@ -244,6 +258,18 @@ expected<OpenAIChatRequest> parse_openai_chat_request(std::string_view body) {
       return;
     if (x.top_logprobs > 0 && !x.logprobs)
       r.fail("top_logprobs", "needs logprobs: true");
+    // The per-choice results come with the whole reply only (SGLang refuses return_meta_info
+    // when streaming too).
+    if (x.generate.stream)
+      for (auto [key, set] : {std::pair{"return_meta_info", x.return_meta_info},
+                              std::pair{"return_token_ids", x.return_token_ids},
+                              std::pair{"return_prompt_token_ids", x.return_prompt_token_ids}})
+        if (set && r.ok())
+          r.fail(key, "not supported with stream: true; send the request without streaming");
+    // The routing rows come back in choices[i].meta_info.routed_experts only.
+    if (x.generate.return_routed_experts && !x.return_meta_info && r.ok())
+      r.fail("return_routed_experts", "needs return_meta_info: true (the rows come back in "
+                                      "choices[i].meta_info.routed_experts)");
     if (x.generate.sampling_params.min_new_tokens > max_new && x.max_tokens_set)
       r.fail("min_tokens", "expected at most max_tokens (" + std::to_string(max_new) + ")");
     x.generate.return_logprob = x.logprobs;

@@ -36,13 +36,21 @@ struct OpenAIChatRequest {
   bool logprobs = false;
   int32_t top_logprobs = 0;
   bool include_usage = false;
+  // SGLang's extensions of the chat request, for RL clients that track tokens themselves
+  // (miles' session server): `input_ids` (in `generate`) is the prompt as token ids, sent
+  // instead of rendering `messages`; the reply's choices then carry the engine's results.
+  bool return_meta_info = false;        // choices[i].meta_info: /generate's meta_info
+  bool return_token_ids = false;        // choices[i].token_ids: the output token ids
+  bool return_prompt_token_ids = false; // choices[i].prompt_token_ids: the prompt's token ids
 };
 
 // The body of POST /v1/completions. `max_input_ids` bounds a token-id prompt as
 // parse_request_json does. Errors start with the path of the faulty field ("prompt: ...").
 expected<OpenAICompletionRequest> parse_openai_completion_request(std::string_view body,
                                                                   std::size_t max_input_ids = SIZE_MAX);
-// The body of POST /v1/chat/completions.
-expected<OpenAIChatRequest> parse_openai_chat_request(std::string_view body);
+// The body of POST /v1/chat/completions. `max_input_ids` bounds an `input_ids` prompt as
+// parse_request_json does.
+expected<OpenAIChatRequest> parse_openai_chat_request(std::string_view body,
+                                                      std::size_t max_input_ids = SIZE_MAX);
 
 } // namespace rlserve

@@ -11,6 +11,7 @@
 #include "actors/guard.hpp"
 #include "caf/all.hpp"
 #include "messages/generate_fanout.hpp"
+#include "messages/json_codec.hpp"
 #include "messages/openai.hpp"
 #include "model/bpe_tokenizer.hpp"
 #include "net/fanout_requests.hpp"
@@ -35,6 +36,10 @@ struct openai_state : call_state {
   std::optional<fanout_requests> fan;
   std::vector<int64_t> sample_offsets;  // streamed n > 1: each choice's text_offset
   std::vector<bool> sample_started;     // streamed n > 1: the choice's first event went out
+  // Chat's SGLang extensions (messages/openai.hpp): what each choice carries besides OpenAI's.
+  bool return_meta_info = false;
+  bool return_token_ids = false;
+  std::optional<std::vector<int32_t>> prompt_token_ids; // set when return_prompt_token_ids
   static inline const char* name = "openai_call";
 };
 
@@ -139,6 +144,19 @@ void on_chunk(openai_actor* self, const GenerateReqOutput& chunk) {
     event(self, chat_finish_chunk(s.cx, chunk, s.include_usage));
 }
 
+// A chat choice of `out`, with SGLang's extensions the request asked for: meta_info (/generate's,
+// with the logprobs, weight version and routing rows), token_ids, prompt_token_ids.
+ojson chat_choice(const openai_state& s, const GenerateReqOutput& out) {
+  auto choice = chat_response(s.cx, out, s.logprobs)["choices"][0];
+  if (s.return_meta_info)
+    choice["meta_info"] = ojson::parse(to_json(out)["meta_info"].dump());
+  if (s.return_token_ids)
+    choice["token_ids"] = out.output_ids;
+  if (s.prompt_token_ids)
+    choice["prompt_token_ids"] = *s.prompt_token_ids;
+  return choice;
+}
+
 // The prompt tokens the prefix cache served, for the usage of n choices of one prompt (whose
 // prompt is counted once): the most any choice got.
 template <class Outputs>
@@ -171,8 +189,11 @@ void samples_done(openai_actor* self) {
   if (!failure.empty())
     return reply_error(self, 400, failure);
   auto build = [&](const GenerateReqOutput& o) {
-    return s.kind == http_call::openai_chat ? chat_response(s.cx, o, s.logprobs)
-                                            : completion_response(s.cx, o, s.logprobs, s.echo_text);
+    if (s.kind != http_call::openai_chat)
+      return completion_response(s.cx, o, s.logprobs, s.echo_text);
+    auto body = chat_response(s.cx, o, s.logprobs);
+    body["choices"][0] = chat_choice(s, o);
+    return body;
   };
   auto body = build(samples[0]);
   int32_t completion = samples[0].completion_tokens;
@@ -243,8 +264,11 @@ void send_generate(openai_actor* self, GenerateReqInput req) {
           on_chunk(self, out);
           return end_stream(self);
         }
-        if (s.kind == http_call::openai_chat)
-          return reply_json(self, 200, chat_response(s.cx, out, s.logprobs));
+        if (s.kind == http_call::openai_chat) {
+          auto body = chat_response(s.cx, out, s.logprobs);
+          body["choices"][0] = chat_choice(s, out);
+          return reply_json(self, 200, body);
+        }
         reply_json(self, 200, completion_response(s.cx, out, s.logprobs, s.echo_text));
       },
       [self](caf::error& err) {
@@ -276,20 +300,36 @@ void start_completion(openai_actor* self, const http_call& call) {
 
 void start_chat(openai_actor* self, const http_call& call) {
   auto& s = self->state;
-  auto req = parse_openai_chat_request(call.body);
+  auto req = parse_openai_chat_request(call.body, s.st->max_input_ids);
   if (!req)
     return refuse(self, 400, req.error());
-  if (!s.st->chat)
-    return refuse(self, 400, s.st->chat_template_error);
-  model::chat_render_options options;
-  options.kwargs = req->chat_template_kwargs;
-  auto prompt = s.st->chat->render(req->messages, options);
-  if (!prompt)
-    return refuse(self, 400, "messages: rendering the chat template failed: " + prompt.error());
+  // With input_ids (SGLang's extension) the client has rendered and tokenized the prompt
+  // itself; the template is not run.
+  if (!req->generate.input_ids) {
+    if (!s.st->chat)
+      return refuse(self, 400, s.st->chat_template_error);
+    model::chat_render_options options;
+    options.kwargs = req->chat_template_kwargs;
+    auto prompt = s.st->chat->render(req->messages, options);
+    if (!prompt)
+      return refuse(self, 400, "messages: rendering the chat template failed: " + prompt.error());
+    req->generate.text = std::move(*prompt);
+    // The prompt's token ids are wanted back: tokenize here, as the engine would (the same
+    // tokenizer, the same call), and send the ids.
+    if (req->return_prompt_token_ids) {
+      if (!s.st->tokenizer)
+        return refuse(self, 400, "return_prompt_token_ids: this model has no tokenizer.json");
+      req->generate.input_ids = s.st->tokenizer->encode(*req->generate.text);
+      req->generate.text.reset();
+    }
+  }
   s.cx.model = req->model.empty() ? s.st->model_name : req->model;
   s.logprobs = req->logprobs;
   s.include_usage = req->include_usage;
-  req->generate.text = std::move(*prompt);
+  s.return_meta_info = req->return_meta_info;
+  s.return_token_ids = req->return_token_ids;
+  if (req->return_prompt_token_ids)
+    s.prompt_token_ids = req->generate.input_ids;
   // OpenAI's chat has no default length: the reply may run to the model's context length
   // (the engine ends it there).
   if (!req->max_tokens_set)

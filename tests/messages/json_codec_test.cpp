@@ -389,6 +389,17 @@ std::vector<bad_case> bad_cases() {
      {"input_embeds: not supported by rlserve (got [[0.1]]); send text or input_ids"}},
     {"regex", gen, R"({"text": "a", "sampling_params": {"regex": "a+"}})",
      {R"(sampling_params.regex: not supported by rlserve (got "a+"))"}},
+    // slime's top-p replay switch (sglang_rollout.py sends it whenever --rollout-top-p < 1): its
+    // replies (kept nucleus ids, renormalized logprobs) are not produced, so it is refused.
+    {"top-p replay", gen,
+     R"({"input_ids": [1], "sampling_params": {"top_p": 0.9, "custom_params": {"return_top_p_token_ids": true}}})",
+     {"sampling_params.custom_params.return_top_p_token_ids: not supported by rlserve (got true)",
+      "--rollout-top-p 1.0"}},
+    // miles' DSA indexer replay: no served model has an indexer (false is inert).
+    {"indexer replay", gen, R"({"input_ids": [1], "return_indexer_topk": true})",
+     {"return_indexer_topk: not supported by rlserve (got true); no model rlserve serves has a DSA indexer"}},
+    {"custom_params not an object", sp, R"({"custom_params": [1]})",
+     {"custom_params: expected an object, got [1]"}},
     {"logit_bias", sp, R"({"logit_bias": {"42": -100}})",
      {R"(logit_bias: not supported by rlserve (got {"42":-100}))"}},
     {"json_schema", sp, R"({"json_schema": "{}"})", {"json_schema: not supported by rlserve"}},
@@ -608,6 +619,7 @@ BOOST_AUTO_TEST_CASE(accepted_edges_and_sglang_forms) {
   BOOST_TEST(sp(R"({"stop": "###"})").stop == std::vector<std::string>{"###"});
   // Inert values of unsupported SGLang fields.
   sp(R"({"regex": null, "json_schema": "", "custom_params": {}, "logit_bias": {}})");
+  sp(R"({"custom_params": {"return_top_p_token_ids": false, "k": 1}})");
 
   auto gen = from_json<GenerateReqInput>(json::parse(
     R"({"text": "a", "input_ids": null, "lora_path": null, "return_hidden_states": false,

@@ -149,6 +149,44 @@ BOOST_AUTO_TEST_CASE(chat_refusals_name_the_field) {
   BOOST_TEST(starts(chat_error("{" + hi + R"(, "response_format": {"type": "json_object"}})"), "response_format: "));
   BOOST_TEST(starts(chat_error("{" + hi + R"(, "continue_final_message": true})"), "continue_final_message: "));
   BOOST_TEST(starts(chat_error("{" + hi + R"(, "max_tokens": "many"})"), "max_tokens: "));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "custom_params": {"return_top_p_token_ids": true}})"),
+                    "custom_params.return_top_p_token_ids: not supported"));
+  // SGLang's extensions for token-tracking clients: not with streaming, and routing rows only
+  // inside meta_info.
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "input_ids": []})"), "input_ids: "));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "input_ids": [1, -2]})"), "input_ids[1]: "));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "return_meta_info": true, "stream": true})"),
+                    "return_meta_info: not supported with stream: true"));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "return_token_ids": true, "stream": true})"),
+                    "return_token_ids: not supported with stream: true"));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "return_routed_experts": true})"),
+                    "return_routed_experts: needs return_meta_info: true"));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "return_indexer_topk": true})"), "return_indexer_topk: not supported"));
+  BOOST_TEST(starts(completion_error(R"({"prompt": "x", "return_routed_experts": true})"),
+                    "return_routed_experts: not supported"));
+}
+
+// miles' session server (miles/rollout/session/core.py, prepare_chat_request, at commit
+// 31f1ca961a94cb860cec3b2dea34ec332bfa8f76): the prompt as input_ids, the engine's results in
+// each choice's meta_info.
+BOOST_AUTO_TEST_CASE(chat_with_input_ids_and_meta_info) {
+  auto r = parse_openai_chat_request(
+    R"({"messages": [{"role": "user", "content": "x"}], "input_ids": [7, 8, 9], "logprobs": true,
+        "return_meta_info": true, "no_stop_trim": false, "return_routed_experts": true,
+        "routed_experts_start_len": 2, "return_token_ids": true, "return_prompt_token_ids": true})");
+  BOOST_REQUIRE_MESSAGE(r, r.error());
+  BOOST_TEST(*r->generate.input_ids == (std::vector<int32_t>{7, 8, 9}));
+  BOOST_TEST(!r->generate.text);
+  BOOST_TEST(r->return_meta_info);
+  BOOST_TEST(r->return_token_ids);
+  BOOST_TEST(r->return_prompt_token_ids);
+  BOOST_TEST(r->generate.return_routed_experts);
+  BOOST_TEST(r->generate.routed_experts_start_len == 2);
+  BOOST_TEST(r->generate.return_logprob);
+  auto bare = parse_openai_chat_request(R"({"messages": [{"role": "user", "content": "x"}]})");
+  BOOST_REQUIRE(bare);
+  BOOST_TEST(!bare->generate.input_ids);
+  BOOST_TEST(!bare->return_meta_info);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

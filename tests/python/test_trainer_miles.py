@@ -31,6 +31,29 @@ Read from radixark/miles at commit 31f1ca961a94cb860cec3b2dea34ec332bfa8f76:
                                                  success, ranks[*].checksums and
                                                  ranks[*].parallelism_info[*].rank
 
+Also read, at the same commit 31f1ca961a94cb860cec3b2dea34ec332bfa8f76:
+  miles/rollout/session/core.py                  prepare_chat_request: the agent's chat body
+                                                 plus logprobs: true, return_meta_info: true,
+                                                 no_stop_trim: false, stream popped, input_ids
+                                                 (the session's own tokenization of the
+                                                 messages), return_routed_experts with routing
+                                                 replay; extract_completion reads
+                                                 choices[0].meta_info.output_token_logprobs,
+                                                 meta_info.completion_tokens (must equal their
+                                                 count) and message.content (must not be null)
+  miles/rollout/session/samples/merge.py         _compute_sample_from_openai_record: the sample
+                                                 is request.input_ids + the meta_info's output
+                                                 tokens; finish_reason, meta_info.weight_version
+  miles/rollout/generate_utils/prefill_logprobs.py
+                                                 recompute_samples_rollout_logprobs_via_prefill:
+                                                 POST /flush_cache {}, then one batch /generate:
+                                                 input_ids a list of lists, one sampling_params
+                                                 (max_new_tokens 0, temperature 0), one scalar
+                                                 logprob_start_len shared by the batch; reads a
+                                                 list of replies, each's meta_info.
+                                                 input_token_logprobs (first entry's logprob
+                                                 null)
+
 What the replay leaves out, and why:
   - serialized_named_tensors (CUDA IPC pickles) with load_format "flattened_bucket": rlserve's
     CPU engine takes the same request with named_tensors (inline base64, docs/protocol.md); the
@@ -38,6 +61,8 @@ What the replay leaves out, and why:
   - return_routed_experts / return_indexer_topk are sent false, as miles does without routing
     replay (the replay's model is dense); tests/python/test_generation_features.py checks the
     routing payload on a Qwen3-MoE in the layout miles' _decode_topk_buffer reads.
+    return_indexer_topk true (indexer replay, for DSA models) is refused: no model rlserve
+    serves has an indexer (get_indexer_topk_from_response in generate_endpoint_utils.py).
   - release/resume_memory_occupation, pull_weights, the NCCL group calls, LoRA adapters, and
     miles' p2p transfer (/parallelism_config, /get_remote_instance_transfer_engine_info): not
     served.
@@ -70,6 +95,62 @@ def read_response(output, max_new_tokens):
     t.check(meta.get("routed_experts") is None and meta.get("indexer_topk") is None, meta)
     t.check(meta["finish_reason"]["type"] in ("length", "stop", "abort"), meta)
     return meta
+
+
+def session_chat(engine, version):
+    """One agent turn through miles' session server: the chat body as prepare_chat_request
+    forwards it (the prompt as the session's input_ids), and what extract_completion and
+    _compute_sample_from_openai_record read back. The engine must generate from input_ids, not
+    from its own rendering of the messages: the sample is built from input_ids."""
+    agent_body = {"model": "policy", "messages": [{"role": "user", "content": "What is 2 + 2?"}],
+                  "max_tokens": 5, "temperature": 0}
+    body = dict(agent_body, logprobs=True, return_meta_info=True, no_stop_trim=False, input_ids=r.prompt_ids())
+    response = engine.post("/v1/chat/completions", body).raise_for_status("session chat").json()
+    choice = response["choices"][0]
+    meta = choice.get("meta_info")
+    t.check(isinstance(meta, dict) and "output_token_logprobs" in meta, f"no meta_info: {choice}")
+    t.check(choice["message"].get("content") is not None, choice)
+    t.check(len(meta["output_token_logprobs"]) == meta["completion_tokens"], meta)
+    t.check(meta["prompt_tokens"] == len(r.prompt_ids()), f"the prompt was not input_ids: {meta}")
+    t.check(choice["finish_reason"] in ("stop", "length", "tool_calls", "abort"), choice)
+    t.check(meta["weight_version"] == version, meta)
+    # The same prompt through /generate, greedy: the same tokens and logprobs.
+    same = engine.post("/generate", {"input_ids": r.prompt_ids(), "return_logprob": True,
+                                     "sampling_params": {"temperature": 0, "max_new_tokens": 5}})
+    same = same.raise_for_status("generate").json()["meta_info"]["output_token_logprobs"]
+    t.check([e[:2] for e in meta["output_token_logprobs"]] == [e[:2] for e in same],
+            f"chat with input_ids differs from /generate: {meta['output_token_logprobs']} vs {same}")
+    # Routing replay asks for the rows in the same meta_info; streaming cannot carry it.
+    routed = engine.post("/v1/chat/completions", dict(body, return_routed_experts=True))
+    routed_meta = routed.raise_for_status("session chat, routing replay").json()["choices"][0]["meta_info"]
+    t.check(routed_meta.get("routed_experts_start_len") == 0, routed_meta)
+    streamed = engine.post("/v1/chat/completions", dict(body, stream=True))
+    t.check(streamed.status == 400 and "return_meta_info" in streamed.text, streamed.text)
+
+
+def prefill_scoring(engine):
+    """recompute_samples_rollout_logprobs_via_prefill with two samples of one prompt length: a
+    flush, then one batch request; each reply's response-token logprobs come from
+    input_token_logprobs (the first entry, logprob_start_len's own token, has none)."""
+    prompt_len = 4
+    samples = [[1, 2, 3, 4, 9, 10, 11], [1, 2, 3, 5, 12, 13]]
+    sampling_params = dict(temperature=1.0, top_p=1.0, top_k=-1, stop=None, stop_token_ids=None,
+                           skip_special_tokens=True, no_stop_trim=True, spaces_between_special_tokens=False)
+    sampling_params.update(max_new_tokens=0, temperature=0, skip_special_tokens=False)
+    engine.post("/flush_cache", {}).raise_for_status("flush_cache (POST)")
+    batch = {"input_ids": samples, "sampling_params": sampling_params, "return_logprob": True,
+             "logprob_start_len": prompt_len - 1}
+    outputs = engine.post("/generate", batch).raise_for_status("batch prefill scoring").json()
+    t.check(isinstance(outputs, list) and len(outputs) == len(samples), outputs)
+    for tokens, output in zip(samples, outputs):
+        response_length = len(tokens) - prompt_len
+        items = output["meta_info"]["input_token_logprobs"][-response_length:]
+        t.check([item[1] for item in items] == tokens[-response_length:], output["meta_info"])
+        t.check(all(item[0] is not None for item in items), items)
+        # The same sample alone (recompute_rollout_logprobs_via_prefill): the same numbers.
+        one = dict(batch, input_ids=tokens)
+        alone = engine.post("/generate", one).raise_for_status("prefill scoring").json()
+        t.check(alone["meta_info"]["input_token_logprobs"][-response_length:] == items, alone["meta_info"])
 
 
 def get_weight_version(engine):
@@ -146,6 +227,12 @@ def main():
             t.check(get_weight_version(engine) == "step-1", "update_weight_version")
             output = engine.post("/generate", generate_payload(6)).raise_for_status("generate").json()
             t.check(read_response(output, 6)["weight_version"] == "step-1", output["meta_info"])
+            session_chat(engine, "step-1")
+            prefill_scoring(engine)
+            # --use-rollout-indexer-replay (DSA models, which rlserve does not serve): refused at
+            # once rather than answered without meta_info.indexer_topk.
+            refused = engine.post("/generate", dict(generate_payload(2), return_indexer_topk=True))
+            t.check(refused.status == 400 and "return_indexer_topk" in refused.text, refused.text)
 
             # The audit after an update: one checksum body per engine, ranks sorted by GPU rank.
             body = admin(engine, "weights_checker",

@@ -30,6 +30,26 @@ Read from THUDM/slime at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515:
                                                  snapshot, then reset_tensors, before training
   slime/utils/health_monitor.py                  GET /health_generate between steps
 
+Also read, at the same commit 624b824a898ab0ec1fcb4d373004c7f3852bf515:
+  slime/rollout/sglang_rollout.py                GenerateState: with --rollout-top-p other than
+                                                 1.0, sampling_params.custom_params =
+                                                 {"return_top_p_token_ids": True}
+  slime/utils/types.py, slime/backends/megatron_utils/loss.py
+                                                 _extract_rollout_top_p_token_data reads
+                                                 meta_info.top_p_token_ids / top_p_token_offsets
+                                                 (docker/patch/latest/sglang-top_p.patch), and
+                                                 get_rollout_top_p_logprob_kwargs raises when a
+                                                 rollout lacks them: rlserve refuses the switch
+                                                 at /generate rather than let the step fail
+  slime/rollout/sglang_streaming_rollout.py      generate_streaming: "stream": true; each data:
+                                                 event is the result so far (text,
+                                                 meta_info.output_token_logprobs), the terminal
+                                                 fields (finish_reason, weight_version) read only
+                                                 once meta_info.finish_reason is set
+  slime/agent/adapters/common.py                 call_sglang_generate: {rid, input_ids,
+                                                 sampling_params, return_logprob}, and on a
+                                                 client cancel abort_request {"rid": rid}
+
 What the replay leaves out, and why:
   - serialized_named_tensors (CUDA IPC pickles of the trainer's GPU tensors): rlserve's CPU
     engine takes the same request with named_tensors (inline base64, docs/protocol.md); the
@@ -44,6 +64,7 @@ What the replay leaves out, and why:
     update_weights_from_distributed (NCCL) need a GPU engine and a trainer process group:
     tests/gpu/test_nccl_update*.py.
 """
+import json
 import os
 import sys
 
@@ -79,6 +100,53 @@ def generate(engine, max_new_tokens=6):
         t.check(isinstance(meta.get(key, 0), int), f"{key}: {meta}")
     t.check(meta.get("id"), meta)
     return meta["weight_version"], tokens
+
+
+def top_p_replay_refused(engine):
+    """--rollout-top-p 0.9: GenerateState adds custom_params.return_top_p_token_ids, whose
+    replies slime's loss needs (top_p_token_ids / offsets, nucleus-renormalized logprobs). rlserve
+    does not produce them, so the request is refused at once, naming the field and the way out."""
+    params = dict(slime_sampling_params(4), top_p=0.9, custom_params={"return_top_p_token_ids": True})
+    reply = engine.post("/generate", {"sampling_params": params, "return_logprob": True,
+                                      "input_ids": r.prompt_ids()})
+    t.check(reply.status == 400, f"top-p replay: HTTP {reply.status} {reply.text}")
+    t.check("sampling_params.custom_params.return_top_p_token_ids" in reply.text
+            and "--rollout-top-p 1.0" in reply.text, reply.text)
+    # Other custom_params (a custom logit processor's, which rlserve refuses separately) are
+    # still accepted and ignored, as is the switch when false.
+    for custom in ({"return_top_p_token_ids": False}, {"some_processor_arg": 1}):
+        params = dict(slime_sampling_params(2), top_p=0.9, custom_params=custom)
+        engine.post("/generate", {"sampling_params": params, "input_ids": r.prompt_ids()}).raise_for_status(
+            f"custom_params {custom}")
+
+
+def generate_streaming(engine, max_new_tokens=5):
+    """sglang_streaming_rollout.generate_streaming: the events as slime reads them."""
+    payload = {"sampling_params": slime_sampling_params(max_new_tokens), "return_logprob": True,
+               "stream": True, "input_ids": r.prompt_ids()}
+    reply = engine.post("/generate", payload).raise_for_status("generate (stream)")
+    tokens, last_meta, text = [], {}, ""
+    for line in reply.text.splitlines():
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:"):].strip()
+        if not data or data == "[DONE]":
+            continue
+        chunk = json.loads(data)
+        meta = chunk.get("meta_info") or {}
+        last_meta = meta
+        text = chunk.get("text", text)
+        if "output_token_logprobs" in meta:
+            new_tokens = [item[1] for item in meta["output_token_logprobs"]]
+            # Cumulative within the call: each event repeats the tokens before it.
+            t.check(new_tokens[:len(tokens)] == tokens, f"events are not cumulative: {tokens} then {new_tokens}")
+            tokens = new_tokens
+        if not meta.get("finish_reason"):
+            t.check(meta.get("routed_experts") is None, meta)
+    t.check(last_meta.get("finish_reason"), f"the last event has no finish_reason: {last_meta}")
+    r.check_output_length(last_meta, len(tokens), max_new_tokens)
+    t.check(isinstance(text, str) and last_meta.get("weight_version") is not None, last_meta)
+    return tokens
 
 
 def flush_cache(engine):
@@ -117,6 +185,17 @@ def main():
             # Rollout on the initial weights (the reset ones: any tokens will do).
             version, _ = generate(engine)
             t.check(version == "0", version)
+            top_p_replay_refused(engine)
+            generate_streaming(engine)
+            # The agent adapters' turn, and their abort of it by rid on a client cancel (the
+            # request has finished by then: SGLang answers an unknown rid with success too).
+            rid = "0123456789abcdef0123456789abcdef"
+            body = {"rid": rid, "input_ids": r.prompt_ids(), "return_logprob": True,
+                    "sampling_params": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "skip_special_tokens": False,
+                                        "no_stop_trim": True, "max_new_tokens": 3}}
+            turn = engine.post("/generate", body).raise_for_status("agent turn").json()
+            t.check(len(turn["meta_info"]["output_token_logprobs"]) == turn["meta_info"]["completion_tokens"], turn)
+            engine.post("/abort_request", {"rid": rid}).raise_for_status("abort_request by rid")
 
             # End of the rollout: abort what is left, poll the load until idle.
             engine.post("/abort_request", {"abort_all": True}).raise_for_status("abort_request")

@@ -649,6 +649,8 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
     },
     [self](AbortReq& req) -> caf::result<AbortReqOutput> {
       auto& st = self->state;
+      if (req.rid.empty() && !req.abort_all) // SGLang's no-op (every request has a rid)
+        return AbortReqOutput{true, "nothing to abort: neither rid nor abort_all was given", 0};
       // Requests being tokenized or waiting at the gate end here; running ones in the scheduler.
       int32_t here = abort_tokenizing(
         st, [&](const auto& rid, const auto&) { return req.abort_all || rid == req.rid; },

@@ -466,8 +466,8 @@ expected<AbortReq> from_json<AbortReq>(const json& j) {
     // SGLang's AbortReq also carries fields its front end fills in for the scheduler.
     for (auto key : {"finished_reason", "weight_versions", "http_worker_ipc"})
       r.unsupported(key);
-    if (r.ok() && x.rid.empty() && !x.abort_all)
-      r.cx().fail(r.where(), "neither rid nor abort_all is set");
+    // Neither rid nor abort_all: SGLang answers 200 and aborts nothing (verl's client defaults
+    // send it); so does rlserve, saying so in the reply (the front door's AbortReq handler).
   });
 }
 

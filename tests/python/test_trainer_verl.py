@@ -77,6 +77,11 @@ def main():
             # Partial rollout: abort what is left.
             reply = engine.post("/abort_request", {"rid": "", "abort_all": True})
             t.check(reply.raise_for_status("abort_request").json()["success"], reply.text)
+            # AsyncHttpServerAdapter.abort_request's defaults (rid "", abort_all False): SGLang
+            # aborts nothing and answers 200; so does rlserve, and the engine still serves.
+            reply = engine.post("/abort_request", {"rid": "", "abort_all": False})
+            body = reply.raise_for_status("abort_request with neither rid nor abort_all").json()
+            t.check(body["success"] and body["num_aborted"] == 0 and "nothing to abort" in body["message"], reply.text)
 
             # release: asleep between rollouts.
             reply = engine.post("/release_memory_occupation", {"tags": ["kv_cache", "weights"]})

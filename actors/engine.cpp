@@ -385,6 +385,7 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
                          int64_t{config.max_running_requests} *
                            (1 + std::max(0, config.speculative_num_draft_tokens));
     g.cuda_graphs = config.cuda_graphs;
+    g.batch_invariant = config.enable_deterministic_inference;
     g.staging_budget_bytes = config.gpu_staging_budget_bytes;
     auto t = model::qwen3_gpu_model::create(*target->model, g);
     expected<std::unique_ptr<model::qwen3_gpu_model>> d = std::unique_ptr<model::qwen3_gpu_model>{};

@@ -56,6 +56,11 @@ struct engine_config {
   std::string device = "auto";
   // GPU runners: capture decode steps as CUDA graphs (one per batch bucket).
   bool cuda_graphs = true;
+  // SGLang's --enable-deterministic-inference: a request's tokens and logprobs do not depend on
+  // the requests batched with it or on how its prompt was chunked (model::gpu_options::
+  // batch_invariant on GPU runners; the CPU runner's forward is batch-invariant already). Slower
+  // on the GPU (docs/performance.md). Seeded sampling then reproduces a rollout bit for bit.
+  bool enable_deterministic_inference = false;
   // Quantize the target model's BF16 checkpoint to INT4 (W4A16) at load: "" (no), "int4-asym",
   // "int4-sym-qat" or "int4-sym", in groups of quantize_group_size (32, 64, 128, -1 per channel)
   // over quantize_targets ("experts" or "linear") — the same bytes `rlserve quantize` writes.

@@ -92,6 +92,7 @@ void run(serve_options o) {
   if (o.gpu_staging_budget_mib < 0)
     throw command_failed("--gpu-staging-budget-mib: expected 0 or more");
   o.engine.gpu_staging_budget_bytes = static_cast<std::size_t>(o.gpu_staging_budget_mib) << 20;
+  o.server.enable_deterministic_inference = o.engine.enable_deterministic_inference;
   auto engine = Engine::start(o.engine);
   if (!engine)
     throw command_failed(engine.error());
@@ -167,6 +168,9 @@ void add_serve(CLI::App& app) {
   cmd->add_flag("--enable-return-routed-experts", o->server.enable_return_routed_experts,
                 "Report SGLang's enable_return_routed_experts as true in /server_info (trainers "
                 "with routing replay check it); return_routed_experts works either way");
+  cmd->add_flag("--enable-deterministic-inference", o->engine.enable_deterministic_inference,
+                "Batch-invariant forward: a request's tokens and logprobs do not depend on the "
+                "requests batched with it (slower on the GPU; the CPU runner is so already)");
   cmd->add_flag("--disable-radix-cache", o->engine.disable_radix_cache,
                 "Turn the prefix cache off: every request prefills its whole prompt");
   cmd->add_option("--gpu-staging-budget-mib", o->gpu_staging_budget_mib,

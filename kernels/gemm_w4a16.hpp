@@ -65,6 +65,12 @@ struct gemm_w4a16_args {
   // either, so one workspace serves every value.
   int32_t max_ctas = 0;
   int32_t block_rows = 0;
+
+  // Batch invariance: row i's bits do not depend on m or on the other rows. One variant (8-row
+  // blocks) at every m and whole tiles (no split of k between CTAs; a CTA per tile), so each
+  // output element is summed in one order. Refused with block_rows other than 0 or 8 (max_ctas
+  // does not apply).
+  bool batch_invariant = false;
 };
 
 // ok, or invalid_problem (shape, group size, null pointer) / misaligned_operand (a pointer not

@@ -8,6 +8,7 @@
 #include "kernels/fill_random.hpp"
 #include "kernels/fused_moe.hpp"
 #include "kernels/gemm_w4a16.hpp"
+#include "kernels/gemm_bf16_invariant.hpp"
 #include "kernels/gemv_bf16.hpp"
 #include "kernels/int4_quant.hpp"
 #include "kernels/moe_bf16.hpp"
@@ -38,6 +39,11 @@ kernel_status paged_attention_launch(const paged_attention_args&, void*, cudaStr
 
 // kernels/gemv_bf16.hpp
 kernel_status gemv_bf16_launch(const gemv_bf16_args&, cudaStream_t) { return kernel_status::not_supported; }
+
+// kernels/gemm_bf16_invariant.hpp
+kernel_status gemm_bf16_invariant_launch(const gemm_bf16_invariant_args&, cudaStream_t) {
+  return kernel_status::not_supported;
+}
 
 // kernels/moe_bf16.hpp
 std::size_t moe_bf16_workspace_bytes(const moe_bf16_args&) { return 0; }

@@ -350,6 +350,13 @@ status qwen3_gpu_model::impl::allocate_runtime() {
 
 status qwen3_gpu_model::impl::gemm_bf16(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x,
                                         int64_t m, void* y, int64_t ldy, bool f32_out) {
+  if (options.batch_invariant) { // one kernel, one summation order, at every m
+    const kernels::gemm_bf16_invariant_args g{x, w, y, m, n, k, ldy, f32_out};
+    if (const auto st = kernels::gemm_bf16_invariant_launch(g, stream); st != kernel_status::ok)
+      return fail(fmt::format("batch-invariant BF16 linear [{} x {}] x [{} x {}]^T failed ({})", m, k, n, k,
+                              kernels::to_string(st)));
+    return {};
+  }
   // Row-major y[m, n] = x[m, k] w[n, k]^T is column-major y^T[n, m] = w^T... : cuBLAS sees w as a
   // column-major [k, n] matrix (op T gives [n, k]) and x as column-major [k, m].
   if (options.bf16_gemv && kernels::gemv_bf16_preferred(m, n)) {
@@ -389,6 +396,7 @@ status qwen3_gpu_model::impl::gemm(const gpu_linear& w, const uint16_t* x, int64
   g.zero_point = mod.zero_point;
   g.c = static_cast<uint16_t*>(y);
   g.ldc = ldy;
+  g.batch_invariant = options.batch_invariant;
   KERNEL_TRY(fmt::format("W4A16 GEMM of '{}'", mod.name), kernels::gemm_w4a16_launch(g, gemm_ws, stream));
   return {};
 }
@@ -445,7 +453,7 @@ kernels::fused_moe_args qwen3_gpu_model::impl::int4_moe_args(const gpu_layer& L,
   f.w2_scale = w2.scale;
   f.w2_zero_point = w2.zero_point;
   f.out = delta;
-  f.batch_invariant = options.moe_batch_invariant;
+  f.batch_invariant = options.batch_invariant;
   return f;
 }
 

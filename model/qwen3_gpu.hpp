@@ -62,11 +62,14 @@ struct gpu_options {
   // (kernels/gemv_bf16.hpp) rather than cuBLAS; off only to compare the two
   // (decode_bench --linears cublas).
   bool bf16_gemv = true;
-  // The INT4 fused MoE in its batch-invariant mode (kernels::fused_moe_args::batch_invariant): a
-  // token's MoE output does not depend on the rest of its batch. One op of a batch-invariant
-  // forward, not the whole of one (docs/performance.md); decode_bench --moe-batch-invariant
-  // measures its cost.
-  bool moe_batch_invariant = false;
+  // The batch-invariant forward (serve --enable-deterministic-inference): a sequence's logits do
+  // not depend on the other sequences of its batch or on how its prompt was chunked. Every op
+  // is then per row or runs its batch-invariant form: BF16 linears on
+  // kernels::gemm_bf16_invariant (not cuBLAS or the GEMV), INT4 linears and the INT4 fused MoE with
+  // whole tiles at one block size (batch_invariant of their args); norms, RoPE, the paged
+  // attention (splits set by a row's own context length) and the sampler are per row already.
+  // decode_bench --batch-invariant measures what it costs.
+  bool batch_invariant = false;
   // Device bytes a weight update may stage before its commit (0: as many as the weights take,
   // i.e. one full copy of the model).
   std::size_t staging_budget_bytes = 0;

@@ -26,6 +26,7 @@
 #include "kernels/decoder_ops.hpp"
 #include "kernels/fill_random.hpp"
 #include "kernels/fused_moe.hpp"
+#include "kernels/gemm_bf16_invariant.hpp"
 #include "kernels/gemm_w4a16.hpp"
 #include "kernels/gemv_bf16.hpp"
 #include "kernels/int4_quant.hpp"

@@ -260,6 +260,7 @@ json sglang_server_info(const GetServerInfoReqOutput& info, const launch_args& l
   j["disable_radix_cache"] = !info.prefix_cache;
   j["cache_hit_rate"] = cache_hit_rate(info);
   j["enable_return_routed_experts"] = launch.enable_return_routed_experts;
+  j["enable_deterministic_inference"] = launch.enable_deterministic_inference;
   j["disaggregation_mode"] = "null";
   j["encoder_only"] = false;
   j["speculative_algorithm"] = draft ? json("STANDALONE") : json(nullptr);

@@ -90,6 +90,7 @@ struct launch_args {
   uint16_t port = 0;
   bool enable_memory_saver = false;
   bool enable_return_routed_experts = false;
+  bool enable_deterministic_inference = false;
 };
 nlohmann::json sglang_server_info(const GetServerInfoReqOutput& info, const launch_args& launch);
 

@@ -80,6 +80,9 @@ struct server_options {
   // serves release/resume_memory_occupation and return_routed_experts either way.
   bool enable_memory_saver = false;
   bool enable_return_routed_experts = false;
+  // Reported as SGLang's enable_deterministic_inference; set from the engine's own flag
+  // (engine_config::enable_deterministic_inference), which is what makes it true.
+  bool enable_deterministic_inference = false;
 };
 
 class server {

@@ -22,11 +22,11 @@
 //
 //   decode_bench [--batches 1,8,32,128] [--prompt 128] [--steps 32] [--mode both|int4|bf16]
 //                [--layers 48] [--no-graphs] [--linears gemv|cublas] [--prefill full|none]
-//                [--moe-batch-invariant] [--json FILE]
+//                [--batch-invariant] [--json FILE]
 // --linears cublas runs the decode-size BF16 linears on cuBLAS instead of the project's GEMV
 // (gpu_options::bf16_gemv), to compare the two.
-// --moe-batch-invariant runs the INT4 fused MoE in its batch-invariant mode
-// (gpu_options::moe_batch_invariant): what that costs against the default at each batch.
+// --batch-invariant runs the batch-invariant forward (gpu_options::batch_invariant, what
+// `serve --enable-deterministic-inference` runs): what that costs against the default at each batch.
 // --prefill none skips the prompt's forward: each sequence's KV simply counts `--prompt` positions
 // (whatever the pool holds there: zeros, or an earlier batch's keys) and the rows start from
 // distinct random tokens. Attention then reads the bytes of a real context of that length, so the
@@ -72,7 +72,7 @@ struct options {
   bool graphs = true;
   bool gemv = true;
   bool prefill = true; // --prefill none: KV positions counted, not computed (timing only)
-  bool moe_batch_invariant = false;
+  bool batch_invariant = false;
   std::string json;
 };
 
@@ -135,7 +135,7 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
   g.max_sequences = max_b;
   g.cuda_graphs = o.graphs;
   g.bf16_gemv = o.gemv;
-  g.moe_batch_invariant = o.moe_batch_invariant;
+  g.batch_invariant = o.batch_invariant;
   auto t0 = std::chrono::steady_clock::now();
   auto made = qwen3_gpu_model::create_random(c, int4 ? std::optional<random_int4>(random_int4{128, false})
                                                      : std::nullopt,
@@ -152,8 +152,8 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
   }
   auto& m = **made;
   std::printf("%s model on %s (decode-size BF16 linears on %s): %.1f GB of weights, %.2f GB of KV, made in %.1f s\n",
-              int4 ? (o.moe_batch_invariant ? "INT4-asym g128 experts (batch-invariant MoE)" : "INT4-asym g128 experts")
-                   : "BF16",
+              int4 ? (o.batch_invariant ? "INT4-asym g128 experts, batch-invariant" : "INT4-asym g128 experts")
+                   : (o.batch_invariant ? "BF16, batch-invariant" : "BF16"),
               m.device_name().c_str(), o.gemv ? "the GEMV" : "cuBLAS",
               double(m.weight_bytes()) / 1e9, double(m.kv_bytes()) / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -330,8 +330,8 @@ int main(int argc, char** argv) {
       o.mode = value();
     else if (arg == "--no-graphs")
       o.graphs = false;
-    else if (arg == "--moe-batch-invariant")
-      o.moe_batch_invariant = true;
+    else if (arg == "--batch-invariant")
+      o.batch_invariant = true;
     else if (arg == "--linears") {
       const std::string v = value();
       if (v != "gemv" && v != "cublas") {

@@ -61,6 +61,8 @@ kernel_status reference(const gemm_w4a16_args& a, uint16_t* c16, float* c32) {
 kernel_status gemm_w4a16_can_implement(const gemm_w4a16_args& a) {
   if (a.m < 0 || a.n <= 0 || a.k <= 0 || a.batch < 1)
     return kernel_status::invalid_problem;
+  if (a.batch_invariant && a.block_rows != 0 && a.block_rows != 8) // one variant at every m
+    return kernel_status::invalid_problem;
   if (!int4_group_size_supported(a.group_size))
     return kernel_status::invalid_problem;
   if (!int4_check_serving_shape(int4_shape{a.batch, a.n, a.k, a.group_size}).empty())

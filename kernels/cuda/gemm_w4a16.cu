@@ -489,6 +489,8 @@ w4a16::problem dense_problem(const gemm_w4a16_args& a) {
 }
 
 int dense_block_rows(const gemm_w4a16_args& a) {
+  if (a.batch_invariant)
+    return 8; // one variant at every m: its in-CTA k split is part of the summation order
   return w4a16::block_rows_valid(a.block_rows) ? a.block_rows : w4a16::block_rows_for(a.m);
 }
 
@@ -522,14 +524,18 @@ kernel_status gemm_w4a16_launch(const gemm_w4a16_args& a, void* workspace, cudaS
     return kernel_status::ok;
   if (workspace == nullptr)
     return kernel_status::workspace_null;
-  const w4a16::problem p = dense_problem(a);
+  w4a16::problem p = dense_problem(a);
   const int mb = dense_block_rows(a);
+  auto* partials = static_cast<float*>(workspace);
+  auto* counters = reinterpret_cast<int*>(static_cast<unsigned char*>(workspace) + w4a16::partial_bytes());
+  if (a.batch_invariant) { // whole tiles: a CTA per tile
+    p.whole_tiles = true;
+    return w4a16::run(p, mb, static_cast<int>(w4a16::tiles_of(p, mb)), counters, partials, stream);
+  }
   const int grid = w4a16::grid_for(mb, a.max_ctas);
   if (grid < 1)
     return kernel_status::cuda_error;
   const int64_t units = w4a16::tiles_of(p, mb) * ((a.k + w4a16::k_stage_k - 1) / w4a16::k_stage_k);
-  auto* partials = static_cast<float*>(workspace);
-  auto* counters = reinterpret_cast<int*>(static_cast<unsigned char*>(workspace) + w4a16::partial_bytes());
   return w4a16::run(p, mb, static_cast<int>(std::min<int64_t>(grid, units)), counters, partials, stream);
 }
 

@@ -19,7 +19,7 @@
 #             default --batches 1,8,32 --steps 32 --prompt 128 --mode int4), comparing the tokens
 #             and logprobs hashes row by row: first as is, then with each knob that isolates a
 #             cause (DET_KNOBS, default all of: base cublas no-graphs no-pdl layers1 prefill-none
-#             cublas-ws moe-bi all; see the case below); a table same/different per setting in
+#             cublas-ws bi all; see the case below); a table same/different per setting in
 #             determinism/table.md. Then compute-sanitizer --tool initcheck on a tiny decode_bench
 #             run, if compute-sanitizer is on the machine (DET_INITCHECK=0 skips it). Exit 1 when
 #             the base setting differs between its two processes or a run fails.
@@ -234,7 +234,7 @@ for what in "$@"; do
         echo "| setting | added arguments / environment | rows | tokens same | logprobs same |"
         echo "|---|---|---|---|---|"
       } > "$det_dir/table.md"
-      for knob in ${DET_KNOBS:-base cublas no-graphs no-pdl layers1 prefill-none cublas-ws moe-bi all}; do
+      for knob in ${DET_KNOBS:-base cublas no-graphs no-pdl layers1 prefill-none cublas-ws bi all}; do
         extra="" envs=""
         case $knob in
           base) ;;                                             # as the engine runs
@@ -244,7 +244,7 @@ for what in "$@"; do
           layers1) extra="--layers 1" ;;                       # one layer: fewer places to differ (and less amplification)
           prefill-none) extra="--prefill none" ;;              # no prefill: decode only (prefill GEMMs, tiled MoE out)
           cublas-ws) envs="CUBLAS_WORKSPACE_CONFIG=:4096:8" ;; # cuBLAS's fixed-workspace setting for reproducibility
-          moe-bi) extra="--moe-batch-invariant" ;;             # the fused MoE's batch-invariant mode
+          bi) extra="--batch-invariant" ;;                     # the batch-invariant forward (--enable-deterministic-inference)
           all) extra="--linears cublas --no-graphs --prefill none"
                envs="RLSERVE_NO_PROGRAMMATIC_LAUNCH=1 CUBLAS_WORKSPACE_CONFIG=:4096:8" ;;
           *) echo "unknown determinism setting $knob"; rc=2; continue ;;

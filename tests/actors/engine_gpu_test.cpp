@@ -3,7 +3,7 @@
 // updates: after a weight update with CUDA graphs on (captured before the update, replayed
 // after it), greedy output equals a fresh engine loaded with the new weights, and the checksums
 // are the trainer's. Last, the reproducibility properties (the checks of
-// determinism_sim_test.cpp on the GPU runner), which do not hold yet: see there.
+// determinism_sim_test.cpp on the GPU runner) with --enable-deterministic-inference: see there.
 #include <boost/test/unit_test.hpp>
 
 #include <filesystem>
@@ -61,11 +61,13 @@ std::vector<determinism_model> determinism_models() {
 }
 
 // Room for the probe and 31 others in one batch; no prefix cache, so every check compares one
-// property (the cache's own check is samples_of_one_prompt_prefill_it_once_on_the_device).
+// property (the cache's own check is samples_of_one_prompt_prefill_it_once_on_the_device); the
+// batch-invariant forward (SGLang's --enable-deterministic-inference).
 engine_config determinism_engine(const determinism_model& m) {
   auto c = on_gpu();
   c.max_running_requests = 32;
   c.disable_radix_cache = true;
+  c.enable_deterministic_inference = true;
   c.quantize = m.quantize;
   return c;
 }
@@ -296,12 +298,11 @@ BOOST_AUTO_TEST_CASE(a_missing_device_or_a_bad_device_name_fails_start_clearly) 
 // (2) for a request alone and among 31 random others, (3) for a prompt prefilled in chunks of 16
 // tokens and in one chunk.
 //
-// EXPECTED TO FAIL on the GPU today (written before any GPU ran them): nothing makes the decoder's
-// kernels batch-invariant yet (cuBLAS picks algorithms by shape, the tiled MoE and split-K
-// reductions depend on the batch), so (2) and (3) should fail; two processes of the same build
-// generate different tokens at the Qwen3-30B-A3B shape (docs/performance.md, 'Not deterministic
-// run to run'); whether (1) fails at this small shape is to be seen. When a property holds, its
-// case is the test that keeps it holding.
+// With the batch-invariant forward (gpu_options::batch_invariant: BF16 linears on
+// kernels::gemm_bf16_invariant, INT4 GEMMs and the fused MoE with whole tiles at one block size).
+// Without it they failed on an H100 (docs/performance.md, 'Run to run and batch invariance on the
+// GPU'); with it they have not run on a GPU yet, so they keep their label until they pass there.
+// When a property holds, its case is the test that keeps it holding.
 //
 // Separate cases, labelled `determinism`, so their failures hide no other case:
 // `--run_test=!@determinism` runs the rest, `--run_test=@determinism` only these. Each check

@@ -208,6 +208,36 @@ BOOST_AUTO_TEST_CASE(every_scheduling_branch_and_variant_is_correct_and_determin
   BOOST_TEST_MESSAGE("gemm_w4a16 scheduling branches: worst relative error " << worst);
 }
 
+// batch_invariant: a row's bits do not depend on m or on where the row sits (one 8-row variant,
+// whole tiles), and the mode is as close to the reference as the default.
+BOOST_AUTO_TEST_CASE(batch_invariant_rows_do_not_depend_on_m) {
+  rlserve::test::require_device();
+  problem_data d = make_problem(300, 384, 1024, 64, true, 1, 43);
+  std::vector<uint16_t> want = d.c;
+  gemm_w4a16_args ref = d.args;
+  ref.c = want.data();
+  BOOST_REQUIRE(gemm_w4a16_ref(ref) == kernel_status::ok);
+  device_problem dp(d);
+  gemm_w4a16_args g = dp.args;
+  g.batch_invariant = true;
+  const auto full = dp.run(g);
+  compare(g, full, want);
+  const int64_t ldc = g.ldc, lda = g.lda;
+  int differs = 0, cases = 0;
+  for (int64_t first : {0, 8, 37})
+    for (int64_t m : {1, 5, 16, 37, 100}) {
+      gemm_w4a16_args part = g;
+      part.m = m;
+      part.a = g.a + first * lda;
+      const auto got = dp.run(part);
+      ++cases;
+      differs += !std::equal(got.begin(), got.begin() + m * ldc, full.begin() + first * ldc);
+    }
+  BOOST_TEST_MESSAGE("gemm_w4a16 batch_invariant: " << differs << " of " << cases
+                     << " launches changed some row's bits");
+  BOOST_TEST(differs == 0);
+}
+
 // Small shapes that cover every path quickly; scripts/gpu runs this case under compute-sanitizer
 // (memcheck and racecheck).
 BOOST_AUTO_TEST_CASE(small_problems_for_sanitizer) {

@@ -250,6 +250,9 @@ BOOST_AUTO_TEST_CASE(can_implement_rejects_bad_arguments) {
   BOOST_TEST((with([&](auto& x) { x.a = a + 1; }) == kernel_status::misaligned_operand));
   BOOST_TEST((with([&](auto& x) { x.c = c + 4; }) == kernel_status::misaligned_operand));
   BOOST_TEST((with([](auto& x) { x.block_rows = 24; }) == kernel_status::invalid_problem));
+  BOOST_TEST((with([](auto& x) { x.batch_invariant = true; }) == kernel_status::ok));
+  BOOST_TEST((with([](auto& x) { x.batch_invariant = true, x.block_rows = 8; }) == kernel_status::ok));
+  BOOST_TEST((with([](auto& x) { x.batch_invariant = true, x.block_rows = 16; }) == kernel_status::invalid_problem));
   BOOST_TEST((with([](auto& x) { x.m = 0, x.a = nullptr, x.c = nullptr; }) == kernel_status::ok));
   BOOST_TEST((with([](auto& x) { x.has_zero_point = false, x.zero_point = nullptr; }) == kernel_status::ok));
   BOOST_TEST((with([](auto& x) { x.group_size = k_int4_channel, x.k = 80; }) == kernel_status::ok));

@@ -21,6 +21,7 @@
 
 #include "kernels/bf16.hpp"
 #include "kernels/decoder_ops.hpp"
+#include "kernels/gemm_bf16_invariant.hpp"
 #include "kernels/gemv_bf16.hpp"
 #include "kernels/rms_norm.hpp"
 #include "tests/kernels/int4_test_util.hpp"
@@ -286,6 +287,24 @@ inline op_case gemv_bf16_case(int64_t rows, int64_t n, int64_t k, bool f32_out) 
   return c;
 }
 
+// y = x w^T whose rows do not depend on each other (the batch-invariant forward's linears): one
+// row-block variant up to 16 rows, another above; fp32 or bf16 output.
+inline op_case gemm_bf16_invariant_case(int64_t rows, int64_t n, int64_t k, bool f32_out) {
+  op_case c;
+  c.name = "gemm_bf16_invariant " + std::to_string(rows) + "x" + std::to_string(k) + " by " + std::to_string(n) +
+           "x" + std::to_string(k) + (f32_out ? " fp32 out" : " bf16 out");
+  c.arrays = {{"x", elem::bf16, rows * k, role::input, 1.0},
+              {"w", elem::bf16, n * k, role::input, 0.05},
+              {"y", f32_out ? elem::f32 : elem::bf16, rows * n, role::output, 0, 0, 0,
+               f32_out ? k_f32_sum : k_bf16_out}};
+  c.call = [=](backend b, const std::vector<void*>& p) {
+    const kernels::gemm_bf16_invariant_args args{as<uint16_t>(p[0]), as<uint16_t>(p[1]), p[2], rows, n, k, n, f32_out};
+    return b == backend::cpu ? kernels::gemm_bf16_invariant_ref(args)
+                             : kernels::gemm_bf16_invariant_launch(args, nullptr);
+  };
+  return c;
+}
+
 // The table: small shapes that reach the edges of each kernel, then the Qwen3-30B-A3B ones (hidden
 // 2048, 32 query and 4 KV heads of 128, experts of 768, the 128-expert router).
 inline std::vector<op_case> op_cases() {
@@ -308,6 +327,11 @@ inline std::vector<op_case> op_cases() {
     out.push_back(gemv_bf16_case(1, 2048, 4096, f32)); // o_proj
     out.push_back(gemv_bf16_case(8, 128, 2048, f32));  // the router
     out.push_back(gemv_bf16_case(3, 37, 296, f32));    // odd sizes
+    out.push_back(gemm_bf16_invariant_case(1, 5120, 2048, f32)); // q/k/v fused, one row
+    out.push_back(gemm_bf16_invariant_case(33, 2048, 1024, f32)); // 64-row blocks, the last partial
+    out.push_back(gemm_bf16_invariant_case(16, 128, 2048, f32));  // the router at 16 rows
+    out.push_back(gemm_bf16_invariant_case(70, 48, 80, f32));     // k not a multiple of the 64 staged
+    out.push_back(gemm_bf16_invariant_case(20, 60, 128, f32));    // n % 16: a partial column group
   }
   return out;
 }

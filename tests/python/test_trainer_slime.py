@@ -67,6 +67,7 @@ What the replay leaves out, and why:
 import json
 import os
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(__file__))
 import rlserve_testlib as t  # noqa: E402
@@ -232,6 +233,7 @@ def main():
         finally:
             r.stop(proc)
         colocated_external_engine(tmp, model_a, model_b)
+        deterministic_inference(tmp, model_a)
     print("ok: slime's step (tensor and disk transports) against rlserve serve")
 
 
@@ -288,6 +290,45 @@ def colocated_external_engine(tmp, model_a, model_b):
     finally:
         r.stop(proc)
     print("ok: slime's external-engine check and --offload-rollout cycle against rlserve serve")
+
+
+def deterministic_inference(tmp, model_a):
+    """slime with --sglang-enable-deterministic-inference: the engine launched with SGLang's flag
+    reports it, and a group's samples (sampling_seed = rollout_seed + i, as GenerateState seeds
+    them) come back with the same tokens and logprobs whether the group runs alone or beside
+    other requests."""
+    proc, engine = r.start(tmp, model_a, "--enable-deterministic-inference")
+    try:
+        info = engine.get("/get_server_info").raise_for_status("get_server_info").json()
+        t.check(info.get("enable_deterministic_inference") is True, f"server_info: {info}")
+
+        def group(seed_base, n=4):
+            bodies = [{"input_ids": r.prompt_ids(), "return_logprob": True,
+                       "sampling_params": dict(slime_sampling_params(6), sampling_seed=seed_base + i)}
+                      for i in range(n)]
+            return bodies
+
+        def run(bodies):
+            outs = [None] * len(bodies)
+
+            def one(i):
+                outs[i] = engine.post("/generate", bodies[i]).raise_for_status("generate").json()
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(len(bodies))]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            return [[(e[0], e[1]) for e in o["meta_info"]["output_token_logprobs"]] for o in outs]
+
+        alone = run(group(42))
+        others = [{"input_ids": [5 + i, 9, 11 + i], "return_logprob": True,
+                   "sampling_params": {"max_new_tokens": 8, "temperature": 1.0, "sampling_seed": 900 + i}}
+                  for i in range(6)]
+        mixed = run(group(42) + others)[:4]
+        t.check(alone == mixed, f"a seeded group alone vs among others: {alone} vs {mixed}")
+        t.check(len({tuple(x) for x in alone}) > 1, f"the group's seeds should differ: {alone}")
+    finally:
+        r.stop(proc)
 
 
 def get_weight_version(engine):

@@ -16,6 +16,7 @@
 #include "kernels/rms_norm.hpp"
 #include "kernels/sampler.hpp"
 #include "kernels/serving_layout.hpp"
+#include "kernels/spec_verify.hpp"
 #include "kernels/weight_copy.hpp"
 
 namespace rlserve::kernels {
@@ -56,6 +57,10 @@ int32_t* moe_bf16_topk_ids(const moe_bf16_args&, void*) { return nullptr; }
 // kernels/sampler.hpp
 std::size_t sample_workspace_bytes(const sample_args&) { return 0; }
 kernel_status sample_launch(const sample_args&, void*, cudaStream_t) { return kernel_status::not_supported; }
+
+// kernels/spec_verify.hpp
+kernel_status filtered_probs_launch(const filtered_probs_args&, cudaStream_t) { return kernel_status::not_supported; }
+kernel_status spec_verify_launch(const spec_verify_args&, cudaStream_t) { return kernel_status::not_supported; }
 
 // kernels/fill_random.hpp
 kernel_status fill_random_launch(const fill_random_args&, cudaStream_t) {

@@ -193,8 +193,9 @@ void sampler::distribution(std::span<const float> logits, const sampling_config&
     probs[order[i]] = static_cast<float>(full[order[i]] / total);
 }
 
-int32_t sampler::draw(std::span<const float> probs) {
-  const float u = rng_.uniform();
+int32_t sampler::draw(std::span<const float> probs) { return draw(probs, rng_.uniform()); }
+
+int32_t sampler::draw(std::span<const float> probs, float u) {
   double total = 0.0;
   for (float p : probs)
     if (p > 0.0f)

@@ -99,6 +99,9 @@ public:
   // Draws one id from `probs` (need not sum to 1; non-positive entries are never drawn) with one
   // uniform, walking ids in order. -1 when nothing is positive.
   int32_t draw(std::span<const float> probs);
+  // The same draw with a uniform already taken from the generator (speculative verification
+  // takes all of its uniforms up front: model/speculative.hpp).
+  static int32_t draw(std::span<const float> probs, float uniform);
   float uniform() { return rng_.uniform(); }
   // The uniform the next draw will use, without using it, and the step that uses it: a GPU
   // runner samples on the device with the request's own uniform and advances the generator only

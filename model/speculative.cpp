@@ -19,6 +19,14 @@ verify_result verify_draft(sampler& target_sampler, const sampling_config& cfg,
     out.tokens.push_back(token);
     out.logprobs.push_back(token_logprob(row(i), cfg.temperature, token));
   };
+  // The draw order the GPU runner shares (kernels/spec_verify.hpp): a sampled verification takes
+  // k + 1 uniforms up front, u[i] decides proposal i and u[k] makes the final draw (correction or
+  // bonus), and all k + 1 are used up whatever is accepted; greedy takes none. So the generator
+  // advances by a count the runner knows before the device has decided anything.
+  std::vector<float> u;
+  if (!greedy)
+    for (int64_t i = 0; i <= k; ++i)
+      u.push_back(target_sampler.uniform());
   std::vector<float> p;
   for (int64_t i = 0; i < k; ++i) {
     const int32_t d = draft_tokens[static_cast<std::size_t>(i)];
@@ -38,8 +46,8 @@ verify_result verify_draft(sampler& target_sampler, const sampling_config& cfg,
     const float qd = d >= 0 && static_cast<std::size_t>(d) < V ? q[d] : 0.0f;
     // Accept with min(1, p/q). The draft drew d from q, so qd > 0 unless q was not its
     // distribution; then p alone decides (accept iff p > 0 with probability p).
-    const float u = target_sampler.uniform();
-    const bool keep = qd > 0.0f ? double(u) * qd < pd : double(u) < pd;
+    const float ui = u[static_cast<std::size_t>(i)];
+    const bool keep = qd > 0.0f ? double(ui) * qd < pd : double(ui) < pd;
     if (keep) {
       emit(i, d);
       ++out.accepted;
@@ -51,7 +59,8 @@ verify_result verify_draft(sampler& target_sampler, const sampling_config& cfg,
       residual[j] = std::max(0.0f, p[j] - q[j]);
       mass += residual[j];
     }
-    int32_t token = mass > 0.0 ? target_sampler.draw(residual) : target_sampler.draw(p);
+    const float last = u[static_cast<std::size_t>(k)];
+    int32_t token = mass > 0.0 ? sampler::draw(residual, last) : sampler::draw(p, last);
     emit(i, token);
     return out;
   }
@@ -59,7 +68,7 @@ verify_result verify_draft(sampler& target_sampler, const sampling_config& cfg,
   if (greedy)
     emit(k, static_cast<int32_t>(std::max_element(p.begin(), p.end()) - p.begin()));
   else
-    emit(k, target_sampler.draw(p));
+    emit(k, sampler::draw(p, u[static_cast<std::size_t>(k)]));
   return out;
 }
 

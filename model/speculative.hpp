@@ -33,7 +33,10 @@ struct verify_result {
 };
 
 // `target_logits`: [k + 1, vocab]; `draft_tokens`: k ids; `draft_probs`: [k, vocab] (ignored and
-// may be empty when greedy). Uses the target request's own sampler (its seeded generator).
+// may be empty when greedy). Uses the target request's own sampler (its seeded generator): when
+// sampling, exactly k + 1 uniforms, taken up front (u[i] accepts or rejects proposal i, u[k] draws
+// the correction or the bonus; the order kernels/spec_verify.hpp's GPU twin is given them in);
+// none when greedy.
 verify_result verify_draft(sampler& target_sampler, const sampling_config& cfg,
                            std::span<const float> target_logits, int64_t vocab,
                            std::span<const int32_t> draft_tokens,

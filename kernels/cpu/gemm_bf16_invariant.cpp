@@ -1,8 +1,11 @@
-// CPU reference of kernels/gemm_bf16_invariant.hpp (plain loops, sums in double, one rounding per
-// stored value); the CUDA twin is kernels/cuda/gemm_bf16_invariant.cu. Rows are independent here
-// by construction: the property the CUDA twin has to keep.
-#include "kernels/bf16.hpp"
+// CPU reference of kernels/gemm_bf16_invariant.hpp: the BF16 GEMV's reference (sums in double, one
+// rounding per stored value) over 8 rows at a time; the CUDA twin is
+// kernels/cuda/gemm_bf16_invariant.cu. Rows are independent here by construction: the property the
+// CUDA twin has to keep.
+#include <algorithm>
+
 #include "kernels/gemm_bf16_invariant.hpp"
+#include "kernels/gemv_bf16.hpp"
 
 namespace rlserve::kernels {
 
@@ -18,16 +21,13 @@ kernel_status gemm_bf16_invariant_can_implement(const gemm_bf16_invariant_args& 
 kernel_status gemm_bf16_invariant_ref(const gemm_bf16_invariant_args& a) {
   if (auto s = gemm_bf16_invariant_can_implement(a); s != kernel_status::ok)
     return s;
-  for (int64_t r = 0; r < a.rows; ++r)
-    for (int64_t c = 0; c < a.n; ++c) {
-      double acc = 0.0;
-      for (int64_t j = 0; j < a.k; ++j)
-        acc += double(bf16_to_float(a.x[r * a.k + j])) * double(bf16_to_float(a.w[c * a.k + j]));
-      if (a.f32_out)
-        static_cast<float*>(a.y)[r * a.ldy + c] = static_cast<float>(acc);
-      else
-        static_cast<uint16_t*>(a.y)[r * a.ldy + c] = float_to_bf16(static_cast<float>(acc));
-    }
+  const std::size_t out_bytes = a.f32_out ? 4 : 2;
+  for (int64_t r = 0; r < a.rows; r += k_gemv_max_rows) {
+    const gemv_bf16_args g{a.x + r * a.k, a.w, static_cast<char*>(a.y) + r * a.ldy * out_bytes,
+                           std::min(k_gemv_max_rows, a.rows - r), a.n, a.k, a.ldy, a.f32_out};
+    if (auto s = gemv_bf16_ref(g); s != kernel_status::ok)
+      return s;
+  }
   return kernel_status::ok;
 }
 

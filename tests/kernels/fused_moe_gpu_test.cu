@@ -495,6 +495,24 @@ struct tiled_moe_case {
                           int64_t row_b) {
     return !std::equal(a.begin() + row_a * H, a.begin() + (row_a + 1) * H, b.begin() + row_b * H);
   }
+  // The tokens run in reverse order: how many rows differ from `first` (the batch in order).
+  int reversed_rows_differing(const std::vector<uint16_t>& first) {
+    host_inputs reversed = in;
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy_n(in.logits.begin() + (T - 1 - t) * E, E, reversed.logits.begin() + t * E);
+      std::copy_n(in.x.begin() + (T - 1 - t) * H, H, reversed.x.begin() + t * H);
+    }
+    const auto back = run(reversed);
+    int differs = 0;
+    for (int64_t t = 0; t < T; ++t)
+      differs += rows_differ(first, t, back, T - 1 - t);
+    return differs;
+  }
+  // Token t of the batch, alone.
+  host_inputs alone(int64_t t) const {
+    return {1, K, std::vector<float>(in.logits.begin() + t * E, in.logits.begin() + (t + 1) * E),
+            std::vector<uint16_t>(in.x.begin() + t * H, in.x.begin() + (t + 1) * H)};
+  }
 };
 
 // Run to run: the same launch gives the same bits. A row's m block decides its GEMM tile and so
@@ -526,23 +544,12 @@ BOOST_AUTO_TEST_CASE(determinism_a_tokens_moe_output_does_not_depend_on_its_batc
                      *boost::unit_test::label("determinism")) {
   rlserve::test::require_device();
   tiled_moe_case c;
-  const int64_t T = c.T, E = c.E, H = c.H;
+  const int64_t T = c.T;
   const auto first = c.run(c.in);
-  host_inputs reversed = c.in;
-  for (int64_t t = 0; t < T; ++t) {
-    std::copy_n(c.in.logits.begin() + (T - 1 - t) * E, E, reversed.logits.begin() + t * E);
-    std::copy_n(c.in.x.begin() + (T - 1 - t) * H, H, reversed.x.begin() + t * H);
-  }
-  const auto back = c.run(reversed);
-  int order_differs = 0;
-  for (int64_t t = 0; t < T; ++t)
-    order_differs += tiled_moe_case::rows_differ(first, t, back, T - 1 - t);
+  const int order_differs = c.reversed_rows_differing(first);
   int alone_differs = 0;
-  for (int64_t t = 0; t < 4; ++t) {
-    host_inputs one{1, c.K, std::vector<float>(c.in.logits.begin() + t * E, c.in.logits.begin() + (t + 1) * E),
-                    std::vector<uint16_t>(c.in.x.begin() + t * H, c.in.x.begin() + (t + 1) * H)};
-    alone_differs += tiled_moe_case::rows_differ(first, t, c.run(one), 0);
-  }
+  for (int64_t t = 0; t < 4; ++t)
+    alone_differs += tiled_moe_case::rows_differ(first, t, c.run(c.alone(t)), 0);
   BOOST_TEST_MESSAGE("tiled fused MoE, 32 tokens: " << order_differs << " of " << T
                      << " token rows differ when the tokens are reversed, " << alone_differs << " of 4 when alone");
   BOOST_TEST(order_differs == 0);
@@ -561,19 +568,10 @@ BOOST_AUTO_TEST_CASE(batch_invariant_moe_tokens_do_not_depend_on_their_batch) {
   std::vector<uint16_t> want(static_cast<std::size_t>(T * H), k_poison);
   BOOST_REQUIRE(fused_moe_ref(host_args(c.l, c.in, want)) == kernel_status::ok);
   compare(first, want, "batch-invariant mode, 32 tokens, vs the CPU reference");
-  host_inputs reversed = c.in;
-  for (int64_t t = 0; t < T; ++t) {
-    std::copy_n(c.in.logits.begin() + (T - 1 - t) * E, E, reversed.logits.begin() + t * E);
-    std::copy_n(c.in.x.begin() + (T - 1 - t) * H, H, reversed.x.begin() + t * H);
-  }
-  const auto back = c.run(reversed);
-  int order_differs = 0;
-  for (int64_t t = 0; t < T; ++t)
-    order_differs += tiled_moe_case::rows_differ(first, t, back, T - 1 - t);
+  const int order_differs = c.reversed_rows_differing(first);
   int alone_differs = 0;
   for (int64_t t = 0; t < 4; ++t) {
-    host_inputs one{1, c.K, std::vector<float>(c.in.logits.begin() + t * E, c.in.logits.begin() + (t + 1) * E),
-                    std::vector<uint16_t>(c.in.x.begin() + t * H, c.in.x.begin() + (t + 1) * H)};
+    const host_inputs one = c.alone(t);
     const auto alone = c.run(one);
     alone_differs += tiled_moe_case::rows_differ(first, t, alone, 0);
     if (t == 0) {

@@ -51,6 +51,7 @@ struct active_request {
   caf::actor_addr owner;    // who sent the GenerateReqInput: only it may cancel
   caf::actor sink;
   bool stream = false;
+  bool output_through_sink_only = false; // the sink keeps the output: fold the metadata only
   bool no_stop_trim = false;
   bool texts_in_logprobs = false; // return_text_in_logprobs (with return_logprob)
   caf::typed_response_promise<GenerateReqOutput> promise;
@@ -67,6 +68,7 @@ struct queued_generate {
   caf::actor_addr owner;
   caf::actor sink;
   caf::typed_response_promise<GenerateReqOutput> promise;
+  bool output_through_sink_only = false; // GenerateReqInput's: the front door's alone
 };
 
 struct tokenizer_state {
@@ -263,6 +265,7 @@ void start_generate(tokenizer_pointer self, const std::string& rid) {
   a.owner = q->second.owner;
   a.sink = q->second.sink;
   a.stream = q->second.req.stream;
+  a.output_through_sink_only = a.stream && a.sink && q->second.output_through_sink_only;
   a.no_stop_trim = q->second.req.sampling_params.no_stop_trim;
   a.texts_in_logprobs = q->second.req.return_logprob && q->second.req.return_text_in_logprobs &&
                         st.tokenizer != nullptr;
@@ -320,6 +323,8 @@ void on_chunk(tokenizer_pointer self, GenerateReqOutput& c) {
     if (c.weight_version_spans.empty())
       c.weight_version_spans = a.result.weight_version_spans;
     caf::anon_send(a.sink, c);
+    if (a.output_through_sink_only)
+      drop_output(c); // the sink keeps it: held once
   }
   append_chunk(a.result, std::move(c));
   auto& r = a.result;
@@ -443,12 +448,12 @@ auto weight_operation_handler(tokenizer_pointer self) {
 
 // A prepared request waits at the gate; `rp` is answered when it ends.
 void admit(tokenizer_pointer self, TokenizedGenerateReqInput prepared, caf::actor_addr owner,
-           caf::actor sink, caf::typed_response_promise<GenerateReqOutput> rp) {
+           caf::actor sink, caf::typed_response_promise<GenerateReqOutput> rp, bool output_through_sink_only) {
   auto& st = self->state;
   auto ticket = st.next_ticket++;
   auto rid = prepared.rid;
   st.queued.emplace(rid, queued_generate{ticket, std::move(prepared), std::move(owner),
-                                         std::move(sink), rp});
+                                         std::move(sink), rp, output_through_sink_only});
   st.starters.emplace(ticket, [self, rid] { start_generate(self, rid); });
   st.gate.submit(ticket, gate_op::generate);
   pump(self);
@@ -500,7 +505,7 @@ caf::result<GenerateReqOutput> tokenize_elsewhere(tokenizer_pointer self, Genera
     auto prepared = finish_prepare(st, *held, &*ids);
     if (!prepared)
       return refuse(prepared.error());
-    admit(self, std::move(*prepared), owner, sink, rp);
+    admit(self, std::move(*prepared), owner, sink, rp, held->output_through_sink_only);
   };
   // The handlers hold the worker: nothing else does, and CAF would destroy it unrun.
   self->request(worker, caf::infinite, tokenize_job{text})
@@ -602,7 +607,7 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       // Before make_response_promise, which takes the sender out of the current message.
       auto owner = caf::actor_cast<caf::actor_addr>(self->current_sender());
       auto rp = self->make_response_promise<GenerateReqOutput>();
-      admit(self, std::move(*prepared), std::move(owner), std::move(sink), rp);
+      admit(self, std::move(*prepared), std::move(owner), std::move(sink), rp, req.output_through_sink_only);
       return rp;
     },
     [self](TokenChunks& batch) {

@@ -52,4 +52,17 @@ void append_chunk(GenerateReqOutput& so_far, GenerateReqOutput chunk) {
   so_far = std::move(chunk);
 }
 
+void drop_output(GenerateReqOutput& chunk) {
+  chunk.text.clear();
+  chunk.output_ids.clear();
+  chunk.output_token_logprobs.clear();
+  chunk.output_top_logprobs.clear();
+  chunk.output_token_texts.clear();
+  chunk.input_token_ids.clear();
+  chunk.input_token_logprobs.clear();
+  chunk.input_top_logprobs.clear();
+  chunk.input_token_texts.clear();
+  chunk.routed_experts.reset();
+}
+
 } // namespace rlserve

@@ -50,6 +50,13 @@ struct GenerateReqInput {
   bool return_routed_experts = false;
   int32_t routed_experts_start_len = 0;
   bool stream = false;
+  // Not SGLang's, and never read from or written to JSON: set by the server's call actors on a
+  // request they stream and whose output they keep themselves (SGLang's cumulative streams fold
+  // the chunks; OpenAI streams need only each delta). The output is then held once: the front
+  // door folds only the metadata (finish reason, counts, versions), and the final reply carries
+  // no tokens, texts, logprobs or routing rows. Without it (in-process and websocket callers) the
+  // final reply is the whole result, as it has always been.
+  bool output_through_sink_only = false;
 };
 
 // Request ids. A generate request is named by its rid from where it enters the engine to its
@@ -163,6 +170,10 @@ struct TokenChunks {
 // door builds results this way, and SGLang-style streams (each event the whole result so far)
 // are built by the HTTP front the same way.
 void append_chunk(GenerateReqOutput& so_far, GenerateReqOutput chunk);
+// Empties what append_chunk joins or keeps from one chunk (the text, the per-token lists, the
+// prompt logprobs, the routing rows), leaving the metadata: a chunk whose output has gone to a
+// sink that keeps it (GenerateReqInput::output_through_sink_only).
+void drop_output(GenerateReqOutput& chunk);
 
 // SGLang AbortReq: one request by rid, or every request.
 struct AbortReq {
@@ -192,7 +203,7 @@ typename Inspector::result_type inspect(Inspector& f, GenerateReqInput& x) {
   return f(caf::meta::type_name("GenerateReqInput"), x.rid, x.text, x.input_ids,
            x.sampling_params, x.return_logprob, x.logprob_start_len, x.top_logprobs_num,
            x.return_text_in_logprobs, x.return_routed_experts, x.routed_experts_start_len,
-           x.stream);
+           x.stream, x.output_through_sink_only);
 }
 
 template <class Inspector>

@@ -16,6 +16,7 @@ void fanout_requests::send(caf::event_based_actor* self, std::shared_ptr<shared_
   results_.resize(reqs.size());
   pending_ = reqs.size();
   for (auto& req : reqs) {
+    req.output_through_sink_only = stream; // fold() keeps a streamed output; the reply, the rest
     const auto& rid = assign_rid(req);
     index_of_.emplace(rid, rids_.size());
     rids_.push_back(rid);
@@ -64,8 +65,8 @@ void fanout_requests::finish(std::size_t j, GenerateReqOutput out, bool answered
                     fmt::format("aborted: {} {} of the same {} failed", names_.item, j,
                                 names_.whole));
   }
-  if (answered)
-    results_[j] = std::move(out);
+  if (answered) // a streamed output is in results_[j] already: the reply adds the metadata
+    append_chunk(results_[j], std::move(out));
   if (--pending_ == 0)
     on_last_();
 }

@@ -195,6 +195,7 @@ void start_route(http_actor* self, http_call call) {
     auto req = std::move(msg->get_mutable_as<GenerateReqInput>(0));
     s.info.rid = assign_rid(req);
     s.stream = req.stream;
+    req.output_through_sink_only = s.stream; // s.acc holds the output; the reply, the rest
     caf::actor sink = s.stream ? caf::actor_cast<caf::actor>(self) : caf::actor{};
     s.sent = true;
     self->request(s.st->front, caf::infinite, std::move(req), sink)

@@ -244,6 +244,7 @@ void send_generate(openai_actor* self, GenerateReqInput req) {
   s.cx.created = static_cast<int64_t>(std::time(nullptr));
   s.cx.tokenizer = s.st->tokenizer.get();
   s.stream = req.stream;
+  req.output_through_sink_only = s.stream; // each delta goes out as it comes; nobody keeps the whole
   caf::actor sink = s.stream ? caf::actor_cast<caf::actor>(self) : caf::actor{};
   s.sent = true;
   self->request(s.st->front, caf::infinite, std::move(req), sink)

@@ -91,6 +91,30 @@ BOOST_AUTO_TEST_CASE(seeded_sampling_is_reproducible_and_streams_add_up) {
   BOOST_TEST(text == b.text);
   BOOST_TEST(chunks.back().finished);
   BOOST_TEST(chunks.size() >= 20u); // one chunk per token
+
+  // A caller that keeps the streamed output itself (the server's SGLang and OpenAI streams): the
+  // same chunks, and a reply with the metadata only, so the output is held once.
+  auto only = r;
+  only.output_through_sink_only = true;
+  std::vector<GenerateReqOutput> kept;
+  auto c = e->generate(only, [&](const GenerateReqOutput& x) { kept.push_back(x); });
+  BOOST_REQUIRE_MESSAGE(c.success, c.message);
+  std::vector<int32_t> kept_ids;
+  std::vector<float> kept_logprobs;
+  for (auto& x : kept) {
+    kept_ids.insert(kept_ids.end(), x.output_ids.begin(), x.output_ids.end());
+    kept_logprobs.insert(kept_logprobs.end(), x.output_token_logprobs.begin(), x.output_token_logprobs.end());
+  }
+  BOOST_TEST(kept_ids == b.output_ids);
+  BOOST_TEST(kept_logprobs == b.output_token_logprobs);
+  BOOST_TEST(c.output_ids.empty());
+  BOOST_TEST(c.output_token_logprobs.empty());
+  BOOST_TEST(c.text.empty());
+  BOOST_TEST(c.finished);
+  BOOST_TEST(c.completion_tokens == b.completion_tokens);
+  BOOST_TEST(c.prompt_tokens == b.prompt_tokens);
+  BOOST_TEST((c.finish_reason && b.finish_reason && c.finish_reason->type == b.finish_reason->type));
+  BOOST_TEST(c.weight_version == b.weight_version);
   r.sampling_params.sampling_seed = 99;
   BOOST_TEST(e->generate(r).output_ids != a.output_ids);
 }

@@ -653,6 +653,16 @@ BOOST_AUTO_TEST_CASE(accepted_edges_and_sglang_forms) {
   // abort_all with SGLang's empty rid.
   auto abort = from_json<AbortReq>(json{{"rid", ""}, {"abort_all", true}});
   BOOST_TEST_REQUIRE(abort.has_value(), error_text(abort));
+  // output_through_sink_only is the server's own: a client cannot set it (ignored, as any unknown
+  // field), and it is never written.
+  auto internal = from_json<GenerateReqInput>(json{{"text", "a"}, {"output_through_sink_only", true}});
+  BOOST_TEST_REQUIRE(internal.has_value(), error_text(internal));
+  BOOST_TEST(!internal->output_through_sink_only);
+  GenerateReqInput marked;
+  marked.text = "a";
+  marked.output_through_sink_only = true;
+  BOOST_TEST(!to_json(marked).contains("output_through_sink_only"));
+
   // Neither rid nor abort_all (verl's client defaults): decoded, a no-op for the front door.
   abort = from_json<AbortReq>(json{{"rid", ""}, {"abort_all", false}});
   BOOST_TEST_REQUIRE(abort.has_value(), error_text(abort));

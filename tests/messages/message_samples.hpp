@@ -34,7 +34,7 @@ struct field_count; // no definition: a type without a count here is not compara
 
 // generate.hpp
 RLSERVE_FIELD_COUNT(SamplingParams, 17)
-RLSERVE_FIELD_COUNT(GenerateReqInput, 11)
+RLSERVE_FIELD_COUNT(GenerateReqInput, 12)
 RLSERVE_FIELD_COUNT(TokenizedGenerateReqInput, 12)
 RLSERVE_FIELD_COUNT(FinishReason, 4)
 RLSERVE_FIELD_COUNT(TopLogprob, 3)
@@ -416,16 +416,21 @@ struct samples<GenerateReqInput> : simple_samples<GenerateReqInput> {
     x.return_routed_experts = true;
     x.routed_experts_start_len = 3;
     x.stream = true;
+    x.output_through_sink_only = true;
     return x;
   }
   static std::vector<GenerateReqInput> json() {
     auto text = full();
     text.input_ids.reset();
-    auto ids = full();
+    text.output_through_sink_only = false; // never in JSON: the server's call actors set it
+    auto ids = text;
+    ids.input_ids = full().input_ids;
     ids.text.reset();
     ids.rid.reset();
     return {text, ids};
   }
+  // output_through_sink_only: the server's call actors set it; JSON never carries it.
+  static std::vector<std::size_t> json_default_only() { return {11}; }
 };
 
 template <>

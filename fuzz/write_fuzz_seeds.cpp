@@ -244,6 +244,12 @@ bool openai_seeds(const fs::path& dir) {
                R"("text": "Q"}]}, {"role": "assistant", "content": "<think>r</think>A", "tool_calls": [{"function": )"
                R"({"name": "f", "arguments": {"a": 1}}}]}, {"role": "tool", "content": "x"}], "chat_template_kwargs": )"
                R"({"enable_thinking": false}, "logprobs": true, "top_logprobs": 2})");
+  // miles' session server: the prompt as token ids, SGLang's per-choice extensions.
+  write_file(dir / "chat_input_ids",
+             std::string(1, '\1') +
+               R"({"messages": [{"role": "user", "content": "Q"}], "input_ids": [1, 2, 3], "logprobs": true, )"
+               R"("return_meta_info": true, "return_token_ids": true, "return_prompt_token_ids": true, )"
+               R"("return_routed_experts": true, "routed_experts_start_len": 1, "no_stop_trim": false})");
   return true;
 }
 

@@ -185,7 +185,7 @@ void read_fields(object_reader& r, GenerateReqInput& x) {
   // disaggregated prefill elsewhere): refused when set.
   for (auto key : {"image_data", "video_data", "audio_data", "return_hidden_states",
                    "lora_path", "lora_id", "session_params",
-                   "custom_logit_processor", "token_ids_logprob",
+                   "custom_logit_processor", "token_ids_logprob", "token_ids_logprob_positions",
                    "bootstrap_host", "bootstrap_port", "bootstrap_room"})
     r.unsupported(key);
   // Change nothing rlserve returns (scheduling, logging, routing between engines, cache

@@ -382,6 +382,9 @@ std::vector<bad_case> bad_cases() {
      {R"(lora_path: not supported by rlserve (got "adapter"))"}},
     {"return_hidden_states", gen, R"({"text": "a", "return_hidden_states": true})",
      {"return_hidden_states: not supported by rlserve (got true)"}},
+    // miles' distillation teacher (a patched SGLang): per-position logprobs of given token ids.
+    {"token_ids_logprob_positions", gen, R"({"text": "a", "token_ids_logprob_positions": [[0, 1]]})",
+     {"token_ids_logprob_positions: not supported by rlserve"}},
     {"input_embeds", gen, R"({"input_embeds": [[0.1]]})",
      {"input_embeds: not supported by rlserve (got [[0.1]]); send text or input_ids"}},
     {"regex", gen, R"({"text": "a", "sampling_params": {"regex": "a+"}})",

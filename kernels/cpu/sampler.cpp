@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/bf16.hpp"
+#include "kernels/cpu/kept_tokens.hpp"
 #include "kernels/sampler.hpp"
 
 namespace rlserve::kernels {
@@ -81,37 +82,7 @@ kernel_status sample_ref(const sample_args& a) {
       probs[i] = static_cast<float>(std::exp(double(logit(i)) * inv_t - lse));
     const float p_max = static_cast<float>(std::exp(m - lse));
 
-    std::iota(order.begin(), order.end(), 0);
-    int64_t n = V;
-    auto more_probable = [&](int32_t x, int32_t y) { return probs[x] > probs[y] || (probs[x] == probs[y] && x < y); };
-    const int32_t k = a.top_k[r];
-    const float top_p = a.top_p[r], min_p = a.min_p[r];
-    const bool use_k = k > 0 && k < V;
-    const bool use_p = top_p < 1.0f;
-    if (use_k) {
-      std::partial_sort(order.begin(), order.begin() + k, order.end(), more_probable);
-      n = k;
-    } else if (use_p) {
-      std::sort(order.begin(), order.end(), more_probable);
-    }
-    if (use_p) {
-      double before = 0.0;
-      int64_t keep = 0;
-      while (keep < n && (keep == 0 || before < double(top_p)))
-        before += probs[order[keep++]];
-      n = keep;
-    }
-    if (min_p > 0.0f) {
-      const float threshold = min_p * p_max;
-      const auto last = order.begin() + n;
-      const int32_t top = *std::min_element(order.begin(), last, more_probable);
-      auto end = std::stable_partition(order.begin(), last, [&](int32_t id) { return probs[id] >= threshold; });
-      n = end - order.begin();
-      if (n == 0) {
-        order[0] = top;
-        n = 1;
-      }
-    }
+    const int64_t n = cpu::kept_tokens(probs.data(), V, a.top_k[r], a.top_p[r], a.min_p[r], p_max, order);
     double total = 0.0;
     for (int64_t i = 0; i < n; ++i)
       total += probs[order[i]];

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/cpu/kept_tokens.hpp"
 #include "kernels/spec_verify.hpp"
 
 namespace rlserve::kernels {
@@ -55,35 +56,7 @@ void distribution_row(const float* row, int64_t V, float T, int32_t top_k, float
     full[i] = static_cast<float>(std::exp(double(logit_at(row, i)) * inv_t - lse));
   const float p_max = static_cast<float>(std::exp(m - lse));
 
-  std::iota(order.begin(), order.end(), 0);
-  int64_t n = V;
-  auto more_probable = [&](int32_t x, int32_t y) { return full[x] > full[y] || (full[x] == full[y] && x < y); };
-  const bool use_k = top_k > 0 && top_k < V;
-  const bool use_p = top_p < 1.0f;
-  if (use_k) {
-    std::partial_sort(order.begin(), order.begin() + top_k, order.end(), more_probable);
-    n = top_k;
-  } else if (use_p) {
-    std::sort(order.begin(), order.end(), more_probable);
-  }
-  if (use_p) {
-    double before = 0.0;
-    int64_t keep = 0;
-    while (keep < n && (keep == 0 || before < double(top_p)))
-      before += full[order[keep++]];
-    n = keep;
-  }
-  if (min_p > 0.0f) {
-    const float threshold = min_p * p_max;
-    const auto last = order.begin() + n;
-    const int32_t top = *std::min_element(order.begin(), last, more_probable);
-    auto end = std::stable_partition(order.begin(), last, [&](int32_t id) { return full[id] >= threshold; });
-    n = end - order.begin();
-    if (n == 0) {
-      order[0] = top;
-      n = 1;
-    }
-  }
+  const int64_t n = cpu::kept_tokens(full.data(), V, top_k, top_p, min_p, p_max, order);
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i)
     total += full[order[i]];

@@ -37,6 +37,38 @@ __device__ __forceinline__ unsigned long long to_fx_draw(float v) {
   return v < 8.0f ? static_cast<unsigned long long>(v * k_fx) : 1ull << 63;
 }
 
+// The block's largest (b, bi) pair, the lowest id among equal values, to every thread (the "no
+// value" id 0x7fffffff becomes 0). Barriers before (s_f / s_idx may still be read by an earlier
+// call) and after (they are free again on return).
+__device__ void block_first_max(float& b, int& bi, float* s_f, int* s_idx) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, b, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ob > b || (ob == b && oi < bi)) {
+      b = ob;
+      bi = oi;
+    }
+  }
+  __syncthreads();
+  if (lane == 0) {
+    s_f[warp] = b;
+    s_idx[warp] = bi;
+  }
+  __syncthreads();
+  b = s_f[0];
+  bi = s_idx[0];
+  for (int w = 1; w < k_warps; ++w)
+    if (s_f[w] > b || (s_f[w] == b && s_idx[w] < bi)) {
+      b = s_f[w];
+      bi = s_idx[w];
+    }
+  if (bi == 0x7fffffff)
+    bi = 0;
+  __syncthreads();
+}
+
 // What every thread learns from pass 1 (the sampler's): M, the largest finite z = logit * inv_t;
 // total = sum of exp(z - M) over finite z; best / best_i, the largest logit and its lowest id.
 struct row_stats {
@@ -66,33 +98,9 @@ __device__ row_stats row_pass1(const float* row, int64_t V, float inv_t, block_s
     }
   });
   row_stats out;
-  float b = best;
-  int bi = best_i;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ob = __shfl_xor_sync(0xffffffffu, b, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ob > b || (ob == b && oi < bi)) {
-      b = ob;
-      bi = oi;
-    }
-  }
-  __syncthreads(); // s_f / s_idx may still be read by an earlier call
-  if (lane == 0) {
-    s_f[warp] = b;
-    s_idx[warp] = bi;
-  }
-  __syncthreads();
-  b = s_f[0];
-  bi = s_idx[0];
-  for (int w = 1; w < k_warps; ++w)
-    if (s_f[w] > b || (s_f[w] == b && s_idx[w] < bi)) {
-      b = s_f[w];
-      bi = s_idx[w];
-    }
-  out.best = b;
-  out.best_i = bi == 0x7fffffff ? 0 : bi;
-  __syncthreads();
+  out.best = best;
+  out.best_i = best_i;
+  block_first_max(out.best, out.best_i, s_f, s_idx);
   float mm = m;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1)
@@ -414,7 +422,7 @@ filtered_probs_kernel(const float* __restrict__ logits, const float* __restrict_
 
 // The first maximum of a probability row (lowest id among equal values), to every thread.
 __device__ int block_argmax(const float* row, int64_t V, float* s_f, int* s_idx) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
+  const int tid = threadIdx.x;
   float b = -INFINITY;
   int bi = 0x7fffffff;
   for_each_logit(row, tid, V, k_threads, [&](int64_t i, float v) {
@@ -423,30 +431,8 @@ __device__ int block_argmax(const float* row, int64_t V, float* s_f, int* s_idx)
       bi = static_cast<int>(i);
     }
   });
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ob = __shfl_xor_sync(0xffffffffu, b, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ob > b || (ob == b && oi < bi)) {
-      b = ob;
-      bi = oi;
-    }
-  }
-  __syncthreads();
-  if (lane == 0) {
-    s_f[warp] = b;
-    s_idx[warp] = bi;
-  }
-  __syncthreads();
-  b = s_f[0];
-  bi = s_idx[0];
-  for (int w = 1; w < k_warps; ++w)
-    if (s_f[w] > b || (s_f[w] == b && s_idx[w] < bi)) {
-      b = s_f[w];
-      bi = s_idx[w];
-    }
-  __syncthreads();
-  return bi == 0x7fffffff ? 0 : bi;
+  block_first_max(b, bi, s_f, s_idx);
+  return bi;
 }
 
 // The draw of kernels/spec_verify.hpp over weight(i) >= 0, to every thread: the first id whose

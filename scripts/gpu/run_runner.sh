@@ -59,6 +59,14 @@ if [ ! -x "$DEV/rlserve" ] && [ -f "$RUNNER_XZ" ]; then
 fi
 [ -x "$DEV/rlserve" ] || { echo "no binaries in DEV=$DEV (run scripts/gpu/pack_runner.sh and carry them)"; exit 2; }
 [ $# -eq 0 ] && set -- all
+# make-model's a3b-slice checkpoint (Qwen3-30B-A3B layer shapes), made once per machine; prints
+# its folder.
+a3b_slice_model() {
+  local dir=/tmp/rlserve-a3b-slice
+  [ -f "$dir/config.json" ] || "$DEV/rlserve" make-model --arch qwen3-moe --preset a3b-slice \
+    --out "$dir" --seed 1 > "$OUT/make_model.log" 2>&1
+  echo "$dir"
+}
 NVLIBS=$(python3 -c 'import glob, os, nvidia
 print(":".join(sorted({os.path.dirname(f) for p in nvidia.__path__
                        for f in glob.glob(os.path.join(p, "**", "lib*.so*"), recursive=True)})))' 2>/dev/null)
@@ -163,9 +171,7 @@ for what in "$@"; do
       ;;&
     prefix|all)
       echo "=== prefix_cache_bench (a3b-slice)"
-      model=/tmp/rlserve-a3b-slice
-      [ -f "$model/config.json" ] || "$DEV/rlserve" make-model --arch qwen3-moe --preset a3b-slice \
-        --out "$model" --seed 1 > "$OUT/make_model.log" 2>&1
+      model=$(a3b_slice_model)
       timeout "${PREFIX_TIMEOUT:-500}" python3 benchmarks/prefix_cache_bench.py --rlserve "$DEV/rlserve" \
         --device cuda --model "$model" ${PREFIX_ARGS:---prompts 64 --samples 16 --prompt-len 1024 --tokens 256 --rounds 1 --serve-arg=--kv-cache-tokens=300000 --serve-arg=--max-running-requests=256} \
         2>&1 | tee "$OUT/prefix_cache_bench.log" | tail -8
@@ -173,9 +179,7 @@ for what in "$@"; do
       ;;&
     routing)
       echo "=== routing_replay_bench on the GPU runner (a3b-slice)"
-      model=/tmp/rlserve-a3b-slice
-      [ -f "$model/config.json" ] || "$DEV/rlserve" make-model --arch qwen3-moe --preset a3b-slice \
-        --out "$model" --seed 1 > "$OUT/make_model.log" 2>&1
+      model=$(a3b_slice_model)
       # shellcheck disable=SC2086 # the argument list is meant to split
       timeout "${ROUTING_TIMEOUT:-400}" python3 benchmarks/routing_replay_bench.py --rlserve "$DEV/rlserve" \
         --device cuda --model "$model" ${ROUTING_ARGS:---batch 32 --tokens 128 --rounds 5} \

@@ -96,7 +96,12 @@ def rid_taken_while_tokenizing(port):
     url = f"ws://127.0.0.1:{port}/"
     rid = "long-prompt"
     in_flight = f'rid: a request with rid "{rid}" is already in flight'
-    with ws_connect(url, max_size=1 << 30) as busy, ws_connect(url, max_size=1 << 30) as victim:
+    # Replies wait unread on `busy` while the test waits on `victim`. The client library stops
+    # reading a socket once 16 messages wait (max_queue), and then misses the server's pongs to
+    # its keep-alive pings and hangs up after 20 s: on a slow (sanitized) run the long prompt
+    # takes that long. Unbounded queues keep both connections reading.
+    with ws_connect(url, max_size=1 << 30, max_queue=None) as busy, \
+            ws_connect(url, max_size=1 << 30, max_queue=None) as victim:
         # The duplicate must reach the front door after the long prompt and before its tokens
         # come back (well under a millisecond): so by order, not by timing. The front door reads
         # one message at a time; prompts of 60000 spaces (under 64 KiB, so the front door

@@ -19,6 +19,7 @@
 #include "model/bpe_tokenizer.hpp"
 #include "model/checkpoint.hpp"
 #include "model/config.hpp"
+#include "model/gpu_draft_distributions.hpp"
 #include "model/make_model.hpp"
 #include "model/qwen3.hpp"
 #include "model/qwen3_gpu.hpp"
@@ -375,6 +376,7 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   // start. A batch holds at most max_batch_tokens of prefill and decodes, plus the draft
   // tokens of every running request when the target verifies them.
   std::shared_ptr<model::qwen3_gpu_model> target_gpu, draft_gpu;
+  std::shared_ptr<model::gpu_draft_distributions> draft_distributions;
   if (*device >= 0) {
     model::gpu_options g;
     g.device = *device;
@@ -391,9 +393,17 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
     expected<std::unique_ptr<model::qwen3_gpu_model>> d = std::unique_ptr<model::qwen3_gpu_model>{};
     if (t && draft)
       d = model::qwen3_gpu_model::create(*draft->model, g);
-    if (t && d) {
+    // A GPU draft keeps the distributions it draws proposals from on the device, for the target.
+    expected<std::shared_ptr<model::gpu_draft_distributions>> kept = std::shared_ptr<model::gpu_draft_distributions>{};
+    if (t && d && *d && config.speculative_num_draft_tokens > 0)
+      kept = model::gpu_draft_distributions::create(*device, target->model->config().vocab_size,
+                                                    config.speculative_num_draft_tokens);
+    if (t && d && kept) {
       target_gpu = std::move(*t);
       draft_gpu = std::move(*d);
+      draft_distributions = std::move(*kept);
+    } else if (!kept) {
+      return fail("draft model on the GPU: " + kept.error());
     } else {
       auto why = !t ? "target model on the GPU: " + t.error() : "draft model on the GPU: " + d.error();
       // An explicit cuda device must run there; "auto" serves on the CPU instead, and says why.
@@ -417,9 +427,16 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
 
   auto spawn = [&](const char* role, const fs::path& dir, std::shared_ptr<model::qwen3_model> m,
                    std::shared_ptr<model::qwen3_gpu_model> gpu) {
-    runner_options o{role, 0, 1, dir, config.kv_block_size, kv_blocks, config.allow_non_finite_weights,
-                     true, p->profile};
+    runner_options o;
+    o.role = role;
+    o.model_path = dir;
+    o.kv_block_size = config.kv_block_size;
+    o.kv_num_blocks = kv_blocks;
+    o.allow_non_finite_weights = config.allow_non_finite_weights;
+    o.profile = p->profile;
     o.weights_cpu_backup = config.enable_weights_cpu_backup;
+    if (gpu)
+      o.draft_distributions = draft_distributions;
     return gpu ? spawn_gpu_runner(sys, std::move(o), std::move(m), std::move(gpu))
                : spawn_cpu_runner(sys, std::move(o), std::move(m));
   };

@@ -13,8 +13,10 @@
 #include "caf/all.hpp"
 #include "messages/registration_check.hpp"
 #include "kernels/bf16.hpp"
+#include "kernels/spec_verify.hpp"
 #include "model/qwen3.hpp"
 #include "model/cuda_ipc.hpp"
+#include "model/gpu_draft_distributions.hpp"
 #include "model/nccl_group.hpp"
 #include "model/qwen3_gpu.hpp"
 #include "model/sampler.hpp"
@@ -160,30 +162,41 @@ RunnerManifest make_manifest(const runner_options& options, const model::qwen3_m
 // KV, marked failed in `errors` (by batch position), and the rest run without them. `items` and
 // `owners` (the batch position each item runs) shrink to what ran; `row_of` gets each remaining
 // item's first logits row; `routed_experts`, when given, the routing of every token that ran,
-// item after item.
+// item after item. With `spec` (a GPU runner), the first spec->size() items draw or verify on
+// the device (model::gpu_spec_item): their row_of indexes spec_out's rows, the others' the
+// host logits, and `spec` shrinks with the items.
 status run_items(runner_state& st, std::vector<model::forward_item>& items,
                  std::vector<std::size_t>& owners, std::vector<std::string>& errors,
                  std::vector<float>& logits, std::vector<std::size_t>& row_of,
-                 std::vector<int32_t>* routed_experts = nullptr) {
+                 std::vector<int32_t>* routed_experts = nullptr,
+                 std::vector<model::gpu_spec_item>* spec = nullptr,
+                 model::gpu_spec_result* spec_out = nullptr) {
+  auto n_spec = [&] { return spec ? spec->size() : std::size_t{0}; };
   auto rows = [&] {
     row_of.assign(items.size(), 0);
-    std::size_t row = 0;
+    std::size_t spec_row = 0, row = 0;
     for (std::size_t j = 0; j < items.size(); ++j) {
-      row_of[j] = row;
-      row += static_cast<std::size_t>(items[j].logit_rows);
+      auto& at = j < n_spec() ? spec_row : row;
+      row_of[j] = at;
+      at += static_cast<std::size_t>(items[j].logit_rows);
     }
   };
   rows();
   if (items.empty())
     return {};
+  model::gpu_spec_result unused;
   auto forward = [&](std::span<model::forward_item> batch, std::vector<float>& out) {
-    return st.gpu ? st.gpu->forward(batch, out, routed_experts)
-                  : st.model->forward(*st.pool, batch, out, routed_experts);
+    if (!st.gpu)
+      return st.model->forward(*st.pool, batch, out, routed_experts);
+    if (n_spec() == 0)
+      return st.gpu->forward(batch, out, routed_experts);
+    return st.gpu->forward(batch, out, routed_experts, *spec, spec_out ? *spec_out : unused);
   };
   if (auto ok = forward(items, logits); ok)
     return ok;
   std::vector<model::forward_item> good;
   std::vector<std::size_t> good_owners;
+  std::vector<model::gpu_spec_item> good_spec;
   std::vector<float> scratch;
   for (std::size_t j = 0; j < items.size(); ++j) {
     auto probe = *items[j].kv; // a copy: checking must not advance the sequence
@@ -195,10 +208,14 @@ status run_items(runner_state& st, std::vector<model::forward_item>& items,
     } else {
       good.push_back(items[j]);
       good_owners.push_back(owners[j]);
+      if (j < n_spec())
+        good_spec.push_back((*spec)[j]);
     }
   }
   items = std::move(good);
   owners = std::move(good_owners);
+  if (spec)
+    *spec = std::move(good_spec);
   rows();
   if (items.empty())
     return {};
@@ -305,6 +322,8 @@ RunnerReply change_memory(runner_state& st, const std::vector<std::string>& requ
   }
   const auto before = st.gpu->mapped_bytes();
   auto done = release ? st.gpu->release_memory(tags, st.options.weights_cpu_backup) : st.gpu->resume_memory(tags);
+  if (done && release && tags.cuda_graph && st.options.draft_distributions && st.options.role == "draft")
+    st.options.draft_distributions->trim(); // what released sequences held
   if (!done)
     return {false, st.options.role + " runner: " + done.error()};
   const auto after = st.gpu->mapped_bytes();
@@ -352,6 +371,11 @@ ForwardBatchOutput run_batch(runner_state& st, ForwardBatch& batch) {
 // scoring its prompt rows; draft proposals continue one forward per proposal
 // (continue_proposals). Everything is indexed by the batch's positions: errors, out.tokens and
 // out.logprobs by every position, out.details by the work positions.
+//
+// On a GPU runner, verifications and proposals run on the device where they can (on_device):
+// their items go first in the forward as model::gpu_spec_item, their logits never reach the
+// host, and a sampled draft's distributions stay in options.draft_distributions for the target.
+// Positions that want top logprobs (or prompt scores, for a proposal) take the host path.
 struct batch_run {
   runner_state& st;
   ForwardBatch& batch;
@@ -367,10 +391,18 @@ struct batch_run {
   std::vector<std::size_t> proposing; // work positions still proposing after a forward
   std::vector<float> probs;           // a draft's distribution (scratch)
   std::vector<float> penalized;       // sampling_row's scratch
+  // On the device: items that run first in the forward, and what they draw and verify with.
+  std::vector<model::forward_item> spec_items;
+  std::vector<std::size_t> spec_owners;
+  std::vector<model::gpu_spec_item> spec;
+  model::gpu_spec_result spec_out;
+  std::size_t n_spec = 0;                        // after a forward: items[0 .. n_spec) drew or verified
+  std::vector<std::vector<float>> uniforms;      // per work position (stable: spec items point here)
+  std::vector<std::vector<const float*>> q_rows; // per work position
 
   batch_run(runner_state& s, ForwardBatch& b, ForwardBatchOutput& o)
       : st(s), batch(b), out(o), vocab(static_cast<std::size_t>(s.model->config().vocab_size)),
-        W(b.work.size()), N(b.size()), errors(N), verify_tokens(W) {
+        W(b.work.size()), N(b.size()), errors(N), verify_tokens(W), uniforms(W), q_rows(W) {
     out.tokens.assign(N, -1);
     out.logprobs.assign(N, 0.0f);
     out.details.resize(W);
@@ -450,25 +482,127 @@ struct batch_run {
     // the proposals before it.
     if ((!work.draft_tokens.empty() || work.propose > 0) && seq.sampling.uses_history())
       return "sequence " + id + ": penalties and min_new_tokens are not speculated";
-    if (!work.draft_tokens.empty()) {
-      const auto k = work.draft_tokens.size();
-      if (work.tokens.size() != 1 ||
-          (!model::is_greedy(seq.sampling) && work.draft_probs.size() != k * vocab))
-        return "sequence " + id + ": a verification needs one pending token and, when sampling, " +
-               std::to_string(k) + " draft distributions of " + std::to_string(vocab) + " entries";
-      auto& all = verify_tokens[i];
-      all = work.tokens;
-      all.insert(all.end(), work.draft_tokens.begin(), work.draft_tokens.end());
-      items.push_back({&kv, all, static_cast<int64_t>(all.size())});
-    } else {
-      const auto sampled_rows = (work.sample || work.propose > 0) ? 1 : 0;
-      if (work.scored_tokens.size() + sampled_rows > work.tokens.size())
-        return "sequence " + id + ": asked to score " + std::to_string(work.scored_tokens.size()) +
-               " positions of a chunk of " + std::to_string(work.tokens.size()) + " tokens";
-      items.push_back({&kv, work.tokens, static_cast<int64_t>(work.scored_tokens.size()) + sampled_rows});
-    }
+    if (!work.draft_tokens.empty())
+      return prepare_verification(i, seq);
+    const auto sampled_rows = (work.sample || work.propose > 0) ? 1 : 0;
+    if (work.scored_tokens.size() + sampled_rows > work.tokens.size())
+      return "sequence " + id + ": asked to score " + std::to_string(work.scored_tokens.size()) +
+             " positions of a chunk of " + std::to_string(work.tokens.size()) + " tokens";
+    if (work.propose > 0 && proposes_on_device(i, seq))
+      return add_proposal(i, seq, work.tokens);
+    items.push_back({&kv, work.tokens, static_cast<int64_t>(work.scored_tokens.size()) + sampled_rows});
     owners.push_back(i);
     return {};
+  }
+
+  static model::gpu_sample_row device_sampling(const sequence_state& seq) {
+    const bool greedy = model::is_greedy(seq.sampling);
+    return {greedy ? 0.0f : seq.sampling.temperature, seq.sampling.top_k, seq.sampling.top_p,
+            seq.sampling.min_p, 0.0f};
+  }
+
+  // A verification runs on the device unless it wants top logprobs (rows on the host) or more
+  // proposals than the device verifies at once; a sampled one needs the draft's rows there.
+  bool verifies_on_device(const SequenceWork& work, const sequence_state& seq) const {
+    return st.gpu && work.top_logprobs_num == 0 &&
+           static_cast<int64_t>(work.draft_tokens.size()) <= kernels::k_spec_verify_max_draft &&
+           (model::is_greedy(seq.sampling) || work.draft_probs_on_device);
+  }
+
+  // A proposal runs on the device when its chunk scores nothing and, sampled, its distribution
+  // has somewhere to stay.
+  bool proposes_on_device(std::size_t i, const sequence_state& seq) const {
+    const auto& work = batch.work[i];
+    return st.gpu && work.scored_tokens.empty() && work.top_logprobs_num == 0 &&
+           (model::is_greedy(seq.sampling) || st.options.draft_distributions);
+  }
+
+  // Work position i verifies its proposals: on the device (a spec item) or on the host (the
+  // draft's distributions downloaded when they are on the device). A sampled verification
+  // takes its k + 1 uniforms here, in model::verify_draft's order, whichever path it takes.
+  std::string prepare_verification(std::size_t i, sequence_state& seq) {
+    auto& work = batch.work[i];
+    const auto seq_id = batch.seq_ids[i];
+    const auto id = std::to_string(seq_id);
+    const auto k = work.draft_tokens.size();
+    const bool greedy = model::is_greedy(seq.sampling);
+    if (work.tokens.size() != 1 ||
+        (!greedy && !work.draft_probs_on_device && work.draft_probs.size() != k * vocab))
+      return "sequence " + id + ": a verification needs one pending token and, when sampling, " +
+             std::to_string(k) + " draft distributions of " + std::to_string(vocab) + " entries";
+    const auto& store = st.options.draft_distributions;
+    if (!greedy && work.draft_probs_on_device && !store)
+      return "sequence " + id + ": the draft's distributions are on the device, and the " + st.options.role +
+             " runner has no access to them";
+    auto& all = verify_tokens[i];
+    all = work.tokens;
+    all.insert(all.end(), work.draft_tokens.begin(), work.draft_tokens.end());
+    if (!verifies_on_device(work, seq)) {
+      if (!greedy && work.draft_probs_on_device) {
+        auto host = store->download(seq_id, static_cast<int64_t>(k));
+        if (!host)
+          return "sequence " + id + ": " + host.error();
+        work.draft_probs = std::move(*host);
+      }
+      items.push_back({&seq.kv, all, static_cast<int64_t>(all.size())});
+      owners.push_back(i);
+      return {};
+    }
+    model::gpu_spec_item x;
+    x.sampling = device_sampling(seq);
+    x.draft_tokens = work.draft_tokens;
+    if (!greedy) {
+      auto rows = store->rows(seq_id, static_cast<int64_t>(k));
+      if (!rows)
+        return "sequence " + id + ": " + rows.error();
+      q_rows[i] = std::move(*rows);
+      x.draft_rows = q_rows[i];
+      for (std::size_t j = 0; j <= k; ++j)
+        uniforms[i].push_back(seq.sampler.uniform());
+      x.uniforms = uniforms[i];
+    }
+    spec_items.push_back({&seq.kv, all, static_cast<int64_t>(all.size())});
+    spec_owners.push_back(i);
+    spec.push_back(x);
+    return {};
+  }
+
+  // Work position i runs `tokens` and draws its next proposal on the device (one uniform, as
+  // the host's sampler::draw takes); a sampled draw keeps its distribution for the target.
+  std::string add_proposal(std::size_t i, sequence_state& seq, std::span<const int32_t> tokens) {
+    const auto seq_id = batch.seq_ids[i];
+    model::gpu_spec_item x;
+    x.sampling = device_sampling(seq);
+    if (!model::is_greedy(seq.sampling)) {
+      auto& u = uniforms[i];
+      u.assign(1, seq.sampler.uniform());
+      x.uniforms = u;
+      const auto index = static_cast<int64_t>(out.details[i].proposed_tokens.size());
+      auto row = st.options.draft_distributions->row_for_writing(seq_id, index);
+      if (!row)
+        return "sequence " + std::to_string(seq_id) + ": " + row.error();
+      x.keep_row = *row;
+    }
+    spec_items.push_back({&seq.kv, tokens, 1});
+    spec_owners.push_back(i);
+    spec.push_back(x);
+    return {};
+  }
+
+  // The spec items first, then the others, as one list for run_items (which keeps `spec` in
+  // step with the items it drops); afterwards n_spec says where the spec items end.
+  status run_with_spec(std::vector<int32_t>* routed) {
+    if (!spec_items.empty()) {
+      spec_items.insert(spec_items.end(), items.begin(), items.end());
+      spec_owners.insert(spec_owners.end(), owners.begin(), owners.end());
+      items = std::move(spec_items);
+      owners = std::move(spec_owners);
+    }
+    spec_items.clear();
+    spec_owners.clear();
+    auto ok = run_items(st, items, owners, errors, logits, row_of, routed, &spec, &spec_out);
+    n_spec = spec.size();
+    return ok;
   }
 
   // The plain decodes: one token each, no allocation per sequence.
@@ -489,7 +623,7 @@ struct batch_run {
     const bool routing = std::any_of(batch.work.begin(), batch.work.end(),
                                      [](const SequenceWork& w) { return w.return_routed_experts; });
     std::vector<int32_t> routed; // [tokens of all items, layers, top_k] when some work asks
-    if (auto ok = run_items(st, items, owners, errors, logits, row_of, routing ? &routed : nullptr); !ok)
+    if (auto ok = run_with_spec(routing ? &routed : nullptr); !ok)
       return ok;
     if (!routing)
       return {};
@@ -539,6 +673,26 @@ struct batch_run {
     out.logprobs[i] = v.logprobs.back();
   }
 
+  // The device's verification of item j (position i): as verify(), from spec_out's rows.
+  void verify_on_device(std::size_t j, std::size_t i, sequence_state& seq) {
+    auto& r = out.details[i];
+    const auto k = static_cast<int64_t>(batch.work[i].draft_tokens.size());
+    const auto accepted = spec_out.accepted[j];
+    const auto at = static_cast<std::ptrdiff_t>(row_of[j]);
+    seq.kv.length -= k - accepted;
+    r.accepted_tokens.assign(spec_out.tokens.begin() + at, spec_out.tokens.begin() + at + accepted);
+    r.accepted_logprobs.assign(spec_out.logprobs.begin() + at, spec_out.logprobs.begin() + at + accepted);
+    out.tokens[i] = spec_out.tokens[static_cast<std::size_t>(at + accepted)];
+    out.logprobs[i] = spec_out.logprobs[static_cast<std::size_t>(at + accepted)];
+  }
+
+  // The device's proposal of item j (position i).
+  void propose_on_device(std::size_t j, std::size_t i, const sequence_state& seq) {
+    auto& r = out.details[i];
+    r.proposed_tokens.push_back(spec_out.tokens[row_of[j]]);
+    r.draft_probs_on_device = !model::is_greedy(seq.sampling);
+  }
+
   // A draft's proposal from `logits_row`, with the distribution it came from (sampling only).
   void propose(std::span<const float> logits_row, sequence_state& seq, WorkResult& r) {
     seq.sampler.distribution(logits_row, seq.sampling, probs);
@@ -564,6 +718,16 @@ struct batch_run {
     for (std::size_t j = 0; j < items.size(); ++j) {
       const auto i = owners[j];
       auto& seq = st.sequences.at(batch.seq_ids[i]);
+      if (j < n_spec) {
+        if (!batch.work[i].draft_tokens.empty()) {
+          verify_on_device(j, i, seq);
+        } else {
+          propose_on_device(j, i, seq);
+          if (batch.work[i].propose > 1)
+            proposing.push_back(i);
+        }
+        continue;
+      }
       if (i >= W) {
         sample(i, row(j, 0), seq);
         continue;
@@ -590,12 +754,19 @@ struct batch_run {
     while (!proposing.empty()) {
       items.clear();
       owners.clear();
+      spec.clear();
       for (auto i : proposing) {
         auto& seq = st.sequences.at(batch.seq_ids[i]);
-        items.push_back({&seq.kv, std::span<const int32_t>(&out.details[i].proposed_tokens.back(), 1), 1});
+        const auto last = std::span<const int32_t>(&out.details[i].proposed_tokens.back(), 1);
+        if (proposes_on_device(i, seq)) {
+          if (auto why = add_proposal(i, seq, last); !why.empty())
+            errors[i] = why;
+          continue;
+        }
+        items.push_back({&seq.kv, last, 1});
         owners.push_back(i);
       }
-      if (auto ok = run_items(st, items, owners, errors, logits, row_of); !ok) {
+      if (auto ok = run_with_spec(nullptr); !ok) {
         for (auto i : owners)
           errors[i] = ok.error();
         return;
@@ -604,7 +775,10 @@ struct batch_run {
       for (std::size_t j = 0; j < items.size(); ++j) {
         const auto i = owners[j];
         auto& r = out.details[i];
-        propose(row(j, 0), st.sequences.at(batch.seq_ids[i]), r);
+        if (j < n_spec)
+          propose_on_device(j, i, st.sequences.at(batch.seq_ids[i]));
+        else
+          propose(row(j, 0), st.sequences.at(batch.seq_ids[i]), r);
         if (static_cast<int32_t>(r.proposed_tokens.size()) < batch.work[i].propose)
           still.push_back(i);
       }
@@ -1014,8 +1188,11 @@ runner_actor::behavior_type runner(runner_pointer self, runner_options options,
     },
     [self](ForwardBatch& batch) { return run_batch(self->state, batch); },
     [self](ReleaseSequences& msg) {
-      for (auto id : msg.seq_ids)
+      for (auto id : msg.seq_ids) {
         self->state.sequences.erase(id);
+        if (self->state.options.draft_distributions && self->state.options.role == "draft")
+          self->state.options.draft_distributions->release(id);
+      }
     },
     [self](restore_atom) {
       if (auto why = released_refusal(self->state, false, "take new weights"))

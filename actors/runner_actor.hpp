@@ -52,6 +52,12 @@ using runner_actor = caf::typed_actor<
   caf::replies_to<ReleaseMemoryOccupationReqInput>::with<RunnerReply>,
   caf::replies_to<ResumeMemoryOccupationReqInput>::with<RunnerReply>>;
 
+namespace model {
+class qwen3_model;
+class qwen3_gpu_model;
+class gpu_draft_distributions;
+} // namespace model
+
 struct runner_options {
   std::string role = "target"; // "target" | "draft"
   int32_t tp_rank = 0;
@@ -71,12 +77,10 @@ struct runner_options {
   // restores them (SGLang's --enable-weights-cpu-backup); otherwise they are undefined after
   // resume until an update writes them.
   bool weights_cpu_backup = false;
+  // GPU target and draft on one device: the draft's distributions stay there, the draft writes
+  // them and the target verifies against them (null otherwise: they travel in the messages).
+  std::shared_ptr<model::gpu_draft_distributions> draft_distributions;
 };
-
-namespace model {
-class qwen3_model;
-class qwen3_gpu_model;
-} // namespace model
 
 // Spawns a CPU runner over an already loaded model (loading happens before the actor graph
 // exists, so a bad checkpoint is an error of Engine::start, not a dead actor).

@@ -776,6 +776,7 @@ void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBa
     auto& w = batch.work[position];
     w.draft_tokens.clear();
     w.draft_probs.clear();
+    w.draft_probs_on_device = false;
   };
   auto batch_ptr = std::make_shared<ForwardBatch>(std::move(batch));
   auto verifies_ptr = std::make_shared<std::vector<std::size_t>>(std::move(verifies));
@@ -801,6 +802,7 @@ void run_draft_then_target(scheduler_pointer self, ForwardBatch batch, ForwardBa
         auto& w = batch_ptr->work[position];
         w.draft_tokens = std::move(proposal->proposed_tokens);
         w.draft_probs = std::move(proposal->draft_probs);
+        w.draft_probs_on_device = proposal->draft_probs_on_device;
       }
       run_target(self, std::move(*batch_ptr));
     },

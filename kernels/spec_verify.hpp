@@ -33,6 +33,10 @@ struct filtered_probs_args {
   const float* min_p = nullptr;       // [rows] (<= 0: off)
   float* probs = nullptr;             // fp32 [rows, vocab] out
   int64_t rows = 0, vocab = 0;        // 0 < vocab < 2^31
+  // Instead of probs: row r goes to row_out[r] (an array of `rows` row pointers; on the device
+  // for the CUDA twin), so rows land where their consumer keeps them (a speculating sequence's
+  // draft distributions, model/gpu_draft_distributions.hpp) without a copy.
+  float* const* row_out = nullptr;
 };
 kernel_status filtered_probs_can_implement(const filtered_probs_args& a);
 kernel_status filtered_probs_ref(const filtered_probs_args& a);
@@ -90,6 +94,13 @@ struct spec_verify_args {
   float* logprob = nullptr;              // [drafts + sequences] out
   int64_t sequences = 0, drafts = 0, vocab = 0;
   int64_t max_draft = k_spec_verify_max_draft; // the largest k_s (sizes the logprob grid)
+  // Row pointers instead of the contiguous arrays (each optional; arrays of row pointers, on the
+  // device for the CUDA twin): p row r is target_rows[r] ([drafts + sequences]), q row i is
+  // draft_rows[i] ([drafts]). A GPU runner verifies against draft distributions kept per
+  // sequence (model/gpu_draft_distributions.hpp) this way, and a draft draws its proposals from
+  // rows filtered_probs wrote there.
+  const float* const* target_rows = nullptr;
+  const float* const* draft_rows = nullptr;
 };
 kernel_status spec_verify_can_implement(const spec_verify_args& a);
 kernel_status spec_verify_ref(const spec_verify_args& a);

@@ -58,6 +58,9 @@ struct SequenceWork {
   int32_t propose = 0;                // draft: tokens to propose after `tokens`
   std::vector<int32_t> draft_tokens;  // target: proposals to verify
   std::vector<float> draft_probs;     // target: [k, vocab] draft distributions (empty if greedy)
+  // target: the draft distributions are on the device instead (a GPU draft beside a GPU target:
+  // model/gpu_draft_distributions.hpp, rows by this position's sequence id); draft_probs is empty.
+  bool draft_probs_on_device = false;
 };
 
 // One forward batch: one sequence per position, W = work.size() work entries at positions
@@ -87,6 +90,8 @@ struct WorkResult {
   // drawn from (empty for greedy requests).
   std::vector<int32_t> proposed_tokens;
   std::vector<float> draft_probs;
+  // The distributions stayed on the device (a GPU draft beside a GPU target); draft_probs is empty.
+  bool draft_probs_on_device = false;
   // top_logprobs_num > 0: one list per new token (the accepted proposals, then the sampled one).
   std::vector<std::vector<TopLogprob>> top_logprobs;
   std::vector<float> scored_logprobs;                       // one per SequenceWork::scored_tokens
@@ -257,7 +262,7 @@ typename Inspector::result_type inspect(Inspector& f, SequenceWork& x) {
   return f(caf::meta::type_name("SequenceWork"), x.new_sequence, x.new_blocks, x.cached_tokens,
            x.copy_from_block, x.kv_length, x.tokens, x.sample, x.sampling_params, x.sampling_seed,
            x.generated_tokens, x.top_logprobs_num, x.scored_tokens, x.return_routed_experts,
-           x.propose, x.draft_tokens, x.draft_probs);
+           x.propose, x.draft_tokens, x.draft_probs, x.draft_probs_on_device);
 }
 
 template <class Inspector>
@@ -268,7 +273,7 @@ typename Inspector::result_type inspect(Inspector& f, ForwardBatch& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkResult& x) {
   return f(caf::meta::type_name("WorkResult"), x.accepted_tokens, x.accepted_logprobs,
-           x.proposed_tokens, x.draft_probs, x.top_logprobs, x.scored_logprobs,
+           x.proposed_tokens, x.draft_probs, x.draft_probs_on_device, x.top_logprobs, x.scored_logprobs,
            x.scored_top_logprobs, x.routed_experts);
 }
 

@@ -840,9 +840,160 @@ std::vector<std::pair<std::string, double>> qwen3_gpu_model::take_profile() {
 
 status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float>& logits,
                                 std::vector<int32_t>* routed_experts) {
+  gpu_spec_result none;
+  return forward(items, logits, routed_experts, {}, none);
+}
+
+namespace {
+
+// Why the spec items cannot run as given, or nothing: checked before any work is queued.
+std::string spec_refusal(std::span<const forward_item> items, std::span<const gpu_spec_item> spec) {
+  if (spec.size() > items.size())
+    return fmt::format("forward: {} speculation items for {} sequences", spec.size(), items.size());
+  for (std::size_t s = 0; s < spec.size(); ++s) {
+    const auto& it = items[s];
+    const auto& x = spec[s];
+    const auto k = static_cast<int64_t>(x.draft_tokens.size());
+    const bool greedy = !(x.sampling.temperature >= 1e-6f);
+    const auto where = fmt::format("forward: speculation item {}", s);
+    if (k > kernels::k_spec_verify_max_draft)
+      return fmt::format("{}: {} proposals, at most {} are verified at once", where, k,
+                         kernels::k_spec_verify_max_draft);
+    if (it.logit_rows != k + 1 || static_cast<int64_t>(it.tokens.size()) < k + 1)
+      return fmt::format("{}: {} proposals need {} logits rows of at least as many tokens, the item has "
+                         "{} rows of {} tokens", where, k, k + 1, it.logit_rows, it.tokens.size());
+    if (k > 0 && !std::equal(x.draft_tokens.begin(), x.draft_tokens.end(), it.tokens.end() - k))
+      return where + ": the item's last tokens are not its proposals";
+    if (!greedy && static_cast<int64_t>(x.uniforms.size()) != k + 1)
+      return fmt::format("{}: sampling takes {} uniforms, got {}", where, k + 1, x.uniforms.size());
+    if (!greedy && k > 0 &&
+        (static_cast<int64_t>(x.draft_rows.size()) != k ||
+         std::any_of(x.draft_rows.begin(), x.draft_rows.end(), [](const float* r) { return r == nullptr; })))
+      return fmt::format("{}: a sampled verification of {} proposals needs their {} draft distributions on "
+                         "the device, got {}", where, k, k, x.draft_rows.size());
+    if (k > 0 && x.keep_row)
+      return where + ": a verification keeps no distribution (keep_row is for proposals)";
+  }
+  return {};
+}
+
+} // namespace
+
+// The spec items' rows (the first of p.logits): filtered distributions (into each proposal's
+// keep_row, or the scratch), then spec_verify over them, and the results to the host. Queued
+// after the step; the caller synchronizes.
+status qwen3_gpu_model::impl::speculate(std::span<forward_item> items, std::span<const gpu_spec_item> spec,
+                                        gpu_spec_result& out) {
+  const int64_t V = config.vocab_size, S = static_cast<int64_t>(spec.size());
+  int64_t R = 0, D = 0, max_k = 0;
+  for (std::size_t s = 0; s < spec.size(); ++s) {
+    R += items[s].logit_rows;
+    D += static_cast<int64_t>(spec[s].draft_tokens.size());
+    max_k = std::max<int64_t>(max_k, static_cast<int64_t>(spec[s].draft_tokens.size()));
+  }
+  // Small arrays, laid out once for max_rows rows and max_seqs sequences: results first (one
+  // copy back), then the arguments; pointer tables 8-byte aligned at the end.
+  const int64_t RC = max_rows, SC = max_seqs;
+  const std::size_t n_accepted = 0, n_token = n_accepted + SC, n_logprob = n_token + RC;
+  const std::size_t n_temp_row = n_logprob + RC, n_topk_row = n_temp_row + RC, n_topp_row = n_topk_row + RC,
+                    n_minp_row = n_topp_row + RC, n_uniform = n_minp_row + RC, n_temp_seq = n_uniform + RC,
+                    n_offset = n_temp_seq + SC, n_drafts = n_offset + SC + 1, n_words = n_drafts + RC;
+  const std::size_t tables_at = (n_words * 4 + 7) / 8 * 8;
+  const std::size_t bytes = tables_at + static_cast<std::size_t>(3 * RC) * sizeof(void*);
+  if (!spec_dev) {
+    GPU_TRY(cudaMalloc(&spec_dev, bytes));
+    GPU_TRY(cudaMallocHost(&spec_host, bytes));
+  }
+  if (R > spec_probs_rows) {
+    GPU_TRY(cudaStreamSynchronize(stream)); // the old scratch may still be read
+    if (spec_probs)
+      GPU_TRY(cudaFree(spec_probs));
+    spec_probs = nullptr;
+    spec_probs_rows = 0;
+    if (auto e = cudaMalloc(&spec_probs, static_cast<std::size_t>(R * V) * sizeof(float)); e != cudaSuccess)
+      return fail(fmt::format("{}: cannot allocate {} MiB for the target's distributions of {} speculation rows: {}",
+                              device_name, (R * V * 4) >> 20, R, cuda_text(e)));
+    spec_probs_rows = R;
+  }
+  auto* words = static_cast<int32_t*>(spec_host);
+  auto* fwords = reinterpret_cast<float*>(spec_host);
+  auto* tables = reinterpret_cast<float**>(static_cast<std::byte*>(spec_host) + tables_at);
+  float** row_out = tables;
+  float** target_rows = tables + RC;
+  const float** draft_rows = const_cast<const float**>(tables + 2 * RC);
+  int64_t row = 0, d = 0;
+  words[n_offset] = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const auto& x = spec[static_cast<std::size_t>(s)];
+    const auto k = static_cast<int64_t>(x.draft_tokens.size());
+    const bool greedy = !(x.sampling.temperature >= 1e-6f);
+    fwords[n_temp_seq + s] = greedy ? 0.0f : x.sampling.temperature;
+    for (int64_t j = 0; j <= k; ++j, ++row) {
+      fwords[n_temp_row + row] = greedy ? 0.0f : x.sampling.temperature;
+      words[n_topk_row + row] = x.sampling.top_k;
+      fwords[n_topp_row + row] = x.sampling.top_p;
+      fwords[n_minp_row + row] = x.sampling.min_p;
+      fwords[n_uniform + row] = greedy ? 0.0f : x.uniforms[static_cast<std::size_t>(j)];
+      float* at = k == 0 && x.keep_row ? x.keep_row : spec_probs + row * V;
+      row_out[row] = at;
+      target_rows[row] = at;
+    }
+    for (int64_t i = 0; i < k; ++i, ++d) {
+      words[n_drafts + d] = x.draft_tokens[static_cast<std::size_t>(i)];
+      draft_rows[d] = greedy ? nullptr : x.draft_rows[static_cast<std::size_t>(i)];
+    }
+    words[n_offset + s + 1] = static_cast<int32_t>(d);
+  }
+  GPU_TRY(cudaMemcpyAsync(spec_dev, spec_host, bytes, cudaMemcpyHostToDevice, stream));
+  auto* dw = static_cast<int32_t*>(spec_dev);
+  auto* dfw = static_cast<float*>(spec_dev);
+  auto* dtables = reinterpret_cast<float**>(static_cast<std::byte*>(spec_dev) + tables_at);
+  kernels::filtered_probs_args fa;
+  fa.logits = logits;
+  fa.temperature = dfw + n_temp_row;
+  fa.top_k = dw + n_topk_row;
+  fa.top_p = dfw + n_topp_row;
+  fa.min_p = dfw + n_minp_row;
+  fa.row_out = dtables;
+  fa.rows = R;
+  fa.vocab = V;
+  KERNEL_TRY("speculation: filtered distributions", kernels::filtered_probs_launch(fa, stream));
+  kernels::spec_verify_args va;
+  va.target_rows = dtables + RC;
+  va.draft_rows = dtables + 2 * RC;
+  va.target_logits = logits;
+  va.temperature = dfw + n_temp_seq;
+  va.draft_offset = dw + n_offset;
+  va.draft_tokens = dw + n_drafts;
+  va.uniform = dfw + n_uniform;
+  va.accepted = dw + n_accepted;
+  va.token = dw + n_token;
+  va.logprob = dfw + n_logprob;
+  va.sequences = S;
+  va.drafts = D;
+  va.vocab = V;
+  va.max_draft = max_k;
+  KERNEL_TRY("speculation: verification", kernels::spec_verify_launch(va, stream));
+  GPU_TRY(cudaMemcpyAsync(spec_host, spec_dev, n_temp_row * 4, cudaMemcpyDeviceToHost, stream));
+  mark("speculation");
+  GPU_TRY(cudaStreamSynchronize(stream));
+  out.accepted.assign(words + n_accepted, words + n_accepted + S);
+  out.tokens.assign(words + n_token, words + n_token + R);
+  out.logprobs.assign(fwords + n_logprob, fwords + n_logprob + R);
+  for (int64_t s = 0; s < S; ++s)
+    if (out.accepted[static_cast<std::size_t>(s)] < 0)
+      return fail(fmt::format("speculation: the device refused the layout of item {}", s));
+  return {};
+}
+
+status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float>& logits,
+                                std::vector<int32_t>* routed_experts, std::span<const gpu_spec_item> spec,
+                                gpu_spec_result& spec_out) {
   auto& p = *impl_;
   if (auto s = p.require(true, true, "forward"); !s)
     return s;
+  if (auto why = spec_refusal(items, spec); !why.empty())
+    return fail(why);
   GPU_TRY(cudaSetDevice(p.device)); // the runner's thread may not be the creating one
   int64_t T = 0, S = 0, R = 0;
   bool decode = std::all_of(items.begin(), items.end(), [](const forward_item& it) {
@@ -880,12 +1031,18 @@ status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float
       }
     }
   }
-  int64_t R_real = 0;
+  int64_t R_real = 0, R_spec = 0;
   for (const auto& it : items)
     R_real += it.logit_rows;
-  logits.resize(static_cast<std::size_t>(R_real * p.config.vocab_size));
-  if (R_real > 0)
-    GPU_TRY(cudaMemcpyAsync(logits.data(), p.logits, logits.size() * 4, cudaMemcpyDeviceToHost, p.stream));
+  for (std::size_t s = 0; s < spec.size(); ++s)
+    R_spec += items[s].logit_rows;
+  if (!spec.empty())
+    if (auto s = p.speculate(items, spec, spec_out); !s)
+      return s;
+  logits.resize(static_cast<std::size_t>((R_real - R_spec) * p.config.vocab_size));
+  if (R_real > R_spec)
+    GPU_TRY(cudaMemcpyAsync(logits.data(), p.logits + R_spec * p.config.vocab_size, logits.size() * 4,
+                            cudaMemcpyDeviceToHost, p.stream));
   GPU_TRY(cudaStreamSynchronize(p.stream));
   p.collect();
   for (auto& it : items)
@@ -903,9 +1060,15 @@ status qwen3_gpu_model::release_memory(memory_tags tags, bool backup_weights) {
   if (tags.kv_cache)
     if (auto s = p.kv_arena->release(false); !s)
       return s;
-  if (tags.cuda_graph)
+  if (tags.cuda_graph) {
     if (auto s = p.runtime_arena->release(false); !s)
       return s;
+    // The speculation scratch is taken again, at its size then, by the next verification.
+    if (p.spec_probs)
+      GPU_TRY(cudaFree(p.spec_probs));
+    p.spec_probs = nullptr;
+    p.spec_probs_rows = 0;
+  }
   return {};
 }
 
@@ -1085,6 +1248,10 @@ std::string qwen3_gpu_model::device_name() const { return "none"; }
 std::size_t qwen3_gpu_model::weight_bytes() const { return 0; }
 std::size_t qwen3_gpu_model::kv_bytes() const { return 0; }
 status qwen3_gpu_model::forward(std::span<forward_item>, std::vector<float>&, std::vector<int32_t>*) {
+  return fail(k_no_cuda);
+}
+status qwen3_gpu_model::forward(std::span<forward_item>, std::vector<float>&, std::vector<int32_t>*,
+                                std::span<const gpu_spec_item>, gpu_spec_result&) {
   return fail(k_no_cuda);
 }
 status qwen3_gpu_model::copy_kv_slots(int32_t, int32_t, int64_t) { return fail(k_no_cuda); }

@@ -88,6 +88,29 @@ struct gpu_sample_row {
   float uniform = 0.0f;
 };
 
+// Speculative decoding on the device: one of the leading items of a forward (forward's `spec`)
+// that draws or verifies there (kernels/spec_verify.hpp), so no distribution leaves the device.
+//   verify (draft_tokens = the k proposals): the item runs its pending token and the k proposals
+//     (k + 1 tokens, k + 1 logits rows); the target's filtered distributions p are checked
+//     against the draft's q rows (draft_rows) by rejection sampling, or by argmax when greedy.
+//   propose (draft_tokens empty): the item asks for one logits row; one token is drawn from its
+//     filtered distribution, which is written to keep_row (the draft's q for the verification).
+struct gpu_spec_item {
+  gpu_sample_row sampling;                  // temperature 0: greedy; `uniform` is not used
+  std::span<const int32_t> draft_tokens;    // verify: the k proposals (k <= 8); propose: empty
+  std::span<const float> uniforms;          // sampled: k + 1, in spec_verify's draw order
+  std::span<const float* const> draft_rows; // sampled verify: the k device rows q was drawn from
+  float* keep_row = nullptr;                // propose: a device row of vocab floats for q (may be null)
+};
+// Per spec item s, rows row_s .. row_s + k_s (row_s = the rows of the items before it):
+// tokens = the kept proposals, then the correction or bonus (or the proposal), -1 after it;
+// logprobs = log_softmax(logits / T) of each token (T = 1 when greedy), -inf after it.
+struct gpu_spec_result {
+  std::vector<int32_t> accepted; // per item: proposals kept (a proposal: 0)
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+};
+
 // Random INT4 experts for create_random (benchmarks).
 struct random_int4 {
   int32_t group_size = 128;
@@ -134,6 +157,12 @@ public:
   // routing replay (that forward runs without CUDA graphs).
   status forward(std::span<forward_item> items, std::vector<float>& logits,
                  std::vector<int32_t>* routed_experts = nullptr);
+  // The same forward whose first spec.size() items draw or verify on the device (gpu_spec_item):
+  // their rows stay there, `spec_out` gets their tokens, and `logits` holds only the rows of
+  // the items after them. Everything is checked before anything runs.
+  status forward(std::span<forward_item> items, std::vector<float>& logits,
+                 std::vector<int32_t>* routed_experts, std::span<const gpu_spec_item> spec,
+                 gpu_spec_result& spec_out);
   // Decode fast path: every item one token and one logits row; samples on the device (one row
   // each) and brings back only tokens and logprobs. Runs as a CUDA graph when graphs are on.
   status forward_sample(std::span<forward_item> items, std::span<const gpu_sample_row> rows,

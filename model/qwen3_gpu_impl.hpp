@@ -34,6 +34,7 @@
 #include "kernels/paged_attention.hpp"
 #include "kernels/sampler.hpp"
 #include "kernels/serving_layout.hpp"
+#include "kernels/spec_verify.hpp"
 #include "kernels/weight_copy.hpp"
 #include "kernels/xxh3.hpp"
 #include "model/quant/int4_method.hpp"
@@ -241,6 +242,15 @@ struct qwen3_gpu_model::impl {
   gpu_detail::step_meta dev{}, host{};
   // graphs per bucket of tokens and whether the step records the routing
   std::map<std::pair<int64_t, bool>, cudaGraphExec_t> graphs;
+  // Speculative decoding on the device (forward's spec items), allocated on first use: the
+  // target's filtered rows (grown to the rows a call needs) and one block of small per-call
+  // arrays (kernel arguments and results) with a pinned host mirror, for max_rows rows.
+  float* spec_probs = nullptr;
+  int64_t spec_probs_rows = 0;
+  void* spec_dev = nullptr;
+  void* spec_host = nullptr;
+  status speculate(std::span<forward_item> items, std::span<const gpu_spec_item> spec,
+                   gpu_spec_result& out);
   // weight updates: the recipe BF16 updates of INT4 modules are quantized with, the per-tensor
   // table of batched copies, a non-finite flag word, a pinned bounce buffer for host uploads
   std::optional<kernels::int4_recipe> int4_recipe;
@@ -305,6 +315,12 @@ struct qwen3_gpu_model::impl {
   status poison(void* ptr, std::size_t bytes, uint64_t salt);
 
   ~impl() {
+    if (spec_probs)
+      cudaFree(spec_probs);
+    if (spec_dev)
+      cudaFree(spec_dev);
+    if (spec_host)
+      cudaFreeHost(spec_host);
     if (trace_file)
       std::fclose(trace_file);
     for (auto& [b, g] : graphs)

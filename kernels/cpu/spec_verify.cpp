@@ -124,7 +124,7 @@ kernel_status filtered_probs_can_implement(const filtered_probs_args& a) {
   if (a.rows < 0 || a.vocab <= 0 || a.vocab >= (int64_t{1} << 31))
     return kernel_status::invalid_problem;
   if (a.rows > 0 && (a.logits == nullptr || a.temperature == nullptr || a.top_k == nullptr || a.top_p == nullptr ||
-                     a.min_p == nullptr || a.probs == nullptr))
+                     a.min_p == nullptr || (a.probs == nullptr && a.row_out == nullptr)))
     return kernel_status::invalid_problem;
   return kernel_status::ok;
 }
@@ -137,7 +137,7 @@ kernel_status filtered_probs_ref(const filtered_probs_args& a) {
   std::vector<int32_t> order(static_cast<std::size_t>(V));
   for (int64_t r = 0; r < a.rows; ++r)
     distribution_row(a.logits + r * V, V, a.temperature[r], a.top_k[r], a.top_p[r], a.min_p[r], full, order,
-                     a.probs + r * V);
+                     a.row_out ? a.row_out[r] : a.probs + r * V);
   return kernel_status::ok;
 }
 
@@ -149,11 +149,12 @@ kernel_status spec_verify_can_implement(const spec_verify_args& a) {
   if (a.max_draft < 0 || a.max_draft > k_spec_verify_max_draft || a.drafts > a.sequences * a.max_draft ||
       a.drafts + a.sequences >= (int64_t{1} << 31))
     return kernel_status::invalid_problem;
-  if (a.sequences > 0 && (a.target_probs == nullptr || a.target_logits == nullptr || a.temperature == nullptr ||
+  if (a.sequences > 0 && ((a.target_probs == nullptr && a.target_rows == nullptr) || a.target_logits == nullptr ||
+                          a.temperature == nullptr ||
                           a.draft_offset == nullptr || a.uniform == nullptr || a.accepted == nullptr ||
                           a.token == nullptr || a.logprob == nullptr))
     return kernel_status::invalid_problem;
-  if (a.drafts > 0 && (a.draft_probs == nullptr || a.draft_tokens == nullptr))
+  if (a.drafts > 0 && ((a.draft_probs == nullptr && a.draft_rows == nullptr) || a.draft_tokens == nullptr))
     return kernel_status::invalid_problem;
   return kernel_status::ok;
 }
@@ -173,8 +174,8 @@ kernel_status spec_verify_ref(const spec_verify_args& a) {
   for (int64_t s = 0; s < a.sequences; ++s) {
     const int64_t o = a.draft_offset[s], k = a.draft_offset[s + 1] - o, row0 = o + s;
     const float T = a.temperature[s];
-    auto p_row = [&](int64_t j) { return a.target_probs + (row0 + j) * V; };
-    auto q_row = [&](int64_t i) { return a.draft_probs + (o + i) * V; };
+    auto p_row = [&](int64_t j) { return a.target_rows ? a.target_rows[row0 + j] : a.target_probs + (row0 + j) * V; };
+    auto q_row = [&](int64_t i) { return a.draft_rows ? a.draft_rows[o + i] : a.draft_probs + (o + i) * V; };
     if (T < 0.0f) { // padding
       a.accepted[s] = -1;
       for (int64_t j = 0; j <= k; ++j) {

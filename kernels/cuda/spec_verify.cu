@@ -132,7 +132,8 @@ __device__ row_stats row_pass1(const float* row, int64_t V, float inv_t, block_s
 __global__ void __launch_bounds__(k_threads)
 filtered_probs_kernel(const float* __restrict__ logits, const float* __restrict__ temperature,
                       const int32_t* __restrict__ top_k, const float* __restrict__ top_p,
-                      const float* __restrict__ min_p, float* __restrict__ probs, int64_t V) {
+                      const float* __restrict__ min_p, float* __restrict__ probs,
+                      float* const* __restrict__ row_out, int64_t V) {
   extern __shared__ unsigned long long keys[]; // [k_cap]
   __shared__ int hist_count[k_bins];
   __shared__ unsigned long long hist_mass[k_bins];
@@ -147,7 +148,7 @@ filtered_probs_kernel(const float* __restrict__ logits, const float* __restrict_
   const int64_t r = blockIdx.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
   const float* row = logits + r * V;
-  float* out = probs + r * V;
+  float* out = row_out ? row_out[r] : probs + r * V;
   auto one_hot = [&](int64_t at) {
     for (int64_t i = tid; i < V; i += k_threads)
       out[i] = i == at ? 1.0f : 0.0f;
@@ -515,7 +516,8 @@ __device__ __forceinline__ bool read_layout(const int32_t* offset, int64_t s, in
 }
 
 __global__ void __launch_bounds__(k_threads)
-spec_verify_kernel(const float* __restrict__ p, const float* __restrict__ q, const float* __restrict__ temperature,
+spec_verify_kernel(const float* __restrict__ p, const float* __restrict__ q, const float* const* __restrict__ p_rows,
+                   const float* const* __restrict__ q_rows, const float* __restrict__ temperature,
                    const int32_t* __restrict__ offset, const int32_t* __restrict__ draft_tokens,
                    const float* __restrict__ uniform, int32_t* __restrict__ accepted, int32_t* __restrict__ token,
                    float* __restrict__ logprob, int64_t V, int64_t drafts, int64_t max_draft) {
@@ -547,8 +549,8 @@ spec_verify_kernel(const float* __restrict__ p, const float* __restrict__ q, con
     return;
   }
   const bool greedy = !(T >= k_greedy_temperature);
-  auto p_row = [&](int64_t j) { return p + (row0 + j) * V; };
-  auto q_row = [&](int64_t i) { return q + (o0 + i) * V; };
+  auto p_row = [&](int64_t j) { return p_rows ? p_rows[row0 + j] : p + (row0 + j) * V; };
+  auto q_row = [&](int64_t i) { return q_rows ? q_rows[o0 + i] : q + (o0 + i) * V; };
   // n and last are the same in every thread: each comes from scalar reads or a block reduction.
   int64_t n = 0;
   int last = -1;
@@ -638,7 +640,8 @@ kernel_status filtered_probs_launch(const filtered_probs_args& a, cudaStream_t s
   RLSERVE_CUDA_TRY(cudaFuncSetAttribute(filtered_probs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem)));
   RLSERVE_CUDA_TRY(launch_programmatic(filtered_probs_kernel, static_cast<unsigned>(a.rows), k_threads, smem, stream,
-                                       a.logits, a.temperature, a.top_k, a.top_p, a.min_p, a.probs, a.vocab));
+                                       a.logits, a.temperature, a.top_k, a.top_p, a.min_p, a.probs, a.row_out,
+                                       a.vocab));
   return kernel_status::ok;
 }
 
@@ -649,6 +652,7 @@ kernel_status spec_verify_launch(const spec_verify_args& a, cudaStream_t stream)
     return kernel_status::ok;
   const auto S = static_cast<unsigned>(a.sequences); // < 2^31 (can_implement)
   RLSERVE_CUDA_TRY(launch_programmatic(spec_verify_kernel, S, k_threads, 0, stream, a.target_probs, a.draft_probs,
+                                       a.target_rows, a.draft_rows,
                                        a.temperature, a.draft_offset, a.draft_tokens, a.uniform, a.accepted, a.token,
                                        a.logprob, a.vocab, a.drafts, a.max_draft));
   RLSERVE_CUDA_TRY(launch_programmatic(spec_logprob_kernel, dim3(S, static_cast<unsigned>(a.max_draft + 1)),

@@ -330,4 +330,61 @@ BOOST_AUTO_TEST_CASE(the_chain_stays_on_the_device_and_replays_in_a_graph) {
   cudaStreamDestroy(stream);
 }
 
+// Pointer tables on the device: filtered_probs writes each row where row_out points, and
+// spec_verify reads p and q rows through target_rows and draft_rows; the results are those of
+// the contiguous arrays bit for bit (same kernels, same inputs). Rows are stored in reverse.
+BOOST_AUTO_TEST_CASE(row_tables_address_rows_where_they_are) {
+  rlserve::test::require_device();
+  std::mt19937_64 rng(25);
+  const int64_t V = 151936;
+  const auto vp = make_verify_problem(rng, 6, V);
+  const auto rows = vp.D + vp.S;
+  device_verify dv(vp);
+  device_buffer<float> tp(vp.target_params.top_p), mp(vp.target_params.min_p), tt(vp.target_params.temperature);
+  device_buffer<int32_t> tk(vp.target_params.top_k);
+  device_buffer<float> p_flat(static_cast<std::size_t>(rows * V)), p_rev(static_cast<std::size_t>(rows * V));
+  std::vector<float*> out_table;
+  std::vector<const float*> p_table;
+  for (int64_t r = 0; r < rows; ++r) {
+    out_table.push_back(p_rev.get() + (rows - 1 - r) * V);
+    p_table.push_back(p_rev.get() + (rows - 1 - r) * V);
+  }
+  device_buffer<float*> out_table_dev(out_table);
+  device_buffer<const float*> p_table_dev(p_table);
+  filtered_probs_args fa{dv.logits.get(), tt.get(), tk.get(), tp.get(), mp.get(), p_flat.get(), rows, V};
+  require_ok(filtered_probs_launch(fa, nullptr), "filtered_probs_launch");
+  fa.probs = nullptr;
+  fa.row_out = out_table_dev.get();
+  require_ok(filtered_probs_launch(fa, nullptr), "filtered_probs_launch (row_out)");
+  const auto flat = p_flat.download(), rev = p_rev.download();
+  bool same = true;
+  for (int64_t r = 0; r < rows; ++r)
+    same = same && std::memcmp(flat.data() + r * V, rev.data() + (rows - 1 - r) * V, V * sizeof(float)) == 0;
+  BOOST_TEST(same);
+
+  require_ok(spec_verify_launch(dv.args(vp, p_flat.get()), nullptr), "spec_verify_launch");
+  const auto want = dv.download();
+  // q rows reversed too.
+  std::vector<float> q_rev_host(vp.q.size());
+  std::vector<const float*> q_table;
+  device_buffer<float> q_rev(std::max<std::size_t>(vp.q.size(), 1));
+  for (int64_t i = 0; i < vp.D; ++i)
+    std::copy(vp.q.begin() + i * V, vp.q.begin() + (i + 1) * V, q_rev_host.begin() + (vp.D - 1 - i) * V);
+  for (int64_t i = 0; i < vp.D; ++i)
+    q_table.push_back(q_rev.get() + (vp.D - 1 - i) * V);
+  if (vp.D > 0)
+    q_rev.upload(q_rev_host);
+  device_buffer<const float*> q_table_dev(q_table.empty() ? std::vector<const float*>{nullptr} : q_table);
+  dv.poison();
+  auto va = dv.args(vp, nullptr);
+  va.draft_probs = nullptr;
+  va.target_rows = p_table_dev.get();
+  va.draft_rows = q_table_dev.get();
+  require_ok(spec_verify_launch(va, nullptr), "spec_verify_launch (row tables)");
+  const auto got = dv.download();
+  BOOST_TEST(got.accepted == want.accepted);
+  BOOST_TEST(got.token == want.token);
+  BOOST_TEST(std::memcmp(got.logprob.data(), want.logprob.data(), want.logprob.size() * sizeof(float)) == 0);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -518,4 +518,76 @@ BOOST_AUTO_TEST_CASE(first_emitted_token_follows_the_target) {
   BOOST_TEST(accepted > 0);
 }
 
+// Rows given by pointer tables (filtered_probs' row_out, spec_verify's target_rows and
+// draft_rows) are read and written where the tables point, with the results of the contiguous
+// arrays: the rows here are stored in reverse order.
+BOOST_AUTO_TEST_CASE(row_tables_address_rows_where_they_are) {
+  std::mt19937_64 rng(31);
+  const int64_t V = 1000;
+  std::vector<sequence_case> cases;
+  for (int s = 0; s < 8; ++s)
+    cases.push_back(random_sequence(rng, V, static_cast<int64_t>(rng() % 7), s % 3 == 0));
+  const auto want = run_twin(cases, V);
+
+  // filtered_probs into reversed rows.
+  const auto& sc = cases[1];
+  const auto k = static_cast<int64_t>(sc.draft_tokens.size()), rows = k + 1;
+  const auto contiguous = twin_probs(sc.target_logits, rows, V, sc.cfg);
+  std::vector<float> t(rows, sc.cfg.temperature), tp(rows, sc.cfg.top_p), mp(rows, sc.cfg.min_p);
+  std::vector<int32_t> tk(rows, sc.cfg.top_k);
+  std::vector<float> reversed(contiguous.size(), -1.0f);
+  std::vector<float*> out_rows;
+  for (int64_t r = 0; r < rows; ++r)
+    out_rows.push_back(reversed.data() + (rows - 1 - r) * V);
+  filtered_probs_args fa{sc.target_logits.data(), t.data(), tk.data(), tp.data(), mp.data(), nullptr, rows, V};
+  fa.row_out = out_rows.data();
+  require_ok(filtered_probs_ref(fa), "filtered_probs_ref (row_out)");
+  for (int64_t r = 0; r < rows; ++r)
+    BOOST_TEST(std::equal(contiguous.begin() + r * V, contiguous.begin() + (r + 1) * V,
+                          reversed.begin() + (rows - 1 - r) * V));
+
+  // spec_verify with p and q rows stored in reverse, found through the tables.
+  std::vector<float> p, q, logits, temp, uni;
+  std::vector<int32_t> tokens, offset{0};
+  for (const auto& c : cases) {
+    const auto kc = static_cast<int64_t>(c.draft_tokens.size());
+    auto prow = twin_probs(c.target_logits, kc + 1, V, c.cfg);
+    p.insert(p.end(), prow.begin(), prow.end());
+    q.insert(q.end(), c.draft_probs.begin(), c.draft_probs.end());
+    logits.insert(logits.end(), c.target_logits.begin(), c.target_logits.end());
+    tokens.insert(tokens.end(), c.draft_tokens.begin(), c.draft_tokens.end());
+    temp.push_back(c.cfg.temperature);
+    model::sampler gen(c.seed);
+    for (int64_t j = 0; j <= kc; ++j)
+      uni.push_back(model::is_greedy(c.cfg) ? 0.5f : gen.uniform());
+    offset.push_back(static_cast<int32_t>(tokens.size()));
+  }
+  const auto S = static_cast<int64_t>(cases.size()), D = static_cast<int64_t>(tokens.size());
+  auto reverse_rows = [V](const std::vector<float>& a, std::vector<const float*>& table, std::vector<float>& store) {
+    const auto n = static_cast<int64_t>(a.size()) / V;
+    store.assign(a.size(), NAN);
+    table.clear();
+    for (int64_t r = 0; r < n; ++r) {
+      std::copy(a.begin() + r * V, a.begin() + (r + 1) * V, store.begin() + (n - 1 - r) * V);
+      table.push_back(store.data() + (n - 1 - r) * V);
+    }
+  };
+  std::vector<const float*> p_table, q_table;
+  std::vector<float> p_store, q_store;
+  reverse_rows(p, p_table, p_store);
+  reverse_rows(q, q_table, q_store);
+  twin_out got;
+  got.accepted.assign(S, -7);
+  got.token.assign(D + S, -7);
+  got.logprob.assign(D + S, 7.0f);
+  spec_verify_args a{nullptr, nullptr, logits.data(), temp.data(), offset.data(), tokens.data(), uni.data(),
+                     got.accepted.data(), got.token.data(), got.logprob.data(), S, D, V};
+  a.target_rows = p_table.data();
+  a.draft_rows = q_table.data();
+  require_ok(spec_verify_ref(a), "spec_verify_ref (row tables)");
+  BOOST_TEST(got.accepted == want.accepted);
+  BOOST_TEST(got.token == want.token);
+  BOOST_TEST(same_bits(got.logprob, want.logprob));
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -89,9 +89,9 @@ RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 34)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
 RLSERVE_FIELD_COUNT(HealthCheckReqOutput, 2)
 // runner.hpp
-RLSERVE_FIELD_COUNT(SequenceWork, 16)
+RLSERVE_FIELD_COUNT(SequenceWork, 17)
 RLSERVE_FIELD_COUNT(ForwardBatch, 4)
-RLSERVE_FIELD_COUNT(WorkResult, 8)
+RLSERVE_FIELD_COUNT(WorkResult, 9)
 RLSERVE_FIELD_COUNT(ForwardBatchOutput, 7)
 RLSERVE_FIELD_COUNT(ReleaseSequences, 1)
 RLSERVE_FIELD_COUNT(TensorSpec, 3)
@@ -955,7 +955,7 @@ template <>
 struct samples<SequenceWork> : simple_samples<SequenceWork> {
   static SequenceWork full() {
     return {true, {4, 9}, 32, 3, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, {6, 6}, 3, {5}, true, 4, {7, 8},
-            {0.25f, 0.75f}};
+            {0.25f, 0.75f}, true};
   }
 };
 
@@ -969,7 +969,7 @@ struct samples<ForwardBatch> : simple_samples<ForwardBatch> {
 template <>
 struct samples<WorkResult> : simple_samples<WorkResult> {
   static WorkResult full() {
-    return {{42}, {-0.3f}, {8, 9}, {0.5f, 0.5f}, {{{42, -0.3f}, {43, -1.0f}}, {}}, {-2.0f},
+    return {{42}, {-0.3f}, {8, 9}, {0.5f, 0.5f}, true, {{{42, -0.3f}, {43, -1.0f}}, {}}, {-2.0f},
             {{{1, -2.0f}}}, {3, 1, -1, -1}};
   }
 };

@@ -1,0 +1,290 @@
+// Speculative decoding with GPU runners (target and draft on one device): the draft draws its
+// proposals on the device and keeps the distributions there (model/gpu_draft_distributions.hpp),
+// the target verifies on the device (kernels/spec_verify.hpp). What speculative_sim_test.cpp asks
+// of the CPU runners, asked here of the device:
+// - greedy output equal to target-only greedy on the device, with the batch-invariant forward
+//   (--enable-deterministic-inference: a verification's k + 1 rows compute each row as a
+//   one-token decode does), and with KV blocks of 4 tokens so rejected proposals are cut across
+//   block boundaries;
+// - sampled output distributed as target-only sampling (chi-square against the distribution
+//   computed from the CPU model's logits, and the same test on target-only GPU sampling);
+// - weight updates by selector reach the device runners: a target-only update leaves the draft
+//   frozen and speculation still equals a fresh target-only engine; a draft-only update changes
+//   only the draft's checksums and never the output.
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <future>
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "tests/support/engine_support.hpp"
+
+using namespace rlserve;
+using namespace rlserve::test;
+
+namespace {
+
+fs::path medium_model(const std::string& name, const std::string& arch, uint64_t seed) {
+  auto dir = scratch_dir(name);
+  if (!fs::exists(dir / "config.json")) {
+    model::make_model_options o;
+    o.out = dir;
+    o.arch = arch;
+    o.preset = "medium";
+    o.seed = seed;
+    auto ok = model::make_model(o);
+    BOOST_REQUIRE_MESSAGE(ok.has_value(), (ok ? std::string() : ok.error()));
+  }
+  return dir;
+}
+
+engine_config on_gpu(bool deterministic) {
+  engine_config c;
+  c.device = "cuda";
+  c.kv_cache_tokens = 8192;
+  c.kv_block_size = 4; // proposals (k = 4) and their rejections cross block boundaries
+  c.max_running_requests = 32;
+  c.max_batch_tokens = 512;
+  c.enable_deterministic_inference = deterministic;
+  return c;
+}
+
+std::vector<std::vector<int32_t>> random_prompts(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> p(3 + rng() % 30);
+    for (auto& t : p)
+      t = static_cast<int32_t>(rng() % 4000);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<GenerateReqOutput> greedy_all(Engine& e, const std::vector<std::vector<int32_t>>& prompts, int n) {
+  std::vector<GenerateReqInput> reqs;
+  for (const auto& p : prompts)
+    reqs.push_back(greedy(p, n));
+  return run_together(e, reqs);
+}
+
+// softmax(logits / T) over the `k` largest logits (ties to the lower id), zero elsewhere.
+std::map<int32_t, double> top_k_distribution(const std::vector<float>& logits, int k, double t) {
+  std::vector<int32_t> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  double m = logits[ids[0]] / t, z = 0;
+  for (int i = 0; i < k; ++i)
+    z += std::exp(logits[ids[i]] / t - m);
+  std::map<int32_t, double> out;
+  for (int i = 0; i < k; ++i)
+    out[ids[i]] = std::exp(logits[ids[i]] / t - m) / z;
+  return out;
+}
+
+// Upper 0.1% point of chi-square with `df` degrees of freedom (Wilson–Hilferty).
+double chi2_critical_p001(int df) {
+  double z = 3.0902, a = 2.0 / (9.0 * df);
+  return df * std::pow(1 - a + z * std::sqrt(a), 3);
+}
+
+// Pearson's statistic (cells expected below 5 pooled); {statistic, degrees of freedom}.
+std::pair<double, int> chi_square(const std::map<std::vector<int32_t>, double>& expected,
+                                  const std::map<std::vector<int32_t>, int>& counts, int n) {
+  double stat = 0, pooled_e = 0, pooled_o = 0;
+  int cells = 0;
+  for (auto& [key, p] : expected) {
+    auto it = counts.find(key);
+    double o = it == counts.end() ? 0 : it->second, e = p * n;
+    if (e < 5) {
+      pooled_e += e;
+      pooled_o += o;
+      continue;
+    }
+    stat += (o - e) * (o - e) / e;
+    ++cells;
+  }
+  for (auto& [key, c] : counts)
+    if (!expected.count(key))
+      pooled_o += c;
+  if (pooled_e > 0 || pooled_o > 0) {
+    stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / std::max(pooled_e, 1e-9);
+    ++cells;
+  }
+  return {stat, cells - 1};
+}
+
+// The digests of a checksum map in name order (a draft's names may carry a role prefix).
+std::vector<std::string> digests(const std::map<std::string, std::string>& checksums) {
+  std::vector<std::string> out;
+  for (const auto& [name, digest] : checksums)
+    out.push_back(digest);
+  return out;
+}
+
+} // namespace
+
+BOOST_AUTO_TEST_SUITE(speculative_gpu_test)
+
+BOOST_AUTO_TEST_CASE(greedy_with_a_device_draft_equals_target_only_greedy) {
+  auto target = medium_model("gpu-moe", "qwen3-moe", 21);
+  auto related = model_dir_with(target, "gpu-moe-related-draft", perturbed(target, 5, 0.05f));
+  auto unrelated = medium_model("gpu-dense-draft", "qwen3", 8);
+  auto prompts = random_prompts(12, 3);
+  auto alone = start(target, {}, on_gpu(true));
+  std::vector<std::vector<int32_t>> reference;
+  for (auto& out : greedy_all(*alone, prompts, 24))
+    reference.push_back(out.output_ids);
+  alone.reset();
+  for (const auto& draft : {target, related, unrelated}) {
+    BOOST_TEST_CONTEXT("draft " << draft.filename()) {
+      auto e = start(target, draft, on_gpu(true));
+      BOOST_TEST(e->draft_manifest()->device.find("cuda") != std::string::npos);
+      auto outs = greedy_all(*e, prompts, 24);
+      int32_t verify = 0, accepted = 0;
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        BOOST_TEST(outs[i].output_ids == reference[i], "request " << i);
+        BOOST_TEST(outs[i].spec_verify_ct > 0);
+        if (draft == target) {
+          // Every proposal is the target's own argmax (as the CPU runner's test counts).
+          BOOST_TEST(outs[i].spec_verify_ct == 5);
+          BOOST_TEST(outs[i].spec_accepted_tokens == 18);
+        }
+        verify += outs[i].spec_verify_ct;
+        accepted += outs[i].spec_accepted_tokens;
+      }
+      BOOST_TEST_MESSAGE("draft " << draft.filename() << ": " << double(accepted + verify) / verify
+                                  << " tokens per verification");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sampling_with_a_device_draft_matches_the_target_distribution) {
+  auto target = medium_model("gpu-moe", "qwen3-moe", 21);
+  auto draft = model_dir_with(target, "gpu-moe-sampling-draft", perturbed(target, 7, 0.05f));
+  const std::vector<int32_t> prompt{5, 17, 42, 99};
+  constexpr int k_top = 4;
+  constexpr double temperature = 0.8;
+  constexpr int n = 3000;
+
+  // The distribution of the first three tokens under target-only top-4 sampling, from the CPU
+  // model's logits (the device's differ in the last bits: far below what 3000 draws resolve).
+  auto m = load_model(target);
+  auto next = [&](std::vector<int32_t> seq) {
+    auto all = m->forward_all(seq);
+    BOOST_REQUIRE(all.has_value());
+    auto V = static_cast<std::size_t>(m->config().vocab_size);
+    std::vector<float> last(all->end() - static_cast<std::ptrdiff_t>(V), all->end());
+    return top_k_distribution(last, k_top, temperature);
+  };
+  std::map<std::vector<int32_t>, double> expected;
+  for (auto [t1, p1] : next(prompt)) {
+    auto s1 = prompt;
+    s1.push_back(t1);
+    for (auto [t2, p2] : next(s1)) {
+      auto s2 = s1;
+      s2.push_back(t2);
+      for (auto [t3, p3] : next(s2))
+        expected[{t1, t2, t3}] = p1 * p2 * p3;
+    }
+  }
+  auto sample_many = [&](Engine& e) {
+    std::map<std::vector<int32_t>, int> counts;
+    for (int base = 0; base < n; base += 250) {
+      std::vector<GenerateReqInput> reqs;
+      for (int i = base; i < std::min(n, base + 250); ++i) {
+        GenerateReqInput r;
+        r.input_ids = prompt;
+        r.sampling_params.temperature = static_cast<float>(temperature);
+        r.sampling_params.top_k = k_top;
+        r.sampling_params.max_new_tokens = 3;
+        r.sampling_params.ignore_eos = true;
+        r.sampling_params.sampling_seed = 1000 + static_cast<uint64_t>(i);
+        reqs.push_back(r);
+      }
+      for (auto& out : run_together(e, reqs)) {
+        BOOST_REQUIRE_EQUAL(out.output_ids.size(), 3u);
+        ++counts[out.output_ids];
+      }
+    }
+    return counts;
+  };
+
+  auto cfg = on_gpu(false);
+  cfg.speculative_num_draft_tokens = 2;
+  auto with_draft = start(target, draft, cfg);
+  auto spec_counts = sample_many(*with_draft);
+  auto info = with_draft->get_server_info();
+  BOOST_TEST_MESSAGE("device speculation: " << info.spec_verify_steps << " verifications, "
+                                            << info.spec_accepted_tokens << " proposals accepted");
+  BOOST_TEST(info.spec_verify_steps >= static_cast<uint64_t>(n));
+  BOOST_TEST(info.spec_accepted_tokens > n / 10); // both acceptance and rejection happen
+  BOOST_TEST(info.spec_accepted_tokens < 2 * n * 9 / 10);
+  auto [stat, df] = chi_square(expected, spec_counts, n);
+  BOOST_TEST_MESSAGE("with draft: chi2 = " << stat << " on " << df << " df (0.1% point " << chi2_critical_p001(df) << ")");
+  BOOST_TEST(stat < chi2_critical_p001(df));
+  with_draft.reset();
+
+  auto alone = start(target, {}, on_gpu(false));
+  auto plain_counts = sample_many(*alone);
+  auto [plain_stat, plain_df] = chi_square(expected, plain_counts, n);
+  BOOST_TEST_MESSAGE("target only: chi2 = " << plain_stat << " on " << plain_df << " df");
+  BOOST_TEST(plain_stat < chi2_critical_p001(plain_df));
+}
+
+BOOST_AUTO_TEST_CASE(updates_by_selector_reach_the_device_runners) {
+  auto target = medium_model("gpu-moe", "qwen3-moe", 21);
+  auto prompts = random_prompts(6, 9);
+  auto e = start(target, target, on_gpu(true)); // the draft starts equal to the target
+  const auto draft_before = engine_checksums(*e, runner_selector::draft);
+  auto update = [&](runner_selector sel, const std::vector<NamedTensor>& tensors) {
+    BOOST_REQUIRE(e->begin_weight_update({sel}).success);
+    UpdateWeightsFromTensorReqInput req;
+    req.named_tensors = tensors;
+    req.selector = sel;
+    auto r = e->update_weights_from_tensor(req);
+    BOOST_REQUIRE_MESSAGE(r.success, r.message);
+    auto end = e->end_weight_update({});
+    BOOST_REQUIRE_MESSAGE(end.success, end.message);
+  };
+  auto outputs = [&](Engine& engine) {
+    std::vector<std::vector<int32_t>> ids;
+    for (auto& out : greedy_all(engine, prompts, 20))
+      ids.push_back(out.output_ids);
+    return ids;
+  };
+
+  // A target-only RL step: the draft stays frozen, speculation equals a fresh target-only engine.
+  auto step = perturbed(target, 77, 0.05f);
+  update(runner_selector::target, step);
+  BOOST_TEST(engine_checksums(*e, runner_selector::draft) == draft_before);
+  BOOST_TEST(engine_checksums(*e, runner_selector::target) == checksums_of(step));
+  auto fresh_dir = model_dir_with(target, "gpu-moe-frozen-draft-fresh", step);
+  const auto after_target = outputs(*e);
+  {
+    auto fresh = start(fresh_dir, {}, on_gpu(true));
+    BOOST_TEST(outputs(*fresh) == after_target);
+  }
+
+  // A draft-only update: the draft's checksums move, the output does not (greedy speculation
+  // emits the target's tokens whatever the draft proposes).
+  auto draft_step = perturbed(target, 78, 0.5f);
+  update(runner_selector::draft, draft_step);
+  BOOST_TEST(digests(engine_checksums(*e, runner_selector::draft)) == digests(checksums_of(draft_step)));
+  BOOST_TEST(engine_checksums(*e, runner_selector::target) == checksums_of(step));
+  BOOST_TEST(outputs(*e) == after_target);
+
+  // Both at once: the draft equals the target again, so every proposal is accepted.
+  update(runner_selector::all, step);
+  BOOST_TEST(digests(engine_checksums(*e, runner_selector::draft)) == digests(checksums_of(step)));
+  const auto before = e->get_server_info();
+  BOOST_TEST(outputs(*e) == after_target);
+  const auto after = e->get_server_info();
+  const auto steps = after.spec_verify_steps - before.spec_verify_steps;
+  const auto accepted = after.spec_accepted_tokens - before.spec_accepted_tokens;
+  BOOST_TEST(double(accepted + steps) / double(steps) > 4.0);
+}
+
+BOOST_AUTO_TEST_SUITE_END()

@@ -13,12 +13,12 @@ cd "$(dirname "$0")/../.."
 B=${1:-build-gemm}
 [ "${KEEP_CONFIG:-0}" = 1 ] || cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > /dev/null
 cmake --build "$B" -j "$(nproc)" --target rlserve rlserve_model_gpu_tests rlserve_actors_gpu_tests \
-  rlserve_kernels_gpu_tests decode_bench kernels_bench update_bench
+  rlserve_kernels_gpu_tests decode_bench kernels_bench update_bench speculative_bench
 D="$B/runner"
 rm -rf "$D" && mkdir -p "$D"
 cp "$B/apps/rlserve" "$B/tests/rlserve_model_gpu_tests" "$B/tests/rlserve_actors_gpu_tests" \
   "$B/tests/rlserve_kernels_gpu_tests" "$B/benchmarks/decode_bench" "$B/benchmarks/gpu/kernels_bench" \
-  "$B/benchmarks/update_bench" "$D/"
+  "$B/benchmarks/update_bench" "$B/benchmarks/speculative_bench" "$D/"
 # Every library outside the C runtime, the C++ runtime and the CUDA driver (which the GPU machine has).
 for exe in "$D"/*; do
   ldd "$exe" | awk '/=> \// {print $3}'

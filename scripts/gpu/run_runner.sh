@@ -31,6 +31,8 @@
 #             return_routed_experts costs the batches that ask and those that do not (ROUTING_ARGS)
 #     ipc     tests/gpu/test_ipc_update.py (a PyTorch trainer updates `rlserve serve` by CUDA IPC)
 #     update  benchmarks/update_bench (CUDA IPC update at Qwen3-30B-A3B shape, INT4 and BF16 experts)
+#     spec    benchmarks/gpu/speculative_bench (draft / verify / decode times on the device, the
+#             speed-up by acceptance, the target as its own draft end to end; SPEC_ARGS)
 #     xxh3    benchmarks/gpu/kernels_bench --only xxh3 (device checksums vs a copy)
 #     store   tests/gpu/test_tcp_store.py (join-store against PyTorch's TCPStore and NCCL group)
 #     demo    `rlserve demo` (make run) on the GPU: the built-in GPU model, INT4 experts
@@ -197,6 +199,11 @@ for what in "$@"; do
     update|all)
       echo "=== update_bench"
       timeout "${UPDATE_TIMEOUT:-400}" "$DEV/update_bench" ${UPDATE_ARGS:-} --json "$OUT/update.json" 2>&1 | tee "$OUT/update_bench.log" | tail -20
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      ;;&
+    spec|all)
+      echo "=== speculative_bench"
+      timeout "${SPEC_TIMEOUT:-500}" "$DEV/speculative_bench" ${SPEC_ARGS:-} --json "$OUT/speculative.json" 2>&1 | tee "$OUT/speculative_bench.log" | tail -40
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       ;;&
     xxh3|all)

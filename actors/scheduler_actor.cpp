@@ -1176,6 +1176,15 @@ bool may_change_weights_uncounted(const typename Op::input& req, const typename 
 // The handler of weight operation `Op`: forwarded to the weight_updater as a control operation
 // (between batches, one at a time); the reply goes back once the version stamped on results is
 // fresh. If the updater dies meanwhile, `waits` answers with the reason.
+// The reply to a weight operation whose updater request failed (the actor died or timed out).
+template <class Out>
+Out updater_failure(const std::string& why) {
+  Out out;
+  out.success = false;
+  out.message = "the weight updater failed: " + why;
+  return out;
+}
+
 template <class Op>
 void forward_as_control(scheduler_pointer self, typename Op::input req,
                         caf::typed_response_promise<typename Op::output> rp) {
@@ -1191,15 +1200,9 @@ void forward_as_control(scheduler_pointer self, typename Op::input req,
           control_done(self);
         });
       };
-      auto failed = [](const std::string& why) {
-        Out out;
-        out.success = false;
-        out.message = "the weight updater failed: " + why;
-        return out;
-      };
       self->state.waits.template request<Out>(
         self, self->state.updater, std::move(req),
-        [self, finish, failed](Out& out) mutable {
+        [self, finish](Out& out) mutable {
           if constexpr (std::is_same_v<In, UpdateWeightsFromTensorReqInput> ||
                         std::is_same_v<In, UpdateWeightsFromDistributedReqInput>) {
             // Outside begin/end and while generation runs, a tensor update commits at once
@@ -1216,13 +1219,13 @@ void forward_as_control(scheduler_pointer self, typename Op::input req,
                   }
                   finish(std::move(out));
                 },
-                [finish, failed](const std::string& why) mutable { finish(failed(why)); });
+                [finish](const std::string& why) mutable { finish(updater_failure<Out>(why)); });
               return;
             }
           }
           finish(std::move(out));
         },
-        [finish, failed](const std::string& why) mutable { finish(failed(why)); });
+        [finish](const std::string& why) mutable { finish(updater_failure<Out>(why)); });
     });
   }
 }

@@ -2,7 +2,8 @@
 // proposals on the device and keeps the distributions there (model/gpu_draft_distributions.hpp),
 // the target verifies on the device (kernels/spec_verify.hpp). What speculative_sim_test.cpp asks
 // of the CPU runners, asked here of the device:
-// - greedy output equal to target-only greedy on the device, with the batch-invariant forward
+// - greedy output equal to target-only greedy on the device (BF16, dense and INT4-expert drafts),
+//   with the batch-invariant forward
 //   (--enable-deterministic-inference: a verification's k + 1 rows compute each row as a
 //   one-token decode does), and with KV blocks of 4 tokens so rejected proposals are cut across
 //   block boundaries;
@@ -26,7 +27,8 @@ using namespace rlserve::test;
 
 namespace {
 
-fs::path medium_model(const std::string& name, const std::string& arch, uint64_t seed) {
+fs::path medium_model(const std::string& name, const std::string& arch, uint64_t seed,
+                      const std::string& quant = "") {
   auto dir = scratch_dir(name);
   if (!fs::exists(dir / "config.json")) {
     model::make_model_options o;
@@ -34,6 +36,7 @@ fs::path medium_model(const std::string& name, const std::string& arch, uint64_t
     o.arch = arch;
     o.preset = "medium";
     o.seed = seed;
+    o.quant = quant;
     auto ok = model::make_model(o);
     BOOST_REQUIRE_MESSAGE(ok.has_value(), (ok ? std::string() : ok.error()));
   }
@@ -132,16 +135,21 @@ BOOST_AUTO_TEST_CASE(greedy_with_a_device_draft_equals_target_only_greedy) {
   auto target = medium_model("gpu-moe", "qwen3-moe", 21);
   auto related = model_dir_with(target, "gpu-moe-related-draft", perturbed(target, 5, 0.05f));
   auto unrelated = medium_model("gpu-dense-draft", "qwen3", 8);
+  // The target's own weights with INT4-asym experts (its checkpoint says so): a draft quantized
+  // by its own config, served by the W4A16 kernels on the device.
+  auto int4 = medium_model("gpu-moe-int4-draft", "qwen3-moe", 21, "int4-asym");
   auto prompts = random_prompts(12, 3);
   auto alone = start(target, {}, on_gpu(true));
   std::vector<std::vector<int32_t>> reference;
   for (auto& out : greedy_all(*alone, prompts, 24))
     reference.push_back(out.output_ids);
   alone.reset();
-  for (const auto& draft : {target, related, unrelated}) {
+  for (const auto& draft : {target, related, unrelated, int4}) {
     BOOST_TEST_CONTEXT("draft " << draft.filename()) {
       auto e = start(target, draft, on_gpu(true));
       BOOST_TEST(e->draft_manifest()->device.find("cuda") != std::string::npos);
+      if (draft == int4)
+        BOOST_TEST(e->draft_manifest()->capabilities.int4_modules > 0);
       auto outs = greedy_all(*e, prompts, 24);
       int32_t verify = 0, accepted = 0;
       for (std::size_t i = 0; i < prompts.size(); ++i) {

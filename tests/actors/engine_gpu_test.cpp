@@ -21,20 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path medium_model(const std::string& name, const std::string& arch, uint64_t seed) {
-  auto dir = scratch_dir(name);
-  if (!fs::exists(dir / "config.json")) {
-    model::make_model_options o;
-    o.out = dir;
-    o.arch = arch;
-    o.preset = "medium";
-    o.seed = seed;
-    auto ok = model::make_model(o);
-    BOOST_REQUIRE_MESSAGE(ok.has_value(), (ok ? std::string() : ok.error()));
-  }
-  return dir;
-}
-
 engine_config on_gpu() {
   engine_config c;
   c.device = "cuda";

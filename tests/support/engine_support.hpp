@@ -49,6 +49,24 @@ inline fs::path tiny_model(const std::string& name, uint64_t seed) {
   return dir;
 }
 
+// make-model's "medium" preset (the smallest the GPU kernels run), made once per name; with
+// `quant` an INT4 checkpoint (make_model_options::quant).
+inline fs::path medium_model(const std::string& name, const std::string& arch, uint64_t seed,
+                             const std::string& quant = "") {
+  auto dir = scratch_dir(name);
+  if (!fs::exists(dir / "config.json")) {
+    model::make_model_options o;
+    o.out = dir;
+    o.arch = arch;
+    o.preset = "medium";
+    o.seed = seed;
+    o.quant = quant;
+    auto ok = model::make_model(o);
+    BOOST_REQUIRE_MESSAGE(ok.has_value(), (ok ? std::string() : ok.error()));
+  }
+  return dir;
+}
+
 inline std::unique_ptr<Engine> start(const fs::path& model, const fs::path& draft = {},
                                      engine_config cfg = {}) {
   cfg.model_path = model;

@@ -119,25 +119,8 @@ BOOST_AUTO_TEST_CASE(sampling_with_a_device_draft_matches_the_target_distributio
 
   // The distribution of the first three tokens under target-only top-4 sampling, from the CPU
   // model's logits (the device's differ in the last bits: far below what 3000 draws resolve).
-  auto m = load_model(target);
-  auto next = [&](std::vector<int32_t> seq) {
-    auto all = m->forward_all(seq);
-    BOOST_REQUIRE(all.has_value());
-    auto V = static_cast<std::size_t>(m->config().vocab_size);
-    std::vector<float> last(all->end() - static_cast<std::ptrdiff_t>(V), all->end());
-    return top_k_distribution(last, k_top, temperature);
-  };
-  std::map<std::vector<int32_t>, double> expected;
-  for (auto [t1, p1] : next(prompt)) {
-    auto s1 = prompt;
-    s1.push_back(t1);
-    for (auto [t2, p2] : next(s1)) {
-      auto s2 = s1;
-      s2.push_back(t2);
-      for (auto [t3, p3] : next(s2))
-        expected[{t1, t2, t3}] = p1 * p2 * p3;
-    }
-  }
+  const auto expected = first_three_tokens(target, prompt, k_top, temperature);
+
   auto sample_many = [&](Engine& e) {
     std::map<std::vector<int32_t>, int> counts;
     for (int base = 0; base < n; base += 250) {

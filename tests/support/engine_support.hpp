@@ -26,6 +26,7 @@
 #include "model/config.hpp"
 #include "model/make_model.hpp"
 #include "model/qwen3.hpp"
+#include "tests/support/distribution_check.hpp"
 
 namespace rlserve::test {
 
@@ -216,5 +217,32 @@ inline std::vector<int32_t> reference_greedy(const fs::path& dir, std::vector<in
   return out;
 }
 
+
+// The exact distribution of the first three tokens after `prompt` under target-only top-k
+// sampling at `temperature`, from the model library's logits (distribution_check.hpp's
+// top_k_distribution over each prefix).
+inline std::map<std::vector<int32_t>, double> first_three_tokens(const fs::path& dir, const std::vector<int32_t>& prompt,
+                                                                 int top_k, double temperature) {
+  auto m = load_model(dir);
+  auto next = [&](const std::vector<int32_t>& seq) {
+    auto all = m->forward_all(seq);
+    BOOST_REQUIRE(all.has_value());
+    auto V = static_cast<std::size_t>(m->config().vocab_size);
+    std::vector<float> last(all->end() - static_cast<std::ptrdiff_t>(V), all->end());
+    return top_k_distribution(last, top_k, temperature);
+  };
+  std::map<std::vector<int32_t>, double> expected;
+  for (auto [t1, p1] : next(prompt)) {
+    auto s1 = prompt;
+    s1.push_back(t1);
+    for (auto [t2, p2] : next(s1)) {
+      auto s2 = s1;
+      s2.push_back(t2);
+      for (auto [t3, p3] : next(s2))
+        expected[{t1, t2, t3}] = p1 * p2 * p3;
+    }
+  }
+  return expected;
+}
 
 } // namespace rlserve::test

@@ -196,6 +196,7 @@ struct scheduler_state {
   uint64_t busy_ns = 0; // CPU time in step() and on_batch_done() (thread_cpu_meter)
   uint64_t spec_verify_steps = 0;
   uint64_t spec_accepted_tokens = 0;
+  uint64_t spec_proposed_drafts = 0;
   std::deque<int32_t> spec_recent; // emitted tokens per verification, newest at the back
   static constexpr std::size_t spec_recent_window = 256;
   // Requests to the runners and the updater: failed when one dies holding them.
@@ -332,6 +333,7 @@ void stream_progress(scheduler_pointer self, request_state& r) {
   c.sampling_seed = out.sampling_seed;
   c.spec_verify_ct = out.spec_verify_ct;
   c.spec_accepted_tokens = out.spec_accepted_tokens;
+  c.spec_proposed_drafts = out.spec_proposed_drafts;
   st.outbox.emplace_back(r.sink, std::move(c));
 }
 
@@ -526,11 +528,13 @@ void requeue(scheduler_pointer self, request_state& r) {
   st.running.erase(std::remove(st.running.begin(), st.running.end(), &r), st.running.end());
 }
 
-void record_acceptance(scheduler_state& st, request_state& r, int32_t accepted) {
+void record_acceptance(scheduler_state& st, request_state& r, int32_t proposals, int32_t accepted) {
   ++r.out.spec_verify_ct;
   r.out.spec_accepted_tokens += accepted;
+  r.out.spec_proposed_drafts += proposals;
   ++st.spec_verify_steps;
   st.spec_accepted_tokens += static_cast<uint64_t>(accepted);
+  st.spec_proposed_drafts += static_cast<uint64_t>(proposals);
   st.spec_recent.push_back(accepted + 1);
   if (st.spec_recent.size() > scheduler_state::spec_recent_window)
     st.spec_recent.pop_front();
@@ -613,7 +617,7 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, int32_t token, float 
     // pending token and its first proposals - 1, of which the accepted ones stay valid.
     r.kv_tokens += 1 + accepted;
     r.draft_kv = std::min(r.draft_kv, length_before + accepted);
-    record_acceptance(st, r, accepted);
+    record_acceptance(st, r, static_cast<int32_t>(proposals), accepted);
   } else {
     r.kv_tokens += ran;
   }
@@ -1616,6 +1620,9 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
       out.speculative_num_draft_tokens = st.draft ? st.options.speculative_num_draft_tokens : 0;
       out.spec_verify_steps = st.spec_verify_steps;
       out.spec_accepted_tokens = st.spec_accepted_tokens;
+      out.spec_proposed_drafts = st.spec_proposed_drafts;
+      if (st.spec_proposed_drafts > 0)
+        out.spec_accept_rate = double(st.spec_accepted_tokens) / double(st.spec_proposed_drafts);
       if (st.spec_verify_steps > 0)
         out.spec_accept_length =
           double(st.spec_accepted_tokens + st.spec_verify_steps) / double(st.spec_verify_steps);

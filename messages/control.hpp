@@ -112,6 +112,8 @@ struct GetServerInfoReqOutput {
   int32_t speculative_num_draft_tokens = 0;
   uint64_t spec_verify_steps = 0;
   uint64_t spec_accepted_tokens = 0;
+  uint64_t spec_proposed_drafts = 0;      // draft tokens verified (accepted or not), since start
+  double spec_accept_rate = 0.0;          // accepted / proposed, since start
   double spec_accept_length = 0.0;        // tokens per verification step, since start
   double spec_recent_accept_length = 0.0; // the same over the last 256 verification steps
   // How this engine takes weights: "inline" and "disk" always, "cuda_ipc" when every runner
@@ -215,7 +217,7 @@ typename Inspector::result_type inspect(Inspector& f, GetServerInfoReqOutput& x)
            x.max_context_length, x.paused, x.pause_mode, x.weight_update_session_open,
            x.running_requests, x.waiting_requests, x.committed_updates,
            x.scheduler_steps, x.scheduler_cpu_us, x.speculative_num_draft_tokens,
-           x.spec_verify_steps, x.spec_accepted_tokens,
+           x.spec_verify_steps, x.spec_accepted_tokens, x.spec_proposed_drafts, x.spec_accept_rate,
            x.spec_accept_length, x.spec_recent_accept_length, x.weight_transports, x.int4_modules,
            x.int4_update_recipe, x.int4_quantized_on, x.max_running_requests,
            x.max_total_num_tokens, x.num_used_tokens, x.prefix_cache, x.prefix_cached_tokens,

@@ -148,10 +148,12 @@ struct GenerateReqOutput {
   std::string weight_version; // at the end (SGLang's meta_info.weight_version)
   std::vector<WeightVersionSpan> weight_version_spans; // (rlserve) which tokens came from which
   uint64_t sampling_seed = 0;
-  // Speculative decoding (SGLang's meta_info.spec_verify_ct): verification steps, and draft
-  // tokens the target accepted. Tokens per verification = (accepted + verify_ct) / verify_ct.
+  // Speculative decoding (SGLang's meta_info.spec_verify_ct): verification steps, draft tokens
+  // the target accepted and draft tokens it was given to verify. Tokens per verification =
+  // (accepted + verify_ct) / verify_ct; acceptance rate = accepted / proposed.
   int32_t spec_verify_ct = 0;
   int32_t spec_accepted_tokens = 0;
+  int32_t spec_proposed_drafts = 0;
 };
 
 // The chunks of one scheduler step for one sink (the front door): one message per step, not one
@@ -238,7 +240,8 @@ typename Inspector::result_type inspect(Inspector& f, GenerateReqOutput& x) {
            x.input_token_texts, x.routed_experts, x.routed_experts_start_len, x.finished,
            x.finish_reason, x.prompt_tokens,
            x.completion_tokens, x.cached_tokens, x.weight_version_start, x.weight_version,
-           x.weight_version_spans, x.sampling_seed, x.spec_verify_ct, x.spec_accepted_tokens);
+           x.weight_version_spans, x.sampling_seed, x.spec_verify_ct, x.spec_accepted_tokens,
+           x.spec_proposed_drafts);
 }
 
 template <class Inspector>

@@ -178,6 +178,8 @@ expected<GetServerInfoReqOutput> from_json<GetServerInfoReqOutput>(const json& j
       r.field("speculative_num_draft_tokens", x.speculative_num_draft_tokens, count);
       r.field("spec_verify_steps", x.spec_verify_steps);
       r.field("spec_accepted_tokens", x.spec_accepted_tokens);
+      r.field("spec_proposed_drafts", x.spec_proposed_drafts);
+      r.field("spec_accept_rate", x.spec_accept_rate);
       r.field("spec_accept_length", x.spec_accept_length);
       r.field("spec_recent_accept_length", x.spec_recent_accept_length);
       r.field("weight_transports", x.weight_transports);
@@ -216,6 +218,8 @@ json to_json(const GetServerInfoReqOutput& x) {
           {"speculative_num_draft_tokens", x.speculative_num_draft_tokens},
           {"spec_verify_steps", x.spec_verify_steps},
           {"spec_accepted_tokens", x.spec_accepted_tokens},
+          {"spec_proposed_drafts", x.spec_proposed_drafts},
+          {"spec_accept_rate", x.spec_accept_rate},
           {"spec_accept_length", x.spec_accept_length},
           {"spec_recent_accept_length", x.spec_recent_accept_length},
           {"weight_transports", x.weight_transports},

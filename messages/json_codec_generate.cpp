@@ -255,6 +255,7 @@ void read_fields(object_reader& r, GenerateReqOutput& x) {
     m.field("sampling_seed", x.sampling_seed);
     m.field("spec_verify_ct", x.spec_verify_ct, k_count);
     m.field("spec_accepted_tokens", x.spec_accepted_tokens, k_count);
+    m.field("spec_num_proposed_drafts", x.spec_proposed_drafts, k_count);
     read_logprob_list(m, "output_token_logprobs", x.output_token_logprobs, logprob_ids,
                       x.output_token_texts);
     read_top_rows(m, "output_top_logprobs", x.output_top_logprobs);
@@ -417,6 +418,11 @@ json to_json(const GenerateReqOutput& x) {
     meta["spec_accepted_tokens"] = x.spec_accepted_tokens;
     meta["spec_accept_length"] =
       double(x.spec_accepted_tokens + x.spec_verify_ct) / double(x.spec_verify_ct);
+    // SGLang's names for the counts and the rate of drafts kept (the bonus token not counted).
+    meta["spec_num_correct_drafts"] = x.spec_accepted_tokens;
+    meta["spec_num_proposed_drafts"] = x.spec_proposed_drafts;
+    meta["spec_accept_rate"] =
+      x.spec_proposed_drafts > 0 ? double(x.spec_accepted_tokens) / double(x.spec_proposed_drafts) : 0.0;
   }
   auto spans = json::array();
   for (const auto& span : x.weight_version_spans)

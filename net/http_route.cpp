@@ -346,9 +346,11 @@ http_reply sglang_loads(const GetServerInfoReqOutput& info, const loads_query& q
     metric("token_usage", "Token pool usage ratio", usage);
     metric("cache_hit_rate", "Prefix cache hit rate", cache_hit_rate(info));
     metric("max_running_requests", "Maximum running requests", info.max_running_requests);
-    if (q.speculative && draft)
+    if (q.speculative && draft) {
       metric("spec_accept_length", "Accepted tokens per verification step",
              info.spec_recent_accept_length);
+      metric("spec_accept_rate", "Accepted draft tokens per proposed draft token", info.spec_accept_rate);
+    }
     return http_reply{200, "text/plain; version=0.0.4; charset=utf-8", std::move(text), false};
   }
   json load = {{"dp_rank", 0},
@@ -363,7 +365,7 @@ http_reply sglang_loads(const GetServerInfoReqOutput& info, const loads_query& q
   if (q.speculative && draft && info.speculative_num_draft_tokens > 0)
     load["speculative"] = {
       {"accept_length", info.spec_recent_accept_length},
-      {"accept_rate", info.spec_recent_accept_length / (info.speculative_num_draft_tokens + 1)}};
+      {"accept_rate", info.spec_accept_rate}};
   json body = {{"timestamp", timestamp},
                {"version", server_version()},
                {"dp_rank_count", 1},

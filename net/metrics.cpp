@@ -134,6 +134,10 @@ std::string metrics::render(const GetServerInfoReqOutput* info) const {
     fmt::format_to(it, "rlserve_spec_verify_steps_total {}\n", info->spec_verify_steps);
     header(out, "rlserve_spec_accepted_tokens_total", "counter", "Draft tokens the target accepted");
     fmt::format_to(it, "rlserve_spec_accepted_tokens_total {}\n", info->spec_accepted_tokens);
+    header(out, "rlserve_spec_proposed_drafts_total", "counter", "Draft tokens the target verified");
+    fmt::format_to(it, "rlserve_spec_proposed_drafts_total {}\n", info->spec_proposed_drafts);
+    header(out, "rlserve_spec_accept_rate", "gauge", "Accepted draft tokens per proposed draft token, since start");
+    fmt::format_to(it, "rlserve_spec_accept_rate {:.6f}\n", info->spec_accept_rate);
     header(out, "rlserve_spec_accept_length", "gauge",
            "Tokens per verification step (accepted + the target's own), since start");
     fmt::format_to(it, "rlserve_spec_accept_length {:.6f}\n", info->spec_accept_length);

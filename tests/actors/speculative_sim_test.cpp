@@ -55,7 +55,7 @@ BOOST_AUTO_TEST_CASE(greedy_with_a_draft_equals_target_only_greedy) {
       std::vector<std::future<GenerateReqOutput>> running;
       for (auto& p : prompts)
         running.push_back(e->generate_async(greedy(p, 24)));
-      int32_t verify = 0, accepted = 0;
+      int32_t verify = 0, accepted = 0, proposed = 0;
       for (std::size_t i = 0; i < prompts.size(); ++i) {
         auto out = running[i].get();
         BOOST_REQUIRE_MESSAGE(out.success, out.message);
@@ -64,19 +64,25 @@ BOOST_AUTO_TEST_CASE(greedy_with_a_draft_equals_target_only_greedy) {
         // A verification emits its accepted proposals plus one; the first token comes from
         // prefill, and plain decode steps (none proposed near the end) emit one each.
         BOOST_TEST(out.spec_accepted_tokens + out.spec_verify_ct <= 23);
+        BOOST_TEST(out.spec_proposed_drafts >= out.spec_accepted_tokens);
+        BOOST_TEST(out.spec_proposed_drafts <= 4 * out.spec_verify_ct);
         if (draft == target) {
           // Every proposal is the target's own argmax: 4 + 1 tokens per step from token 2 to
           // 21, then 2 + 1 (only 3 may still come).
           BOOST_TEST(out.spec_verify_ct == 5);
           BOOST_TEST(out.spec_accepted_tokens == 18);
+          BOOST_TEST(out.spec_proposed_drafts == 18);
         }
         verify += out.spec_verify_ct;
         accepted += out.spec_accepted_tokens;
+        proposed += out.spec_proposed_drafts;
       }
       auto info = e->get_server_info();
       BOOST_TEST(info.speculative_num_draft_tokens == 4);
       BOOST_TEST(info.spec_verify_steps == static_cast<uint64_t>(verify));
       BOOST_TEST(info.spec_accepted_tokens == static_cast<uint64_t>(accepted));
+      BOOST_TEST(info.spec_proposed_drafts == static_cast<uint64_t>(proposed));
+      BOOST_TEST(info.spec_accept_rate == double(accepted) / proposed, boost::test_tools::tolerance(1e-12));
       double length = double(accepted + verify) / verify;
       BOOST_TEST_MESSAGE("draft " << draft.filename() << ": " << length << " tokens per verification");
       BOOST_TEST(info.spec_accept_length == length, boost::test_tools::tolerance(1e-9));

@@ -783,8 +783,17 @@ BOOST_AUTO_TEST_CASE(generate_output_has_sglang_shape) {
   BOOST_TEST(!to_json(no_tops)["meta_info"].contains("output_top_logprobs"));
   BOOST_TEST(j.dump().find("0.30000001") == std::string::npos); // floats print shortest
 
+  // Speculation: SGLang's names for the counts and rates (2 verifications, 1 of 8 drafts kept).
+  const auto spec_meta = to_json(samples<GenerateReqOutput>::full())["meta_info"];
+  BOOST_TEST(spec_meta["spec_verify_ct"] == 2);
+  BOOST_TEST(spec_meta["spec_num_correct_drafts"] == 1);
+  BOOST_TEST(spec_meta["spec_num_proposed_drafts"] == 8);
+  BOOST_TEST(spec_meta["spec_accept_rate"].get<double>() == 0.125);
+  BOOST_TEST(spec_meta["spec_accept_length"].get<double>() == 1.5);
+
   const json sparse = to_json(samples<GenerateReqOutput>::sparse());
   BOOST_TEST(sparse["meta_info"]["finish_reason"].is_null());
+  BOOST_TEST(!to_json(GenerateReqOutput{})["meta_info"].contains("spec_accept_rate")); // not speculated
   BOOST_TEST(!sparse["meta_info"].contains("output_token_logprobs"));
   BOOST_TEST(!sparse["meta_info"].contains("output_top_logprobs"));
 }

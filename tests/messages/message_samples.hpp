@@ -38,7 +38,7 @@ RLSERVE_FIELD_COUNT(GenerateReqInput, 12)
 RLSERVE_FIELD_COUNT(TokenizedGenerateReqInput, 12)
 RLSERVE_FIELD_COUNT(FinishReason, 4)
 RLSERVE_FIELD_COUNT(TopLogprob, 3)
-RLSERVE_FIELD_COUNT(GenerateReqOutput, 25)
+RLSERVE_FIELD_COUNT(GenerateReqOutput, 26)
 RLSERVE_FIELD_COUNT(TokenChunks, 1)
 RLSERVE_FIELD_COUNT(WeightVersionSpan, 2)
 RLSERVE_FIELD_COUNT(AbortReq, 3)
@@ -85,7 +85,7 @@ RLSERVE_FIELD_COUNT(ReleaseMemoryOccupationReqOutput, 2)
 RLSERVE_FIELD_COUNT(ResumeMemoryOccupationReqInput, 1)
 RLSERVE_FIELD_COUNT(ResumeMemoryOccupationReqOutput, 2)
 RLSERVE_FIELD_COUNT(GetServerInfoReqInput, 0)
-RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 34)
+RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 36)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
 RLSERVE_FIELD_COUNT(HealthCheckReqOutput, 2)
 // runner.hpp
@@ -507,6 +507,7 @@ struct samples<GenerateReqOutput> : simple_samples<GenerateReqOutput> {
     x.cached_tokens = 2;
     x.spec_verify_ct = 2;
     x.spec_accepted_tokens = 1;
+    x.spec_proposed_drafts = 8;
     x.weight_version_start = "v1";
     x.weight_version = "v2";
     x.weight_version_spans = {{"v1", 0}, {"v2", 2}};
@@ -922,6 +923,8 @@ struct samples<GetServerInfoReqOutput> : simple_samples<GetServerInfoReqOutput> 
     x.speculative_num_draft_tokens = 4;
     x.spec_verify_steps = 10;
     x.spec_accepted_tokens = 17;
+    x.spec_proposed_drafts = 40;
+    x.spec_accept_rate = 0.425;
     x.spec_accept_length = 2.7;
     x.spec_recent_accept_length = 2.5;
     x.running_requests = 3;

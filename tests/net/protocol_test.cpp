@@ -201,12 +201,15 @@ BOOST_AUTO_TEST_CASE(metrics_render_prometheus_text) {
   info.speculative_num_draft_tokens = 4;
   info.spec_verify_steps = 10;
   info.spec_accepted_tokens = 25;
+  info.spec_proposed_drafts = 40;
+  info.spec_accept_rate = 0.625;
   info.spec_accept_length = 3.5;
   info.spec_recent_accept_length = 1.25;
   auto text = m.render(&info);
   for (const char* line : {"rlserve_spec_num_draft_tokens 4", "rlserve_spec_verify_steps_total 10",
                            "rlserve_spec_accepted_tokens_total 25", "rlserve_spec_accept_length 3.500000",
-                           "rlserve_spec_recent_accept_length 1.250000"})
+                           "rlserve_spec_recent_accept_length 1.250000", "rlserve_spec_proposed_drafts_total 40",
+                           "rlserve_spec_accept_rate 0.625000"})
     BOOST_TEST(text.find(line) != std::string::npos, line);
   BOOST_TEST(text.find("rlserve_requests_total{transport=\"ws\",route=\"generate\",result=\"ok\"} 1") !=
              std::string::npos);

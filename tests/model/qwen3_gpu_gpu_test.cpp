@@ -6,6 +6,9 @@
 //   - sampling on the device picks what the host sampler picks from the same logits and uniform;
 //   - the INT4 state machine on the device: restore then post_process gives back the serving bytes
 //     bit for bit (pointer-stable), and the forward after it is unchanged;
+//   - speculation on the device: a draft proposes on the device, keeping its distributions in a
+//     gpu_draft_distributions, and the target's verification on the device keeps what
+//     model::verify_draft keeps on the host from the same logits, distributions and generator;
 //   - bad input is refused with a message, changing no sequence.
 // Greedy generation after an in-place update with graphs on is tests/actors/engine_gpu_test.cpp.
 #include <boost/test/unit_test.hpp>
@@ -21,8 +24,10 @@
 #include "model/make_model.hpp"
 #include "model/quant/int4_checkpoint.hpp"
 #include "model/qwen3.hpp"
+#include "model/gpu_draft_distributions.hpp"
 #include "model/qwen3_gpu.hpp"
 #include "model/sampler.hpp"
+#include "model/speculative.hpp"
 
 using namespace rlserve;
 using namespace rlserve::model;
@@ -485,6 +490,168 @@ BOOST_AUTO_TEST_CASE(int4_experts_match_the_cpu_and_a_partial_update_repacks_in_
     auto changed = gpu->int4_module("model.layers.2.mlp.experts.w13");
     BOOST_TEST(changed->serving);
   }
+}
+
+// Speculation items against the host path. The draft (another model) proposes k tokens on the
+// device for every sequence, keeping each distribution; the target then verifies twice from the
+// same KV contents: once on the host (logits of the k + 1 rows, the kept distributions
+// downloaded, model::verify_draft with the request's generator) and once on the device (a second
+// model instance, the same weights and the same earlier batches, so the same logits bits). The
+// accepted counts and tokens must agree (sampled rows could part only where a uniform falls within
+// fp32 ulps of a decision: none expected here), the logprobs within fp32 rounding.
+BOOST_AUTO_TEST_CASE(device_verification_keeps_what_the_host_verification_keeps) {
+  auto c = medium(false);
+  auto target_host = host_model(c, 5);
+  auto draft_host = host_model(c, 6);
+  auto host_path = gpu_model(*target_host), device_path = gpu_model(*target_host);
+  auto draft = gpu_model(*draft_host);
+  const int64_t B = 12, k = 4, rounds = 3;
+  auto store = gpu_draft_distributions::create(0, c.vocab_size, k);
+  BOOST_REQUIRE_MESSAGE(store, why(store));
+  sequences ta(B, 128, 16), tb(B, 128, 16), d(B, 128, 16);
+  std::vector<sampling_config> configs;
+  std::vector<sampler> host_gen, device_gen, draft_gen;
+  for (int64_t i = 0; i < B; ++i) {
+    sampling_config s;
+    s.temperature = (i % 4 == 0) ? 0.0f : 0.7f + 0.2f * float(i % 3);
+    s.top_k = (i % 3 == 1) ? 30 : -1;
+    s.top_p = (i % 5 == 2) ? 0.9f : 1.0f;
+    configs.push_back(s);
+    host_gen.emplace_back(500 + i);
+    device_gen.emplace_back(500 + i);
+    draft_gen.emplace_back(900 + i);
+  }
+  std::vector<std::vector<int32_t>> prompts;
+  for (int64_t i = 0; i < B; ++i)
+    prompts.push_back(prompt(5 + i, 40 + i, c.vocab_size));
+  std::vector<float> logits;
+  auto prefill = [&](qwen3_gpu_model& m, sequences& seqs) {
+    std::vector<forward_item> items;
+    for (int64_t i = 0; i < B; ++i) // all but the last token, which is the first pending one
+      items.push_back({&seqs.kv[i], std::span<const int32_t>(prompts[i].data(), prompts[i].size() - 1), 1});
+    auto ok = m.forward(items, logits);
+    BOOST_REQUIRE_MESSAGE(ok, why(ok));
+  };
+  prefill(*host_path, ta);
+  prefill(*device_path, tb);
+  prefill(*draft, d);
+  // pending: the token the target runs next; missing: what the draft runs first (the pending
+  // token, after a round that kept every proposal also the last proposal, which it never ran).
+  std::vector<int32_t> pending(B);
+  std::vector<std::vector<int32_t>> missing(B);
+  for (int64_t i = 0; i < B; ++i) {
+    pending[i] = prompts[i].back();
+    missing[i] = {pending[i]};
+  }
+  int64_t accepted_total = 0, proposed_total = 0, differ = 0;
+  double worst_logprob = 0;
+  for (int64_t round = 0; round < rounds; ++round) {
+    // The draft: k proposals per sequence on the device (one uniform each when sampling).
+    std::vector<std::vector<int32_t>> proposals(B);
+    std::vector<std::vector<float>> draft_u(B);
+    for (int64_t n = 0; n < k; ++n) {
+      std::vector<forward_item> items;
+      std::vector<gpu_spec_item> spec(B);
+      for (int64_t i = 0; i < B; ++i) {
+        if (n == 0)
+          items.push_back({&d.kv[i], missing[i], 1});
+        else
+          items.push_back({&d.kv[i], std::span<const int32_t>(&proposals[i].back(), 1), 1});
+        const bool greedy = is_greedy(configs[i]);
+        spec[i].sampling = {greedy ? 0.0f : configs[i].temperature, configs[i].top_k, configs[i].top_p,
+                            configs[i].min_p, 0.0f};
+        if (!greedy) {
+          draft_u[i].assign(1, draft_gen[i].uniform());
+          spec[i].uniforms = draft_u[i];
+          auto row = (*store)->row_for_writing(static_cast<uint64_t>(i), n);
+          BOOST_REQUIRE_MESSAGE(row, why(row));
+          spec[i].keep_row = *row;
+        }
+      }
+      gpu_spec_result out;
+      auto ok = draft->forward(items, logits, nullptr, spec, out);
+      BOOST_REQUIRE_MESSAGE(ok, why(ok));
+      BOOST_TEST(logits.empty()); // every row stayed on the device
+      for (int64_t i = 0; i < B; ++i) {
+        BOOST_REQUIRE(out.tokens[i] >= 0);
+        proposals[i].push_back(out.tokens[i]);
+      }
+    }
+    // The target, twice.
+    std::vector<std::vector<int32_t>> run(B);
+    std::vector<forward_item> host_items, device_items;
+    std::vector<gpu_spec_item> spec(B);
+    std::vector<std::vector<float>> u(B), q_host(B);
+    std::vector<std::vector<const float*>> q_rows(B);
+    for (int64_t i = 0; i < B; ++i) {
+      run[i] = {pending[i]};
+      run[i].insert(run[i].end(), proposals[i].begin(), proposals[i].end());
+      host_items.push_back({&ta.kv[i], run[i], k + 1});
+      device_items.push_back({&tb.kv[i], run[i], k + 1});
+      const bool greedy = is_greedy(configs[i]);
+      spec[i].sampling = {greedy ? 0.0f : configs[i].temperature, configs[i].top_k, configs[i].top_p,
+                          configs[i].min_p, 0.0f};
+      spec[i].draft_tokens = std::span<const int32_t>(run[i].data() + 1, k);
+      if (!greedy) {
+        for (int64_t j = 0; j <= k; ++j)
+          u[i].push_back(device_gen[i].uniform());
+        spec[i].uniforms = u[i];
+        auto rows = (*store)->rows(static_cast<uint64_t>(i), k);
+        BOOST_REQUIRE_MESSAGE(rows, why(rows));
+        q_rows[i] = *rows;
+        spec[i].draft_rows = q_rows[i];
+        auto down = (*store)->download(static_cast<uint64_t>(i), k);
+        BOOST_REQUIRE_MESSAGE(down, why(down));
+        q_host[i] = *down;
+        for (int64_t n = 0; n < k; ++n) // the proposal was drawn from its kept row
+          BOOST_TEST(q_host[i][n * c.vocab_size + proposals[i][n]] > 0.0f);
+      }
+    }
+    auto ok = host_path->forward(host_items, logits);
+    BOOST_REQUIRE_MESSAGE(ok, why(ok));
+    gpu_spec_result out;
+    std::vector<float> rest;
+    ok = device_path->forward(device_items, rest, nullptr, spec, out);
+    BOOST_REQUIRE_MESSAGE(ok, why(ok));
+    for (int64_t i = 0; i < B; ++i) {
+      const auto want = verify_draft(host_gen[i], configs[i],
+                                     std::span<const float>(logits.data() + i * (k + 1) * c.vocab_size,
+                                                            (k + 1) * c.vocab_size),
+                                     c.vocab_size, spec[i].draft_tokens, q_host[i]);
+      const auto got_accepted = out.accepted[i];
+      const auto at = i * (k + 1);
+      std::vector<int32_t> got(out.tokens.begin() + at, out.tokens.begin() + at + got_accepted + 1);
+      if (got_accepted != want.accepted || got != want.tokens) {
+        ++differ;
+        BOOST_TEST_MESSAGE("sequence " << i << " round " << round << ": device kept " << got_accepted
+                                       << ", host " << want.accepted);
+      } else {
+        for (std::size_t n = 0; n < want.logprobs.size(); ++n)
+          worst_logprob = std::max(worst_logprob, double(std::abs(out.logprobs[at + n] - want.logprobs[n])));
+      }
+      for (int64_t j = got_accepted + 1; j <= k; ++j)
+        BOOST_TEST(out.tokens[at + j] == -1);
+      accepted_total += want.accepted;
+      proposed_total += k;
+      // Both continue from the host's result: the target keeps the pending token and what was
+      // accepted; the draft ran the pending token and proposals 1 .. k - 1 and keeps the
+      // accepted ones of those.
+      ta.kv[i].length -= k - want.accepted;
+      tb.kv[i].length -= k - want.accepted;
+      const int64_t draft_kept = std::min<int64_t>(want.accepted, k - 1);
+      d.kv[i].length -= (k - 1) - draft_kept;
+      pending[i] = want.tokens.back();
+      missing[i].assign(run[i].begin() + 1 + draft_kept, run[i].begin() + 1 + want.accepted);
+      missing[i].push_back(pending[i]);
+    }
+  }
+  std::printf("device verification: %lld of %lld proposals kept; %lld of %lld verifications differ from "
+              "the host's; worst logprob difference %.2e\n",
+              static_cast<long long>(accepted_total), static_cast<long long>(proposed_total),
+              static_cast<long long>(differ), static_cast<long long>(B * rounds), worst_logprob);
+  BOOST_TEST(differ == 0);
+  BOOST_TEST(worst_logprob < 1e-4);
+  BOOST_TEST(accepted_total > 0);
 }
 
 BOOST_AUTO_TEST_CASE(bad_batches_are_refused_with_a_message_and_change_nothing) {

@@ -899,7 +899,7 @@ status qwen3_gpu_model::impl::speculate(std::span<forward_item> items, std::span
                     n_minp_row = n_topp_row + RC, n_uniform = n_minp_row + RC, n_temp_seq = n_uniform + RC,
                     n_offset = n_temp_seq + SC, n_drafts = n_offset + SC + 1, n_words = n_drafts + RC;
   const std::size_t tables_at = (n_words * 4 + 7) / 8 * 8;
-  const std::size_t bytes = tables_at + static_cast<std::size_t>(3 * RC) * sizeof(void*);
+  const std::size_t bytes = tables_at + static_cast<std::size_t>(2 * RC) * sizeof(void*);
   if (!spec_dev) {
     GPU_TRY(cudaMalloc(&spec_dev, bytes));
     GPU_TRY(cudaMallocHost(&spec_host, bytes));
@@ -918,9 +918,9 @@ status qwen3_gpu_model::impl::speculate(std::span<forward_item> items, std::span
   auto* words = static_cast<int32_t*>(spec_host);
   auto* fwords = reinterpret_cast<float*>(spec_host);
   auto* tables = reinterpret_cast<float**>(static_cast<std::byte*>(spec_host) + tables_at);
-  float** row_out = tables;
-  float** target_rows = tables + RC;
-  const float** draft_rows = const_cast<const float**>(tables + 2 * RC);
+  // One table of p rows: filtered_probs writes them, spec_verify reads them; then the q rows.
+  float** p_rows = tables;
+  const float** draft_rows = const_cast<const float**>(tables + RC);
   int64_t row = 0, d = 0;
   words[n_offset] = 0;
   for (int64_t s = 0; s < S; ++s) {
@@ -935,8 +935,7 @@ status qwen3_gpu_model::impl::speculate(std::span<forward_item> items, std::span
       fwords[n_minp_row + row] = x.sampling.min_p;
       fwords[n_uniform + row] = greedy ? 0.0f : x.uniforms[static_cast<std::size_t>(j)];
       float* at = k == 0 && x.keep_row ? x.keep_row : spec_probs + row * V;
-      row_out[row] = at;
-      target_rows[row] = at;
+      p_rows[row] = at;
     }
     for (int64_t i = 0; i < k; ++i, ++d) {
       words[n_drafts + d] = x.draft_tokens[static_cast<std::size_t>(i)];
@@ -959,8 +958,8 @@ status qwen3_gpu_model::impl::speculate(std::span<forward_item> items, std::span
   fa.vocab = V;
   KERNEL_TRY("speculation: filtered distributions", kernels::filtered_probs_launch(fa, stream));
   kernels::spec_verify_args va;
-  va.target_rows = dtables + RC;
-  va.draft_rows = dtables + 2 * RC;
+  va.target_rows = dtables;
+  va.draft_rows = dtables + RC;
   va.target_logits = logits;
   va.temperature = dfw + n_temp_seq;
   va.draft_offset = dw + n_offset;

@@ -5,8 +5,9 @@
 // - greedy output equal to target-only greedy on the device (BF16, dense and INT4-expert drafts),
 //   with the batch-invariant forward
 //   (--enable-deterministic-inference: a verification's k + 1 rows compute each row as a
-//   one-token decode does), and with KV blocks of 4 tokens so rejected proposals are cut across
-//   block boundaries;
+//   one-token decode does), and with KV blocks of 16 tokens (the smallest the device's paged
+//   attention takes) so that over 3 to 32 prompt tokens and 24 new ones rejected proposals are
+//   cut across block boundaries;
 // - sampled output distributed as target-only sampling (chi-square against the distribution
 //   computed from the CPU model's logits, and the same test on target-only GPU sampling);
 // - weight updates by selector reach the device runners: a target-only update leaves the draft
@@ -32,7 +33,7 @@ engine_config on_gpu(bool deterministic) {
   engine_config c;
   c.device = "cuda";
   c.kv_cache_tokens = 8192;
-  c.kv_block_size = 4; // proposals (k = 4) and their rejections cross block boundaries
+  c.kv_block_size = 16; // the device's smallest: proposals (k = 4) and rejections cross its edges
   c.max_running_requests = 32;
   c.max_batch_tokens = 512;
   c.enable_deterministic_inference = deterministic;

@@ -1,9 +1,10 @@
 // The CUDA twins of kernels/spec_verify.hpp against their CPU references (which
 // spec_verify_test.cpp holds to model::sampler::distribution and model::verify_draft), outputs
 // poisoned (0xD5) on the device before every launch:
-//   filtered_probs   the same support and every probability within 1e-4 relative (+1e-12): the
-//                    kernel's p is expf(z - lse) in fp32 (the GPU sampler's), the twin's a double
-//                    exp rounded once; a z of magnitude 40 carries ~4e-6 of argument error. Rows of
+//   filtered_probs   the same kept set but for tokens on a cut (on_a_cut below), and every
+//                    probability within 1e-4 relative (+1e-12): the kernel's p is expf(z - lse)
+//                    in fp32 (the GPU sampler's), the twin's a double exp rounded once; a z of
+//                    magnitude 40 carries ~4e-6 of argument error. Rows of
 //                    vocab 1000 and 151936, every filter, greedy, padding, NaN, and flat rows under
 //                    a wide top-p (the sampler's bisection fallback).
 //   spec_verify      from the same p, q and uniforms: accepted counts and tokens equal (the rule is
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -56,28 +58,6 @@ struct row_params {
   }
 };
 
-// Compares GPU rows with the twin's: support mismatches and entries outside the tolerance.
-void compare_probs(const std::vector<float>& got, const std::vector<float>& want, int64_t V, const char* what) {
-  int64_t support = 0, off = 0, finite = 0;
-  double worst = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    finite += std::isfinite(got[i]) ? 0 : 1;
-    if ((got[i] > 0) != (want[i] > 0)) {
-      ++support;
-      continue;
-    }
-    const double d = std::fabs(double(got[i]) - double(want[i]));
-    if (d > k_prob_rel * want[i] + k_prob_abs)
-      ++off;
-    if (want[i] > 0)
-      worst = std::max(worst, d / want[i]);
-  }
-  BOOST_TEST_MESSAGE(what << ": " << want.size() / V << " rows, worst relative difference " << worst);
-  BOOST_TEST(finite == 0);
-  BOOST_TEST(support == 0); // a kept set differs only when a cut falls within fp32 ulps (~1e-6 a row)
-  BOOST_TEST(off == 0);
-}
-
 // The host side of a filtered_probs problem and its twin's answer.
 struct probs_problem {
   std::vector<float> logits;
@@ -91,6 +71,83 @@ struct probs_problem {
     return out;
   }
 };
+
+// Where a kept set may differ: a token whose place is within fp32 ulps of a cut. The kernel's p
+// is expf in fp32 and the twin's a double exp rounded once, so a token that sits on the top-p
+// cut (the mass of the tokens more probable than it within k_cut_mass of top_p), on the min-p
+// cut (p within k_cut_rel of min_p * p_max) or tied with the k-th most probable (within
+// k_cut_rel) may fall either side. Any other difference is a wrong kept set.
+constexpr double k_cut_mass = 1e-5, k_cut_rel = 1e-5;
+
+bool on_a_cut(const probs_problem& pp, int64_t r, int64_t token) {
+  const int64_t V = pp.V;
+  const float* row = pp.logits.data() + r * V;
+  const double inv_t = 1.0 / double(pp.rp.temperature[r]);
+  auto z = [&](int64_t i) { return std::isnan(row[i]) ? -INFINITY : double(row[i]) * inv_t; };
+  double m = -INFINITY;
+  for (int64_t i = 0; i < V; ++i)
+    m = std::max(m, z(i));
+  double sum = 0;
+  for (int64_t i = 0; i < V; ++i)
+    sum += std::exp(z(i) - m);
+  std::vector<double> p(static_cast<std::size_t>(V));
+  for (int64_t i = 0; i < V; ++i)
+    p[i] = std::exp(z(i) - m) / sum;
+  const double pt = p[token], p_max = 1.0 / sum;
+  double before = 0; // the mass of the tokens more probable than `token`
+  int64_t rank = 0;  // how many are
+  for (int64_t i = 0; i < V; ++i)
+    if (p[i] > pt) {
+      before += p[i];
+      ++rank;
+    }
+  const int32_t k = pp.rp.top_k[r];
+  const float top_p = pp.rp.top_p[r], min_p = pp.rp.min_p[r];
+  if (top_p < 1.0f && std::fabs(before - double(top_p)) <= k_cut_mass)
+    return true;
+  if (min_p > 0.0f && std::fabs(pt - double(min_p) * p_max) <= k_cut_rel * double(min_p) * p_max)
+    return true;
+  if (k > 0 && k < V) {
+    std::vector<double> sorted = p;
+    std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<>());
+    if (std::fabs(pt - sorted[k - 1]) <= k_cut_rel * sorted[k - 1])
+      return true;
+  }
+  BOOST_TEST_MESSAGE("row " << r << " token " << token << ": p " << pt << ", rank " << rank << ", mass before "
+                            << before << "; T " << pp.rp.temperature[r] << " top_k " << k << " top_p " << top_p
+                            << " min_p " << min_p);
+  return false;
+}
+
+// Compares GPU rows with the twin's: kept sets (a difference only on a cut) and entries outside the
+// tolerance.
+void compare_probs(const std::vector<float>& got, const std::vector<float>& want, const probs_problem& pp,
+                   const char* what) {
+  const int64_t V = pp.V;
+  int64_t support = 0, on_cuts = 0, off = 0, finite = 0;
+  double worst = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    finite += std::isfinite(got[i]) ? 0 : 1;
+    if ((got[i] > 0) != (want[i] > 0)) {
+      const auto r = static_cast<int64_t>(i) / V;
+      if (on_a_cut(pp, r, static_cast<int64_t>(i) % V))
+        ++on_cuts;
+      else
+        ++support;
+      continue;
+    }
+    const double d = std::fabs(double(got[i]) - double(want[i]));
+    if (d > k_prob_rel * want[i] + k_prob_abs)
+      ++off;
+    if (want[i] > 0)
+      worst = std::max(worst, d / want[i]);
+  }
+  BOOST_TEST_MESSAGE(what << ": " << want.size() / V << " rows, worst relative difference " << worst << ", "
+                          << on_cuts << " tokens on a cut kept on one side only");
+  BOOST_TEST(finite == 0);
+  BOOST_TEST(support == 0);
+  BOOST_TEST(off == 0);
+}
 
 // A batch of sequences: target logits and p rows, draft q rows, proposals, uniforms.
 struct verify_problem {
@@ -252,7 +309,7 @@ BOOST_AUTO_TEST_CASE(filtered_probs_matches_the_twin) {
     device_buffer<int32_t> dk(pp.rp.top_k);
     require_ok(filtered_probs_launch({dl.get(), dt.get(), dk.get(), dp.get(), dm.get(), out.get(), pp.rows, V}, nullptr),
                "filtered_probs_launch");
-    compare_probs(out.download(), want, V, V > 100000 ? "filtered_probs V 151936" : "filtered_probs V 1000");
+    compare_probs(out.download(), want, pp, V > 100000 ? "filtered_probs V 151936" : "filtered_probs V 1000");
   }
 }
 
@@ -307,7 +364,8 @@ BOOST_AUTO_TEST_CASE(the_chain_stays_on_the_device_and_replays_in_a_graph) {
   BOOST_REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
   // p within tolerance of the twin's; the tokens then equal unless an acceptance test falls
   // within those ulps (~1e-6 a proposal).
-  compare_probs(p_dev.download(), vp.p, V, "chain: filtered_probs");
+  probs_problem target{vp.target_logits, vp.target_params, rows, V};
+  compare_probs(p_dev.download(), vp.p, target, "chain: filtered_probs");
   compare_verify(dv.download(), want, "chain: spec_verify");
 
   cudaGraph_t graph;

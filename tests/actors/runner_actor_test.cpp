@@ -3,7 +3,8 @@
 // details by the same positions — checked on a CPU runner over a tiny seeded model: a sequence
 // answers the same whether it runs as a work entry or as a plain decode, a prefill chunk that
 // samples nothing has no token, a failed position fails alone at its own index, and a batch whose
-// sequences do not match its entries is refused whole.
+// sequences do not match its entries is refused whole; a verification whose draft rows are on a
+// device this runner does not have fails alone.
 #include <boost/test/unit_test.hpp>
 
 #include <memory>
@@ -124,6 +125,68 @@ BOOST_AUTO_TEST_CASE(a_batch_whose_sequences_do_not_match_its_entries_is_refused
                std::string::npos,
              out.message);
   BOOST_TEST(out.tokens.empty());
+}
+
+// A sampled verification that says the draft's distributions are on the device reaches a runner
+// that has none there (a CPU runner): it fails alone, naming why, and changes nothing of its
+// sequence, which then runs on as if the verification had never been sent.
+BOOST_AUTO_TEST_CASE(a_verification_whose_draft_rows_are_not_here_fails_alone) {
+  auto sampled = [](std::vector<int32_t> prompt, int32_t block) {
+    auto w = start(std::move(prompt), block);
+    w.sampling_params.temperature = 1.0f;
+    w.sampling_seed = 5;
+    return w;
+  };
+  ForwardBatch first;
+  first.step = 1;
+  first.seq_ids = {1, 2};
+  first.work = {sampled({5, 6, 7, 8}, 0), sampled({5, 6, 7, 8}, 1)};
+  auto a = run(first);
+  BOOST_REQUIRE_MESSAGE(a.success, a.message);
+  BOOST_REQUIRE(a.tokens.size() == 2u);
+  const int32_t next = a.tokens[0];
+  BOOST_REQUIRE(next >= 0);
+
+  // Sequence 1 verifies two proposals whose rows would be on the device; sequence 2 runs the
+  // same token with its top logprobs.
+  ForwardBatch second;
+  second.step = 2;
+  SequenceWork verify;
+  verify.tokens = {next};
+  verify.draft_tokens = {3, 4};
+  verify.draft_probs_on_device = true;
+  SequenceWork plain;
+  plain.tokens = {next};
+  plain.top_logprobs_num = 3;
+  second.seq_ids = {1, 2};
+  second.work = {verify, plain};
+  auto b = run(second);
+  BOOST_REQUIRE_MESSAGE(b.success, b.message);
+  BOOST_REQUIRE(b.errors.size() == 2u);
+  BOOST_TEST(b.error(0).find("sequence 1: the draft's distributions are on the device") != std::string::npos,
+             b.error(0));
+  BOOST_TEST(b.error(1).empty());
+  BOOST_TEST(b.tokens[0] == -1);
+  BOOST_REQUIRE(b.details.size() == 2u);
+  BOOST_REQUIRE(b.details[1].top_logprobs.size() == 1u);
+
+  // Sequence 1's KV is as it was: the same token now gives sequence 2's top logprobs.
+  ForwardBatch third;
+  third.step = 3;
+  third.seq_ids = {1};
+  third.work = {plain};
+  auto c = run(third);
+  BOOST_REQUIRE_MESSAGE(c.success, c.message);
+  BOOST_TEST(c.error(0).empty(), c.error(0));
+  BOOST_REQUIRE(c.details.size() == 1u);
+  BOOST_REQUIRE(c.details[0].top_logprobs.size() == 1u);
+  const auto& want = b.details[1].top_logprobs[0];
+  const auto& got = c.details[0].top_logprobs[0];
+  BOOST_REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    BOOST_TEST(got[i].token_id == want[i].token_id);
+    BOOST_TEST(got[i].logprob == want[i].logprob);
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -27,29 +27,12 @@ constexpr int64_t k_gemv_max_rows = 8;
 constexpr bool gemv_bf16_preferred(int64_t rows, int64_t n) {
   return rows >= 1 && rows <= k_gemv_max_rows && (rows == 1 || n <= 1024);
 }
-// The norm prologue: instead of reading x, every CTA makes it as add_rms_norm (kernels/
-// decoder_ops.hpp) would, with the same bits: x = bf16(rmsnorm(residual_in + delta) * norm_weight)
-// row by row, held in shared memory. CTA 0 alone writes the sum to residual_out and x to x_out
-// where they are given. residual_out must not be residual_in: the other CTAs still read it (a
-// caller keeps two residual buffers and swaps them). This takes the norm's own launch out of a
-// decode step.
-constexpr int64_t k_gemv_norm_max_elements = 16384; // rows * k: x in 32 KiB of shared memory
-struct gemv_bf16_norm {
-  const float* residual_in = nullptr;  // fp32 [rows, k]
-  const uint16_t* delta = nullptr;     // bf16 [rows, k] or null (nothing added)
-  const uint16_t* weight = nullptr;    // bf16 [k]
-  float eps = 1e-6f;
-  float* residual_out = nullptr;       // fp32 [rows, k] or null
-  uint16_t* x_out = nullptr;           // bf16 [rows, k] or null
-};
 struct gemv_bf16_args {
-  const uint16_t* x = nullptr; // bf16 [rows, k], 16-byte aligned rows; null with a norm prologue
+  const uint16_t* x = nullptr; // bf16 [rows, k], 16-byte aligned rows
   const uint16_t* w = nullptr; // bf16 [n, k], 16-byte aligned
   void* y = nullptr;           // bf16 or fp32 [rows, ldy]
   int64_t rows = 0, n = 0, k = 0, ldy = 0; // 1 <= rows <= k_gemv_max_rows, k % 8 == 0, ldy >= n
   bool f32_out = false;
-  // The norm prologue (x null), every pointer 16-byte aligned; rows * k <= k_gemv_norm_max_elements.
-  const gemv_bf16_norm* norm = nullptr;
 };
 kernel_status gemv_bf16_can_implement(const gemv_bf16_args& a);
 kernel_status gemv_bf16_ref(const gemv_bf16_args& a);

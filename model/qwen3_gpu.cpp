@@ -210,7 +210,6 @@ status qwen3_gpu_model::impl::allocate_runtime() {
     }
   };
   grab(residual, T * H);
-  grab(residual_alt, std::min(T, kernels::k_gemv_max_rows) * H);
   grab(h, T * H);
   grab(qkv, T * (nq + 2 * nkv) * D);
   grab(q, T * nq * D);
@@ -477,36 +476,6 @@ kernels::moe_bf16_args qwen3_gpu_model::impl::bf16_moe_args(const gpu_layer& L, 
   return f;
 }
 
-// add_rms_norm of `pending` into the residual stream, h = the normed rows (bf16), then y = h w^T.
-// Where the BF16 GEMV takes the linear, the norm runs in its prologue (one launch instead of two,
-// the same bits): it reads residual_now, writes the sum to the other buffer, and writes h only
-// when `keep_h` (a later kernel reads it) or a trace wants it.
-status qwen3_gpu_model::impl::norm_then_linear(const uint16_t* pending, const uint16_t* norm_weight, bool keep_h,
-                                               const uint16_t* w, int64_t n, int64_t T, void* y, int64_t ldy,
-                                               bool f32_out) {
-  const int64_t H = config.hidden_size;
-  const auto eps = static_cast<float>(config.rms_norm_eps);
-  if (options.norms_in_gemv && !options.batch_invariant && options.bf16_gemv && kernels::gemv_bf16_preferred(T, n) &&
-      T * H <= kernels::k_gemv_norm_max_elements) {
-    float* next = residual_now == residual ? residual_alt : residual;
-    const kernels::gemv_bf16_norm norm{residual_now, pending, norm_weight, eps, next,
-                                       keep_h || trace_file ? h : nullptr};
-    kernels::gemv_bf16_args g{nullptr, w, y, T, n, H, ldy, f32_out};
-    g.norm = &norm;
-    const auto st = kernels::gemv_bf16_launch(g, stream);
-    if (st == kernel_status::ok) {
-      residual_now = next;
-      return {};
-    }
-    if (st != kernel_status::misaligned_operand) // misaligned: the two launches take it
-      return fail(fmt::format("BF16 GEMV with RMSNorm [{} x {}] x [{} x {}]^T failed ({})", T, H, n, H,
-                              kernels::to_string(st)));
-  }
-  kernels::add_rms_norm_args a{residual_now, pending, norm_weight, nullptr, h, T, H, eps};
-  KERNEL_TRY("add + RMSNorm", kernels::add_rms_norm_launch(a, stream));
-  return gemm_bf16(w, n, H, h, T, y, ldy, f32_out);
-}
-
 // Enqueues one step over the metadata already in `dev`: T token rows, S sequences (the
 // attention's block-table rows), R logits rows. Captured into graphs as is.
 status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
@@ -517,7 +486,6 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
   const auto eps = static_cast<float>(c.rms_norm_eps);
 
   mark("start");
-  residual_now = residual;
   KERNEL_TRY("embedding", kernels::embed_launch({dev.ids, embed, residual, T, V, H}, stream));
   trace_layer = -1;
   if (auto s = mark("embedding", {residual, T, H, trace_type::f32}); !s)
@@ -526,14 +494,14 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const auto& L = layers[l];
     trace_layer = l;
+    kernels::add_rms_norm_args n1{residual, pending, L.input_norm, nullptr, h, T, H, eps};
+    KERNEL_TRY("input_layernorm", kernels::add_rms_norm_launch(n1, stream));
+    if (auto s = mark("norms", {h, T, H, trace_type::bf16}); !s)
+      return s;
     if (L.qkv_fused) {
-      if (auto s = norm_then_linear(pending, L.input_norm, false, L.qkv_fused, qkv_cols, T, qkv, qkv_cols, false); !s)
+      if (auto s = gemm_bf16(L.qkv_fused, qkv_cols, H, h, T, qkv, qkv_cols, false); !s)
         return s;
     } else {
-      kernels::add_rms_norm_args n1{residual_now, pending, L.input_norm, nullptr, h, T, H, eps};
-      KERNEL_TRY("input_layernorm", kernels::add_rms_norm_launch(n1, stream));
-      if (auto s = mark("norms", {h, T, H, trace_type::bf16}); !s)
-        return s;
       if (auto s = gemm(L.q, h, T, qkv, qkv_cols, false); !s)
         return s;
       if (auto s = gemm(L.k, h, T, qkv + nq * D, qkv_cols, false); !s)
@@ -571,19 +539,14 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
       return s;
     if (auto s = mark("o_proj GEMM", {delta, T, H, trace_type::bf16}); !s)
       return s;
-    // The post-attention norm runs in the next BF16 linear's prologue where it can (the dense
-    // gate|up, the router); else on its own.
-    const bool norm_alone = L.sparse ? false : !L.gate_up_fused;
-    if (norm_alone) {
-      kernels::add_rms_norm_args n2{residual_now, delta, L.post_norm, nullptr, h, T, H, eps};
-      KERNEL_TRY("post_attention_layernorm", kernels::add_rms_norm_launch(n2, stream));
-      if (auto s = mark("norms", {h, T, H, trace_type::bf16}); !s)
-        return s;
-    }
+    kernels::add_rms_norm_args n2{residual, delta, L.post_norm, nullptr, h, T, H, eps};
+    KERNEL_TRY("post_attention_layernorm", kernels::add_rms_norm_launch(n2, stream));
+    if (auto s = mark("norms", {h, T, H, trace_type::bf16}); !s)
+      return s;
     if (!L.sparse) {
       const int64_t I = c.intermediate_size;
       if (L.gate_up_fused) {
-        if (auto s = norm_then_linear(delta, L.post_norm, false, L.gate_up_fused, 2 * I, T, gate_up, 2 * I, false); !s)
+        if (auto s = gemm_bf16(L.gate_up_fused, 2 * I, H, h, T, gate_up, 2 * I, false); !s)
           return s;
       } else {
         gpu_linear gu{2 * I, H, nullptr, L.gate_up_int4};
@@ -595,8 +558,8 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
         return s;
     } else {
       const int64_t E = c.num_experts;
-      if (auto s = norm_then_linear(delta, L.post_norm, true, L.router, E, T, router_logits, E, true); !s)
-        return s; // h stays: the fused MoE reads it
+      if (auto s = gemm_bf16(L.router, E, H, h, T, router_logits, E, true); !s)
+        return s;
       if (auto s = mark("router GEMM", {router_logits, T, E, trace_type::f32}); !s)
         return s;
       const int32_t* ids = nullptr;
@@ -633,9 +596,9 @@ status qwen3_gpu_model::impl::run_step(int64_t T, int64_t S, int64_t R) {
     pending = delta;
   }
   // The last delta joins the residual, then only the rows that want logits are normed.
-  kernels::add_rms_norm_args last{residual_now, pending, final_norm, nullptr, h, T, H, eps};
+  kernels::add_rms_norm_args last{residual, pending, final_norm, nullptr, h, T, H, eps};
   KERNEL_TRY("final residual add", kernels::add_rms_norm_launch(last, stream));
-  kernels::add_rms_norm_args fin{residual_now, nullptr, final_norm, dev.logit_rows, h_rows, R, H, eps};
+  kernels::add_rms_norm_args fin{residual, nullptr, final_norm, dev.logit_rows, h_rows, R, H, eps};
   KERNEL_TRY("final norm", kernels::add_rms_norm_launch(fin, stream));
   trace_layer = c.num_hidden_layers;
   if (auto s = mark("norms", {h_rows, R, H, trace_type::bf16}); !s)

@@ -10,9 +10,6 @@
 //               dense:  delta = silu_mul(h Wgu^T) Wd^T
 //               sparse: router = h Wr^T (fp32);  delta = fused MoE (INT4 experts, or BF16 experts)
 //   logits (fp32) = bf16(rmsnorm(residual)) Wlm^T                 cuBLAS, fp32 out (never rounded)
-// At decode sizes (1 to 8 rows) a norm followed by a BF16 linear on the GEMV (the fused q/k/v at
-// one row, the router, a dense gate|up at one row) runs in the GEMV's prologue with the same bits
-// (gpu_options::norms_in_gemv); the residual stream then moves between two buffers.
 //
 // Weights: BF16 on the device, Linear layers in the checkpoint's [out, in] orientation (q/k/v and
 // gate/up rows back to back so each pair is one GEMM). INT4 modules (compressed-tensors checkpoints
@@ -65,10 +62,6 @@ struct gpu_options {
   // (kernels/gemv_bf16.hpp) rather than cuBLAS; off only to compare the two
   // (decode_bench --linears cublas).
   bool bf16_gemv = true;
-  // Where the GEMV takes the BF16 linear that follows a residual add + RMSNorm (the fused q/k/v,
-  // the router, a dense gate|up), the norm runs in the GEMV's prologue (kernels::gemv_bf16_norm):
-  // one launch fewer per norm, the same bits. Off only to compare (decode_bench --separate-norms).
-  bool norms_in_gemv = true;
   // The batch-invariant forward (serve --enable-deterministic-inference): a sequence's logits do
   // not depend on the other sequences of its batch or on how its prompt was chunked. Every op
   // is then per row or runs its batch-invariant form: BF16 linears on

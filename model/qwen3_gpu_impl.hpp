@@ -228,10 +228,6 @@ struct qwen3_gpu_model::impl {
   // scratch
   int64_t max_tokens = 0, max_rows = 0, max_seqs = 0;
   float* residual = nullptr;
-  // The second residual buffer of a step whose norms run in the GEMV's prologue (at most
-  // k_gemv_max_rows rows: the GEMV's), which writes the sum to the other buffer than it reads.
-  float* residual_alt = nullptr;
-  float* residual_now = nullptr; // the buffer holding the residual stream at this point of a step
   uint16_t *h = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr, *delta = nullptr,
            *gate_up = nullptr, *act = nullptr, *h_rows = nullptr;
   float *router_logits = nullptr, *logits = nullptr, *out_logprob = nullptr;
@@ -396,8 +392,6 @@ struct qwen3_gpu_model::impl {
   status gemm(const gpu_detail::gpu_linear& w, const uint16_t* x, int64_t m, void* y, int64_t ldy, bool f32_out);
   status gemm_bf16(const uint16_t* w, int64_t n, int64_t k, const uint16_t* x, int64_t m, void* y,
                    int64_t ldy, bool f32_out);
-  status norm_then_linear(const uint16_t* pending, const uint16_t* norm_weight, bool keep_h, const uint16_t* w,
-                          int64_t n, int64_t T, void* y, int64_t ldy, bool f32_out);
   status run_step(int64_t T, int64_t S, int64_t R);
   kernels::paged_attention_args attention_args(int64_t layer, int64_t tokens, int64_t sequences) const;
   kernels::fused_moe_args int4_moe_args(const gpu_detail::gpu_layer& L, int64_t tokens) const;

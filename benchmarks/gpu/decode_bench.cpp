@@ -22,11 +22,9 @@
 //
 //   decode_bench [--batches 1,8,32,128] [--prompt 128] [--steps 32] [--mode both|int4|bf16]
 //                [--layers 48] [--no-graphs] [--linears gemv|cublas] [--prefill full|none]
-//                [--batch-invariant] [--separate-norms] [--json FILE]
+//                [--batch-invariant] [--json FILE]
 // --linears cublas runs the decode-size BF16 linears on cuBLAS instead of the project's GEMV
 // (gpu_options::bf16_gemv), to compare the two.
-// --separate-norms launches every residual add + RMSNorm on its own instead of in the prologue
-// of the GEMV that follows it (gpu_options::norms_in_gemv), to measure what the fusion gives.
 // --batch-invariant runs the batch-invariant forward (gpu_options::batch_invariant, what
 // `serve --enable-deterministic-inference` runs): what that costs against the default at each batch.
 // --prefill none skips the prompt's forward: each sequence's KV simply counts `--prompt` positions
@@ -73,7 +71,6 @@ struct options {
   std::string mode = "both";
   bool graphs = true;
   bool gemv = true;
-  bool norms_in_gemv = true;
   bool prefill = true; // --prefill none: KV positions counted, not computed (timing only)
   bool batch_invariant = false;
   std::string json;
@@ -138,7 +135,6 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
   g.max_sequences = max_b;
   g.cuda_graphs = o.graphs;
   g.bf16_gemv = o.gemv;
-  g.norms_in_gemv = o.norms_in_gemv;
   g.batch_invariant = o.batch_invariant;
   auto t0 = std::chrono::steady_clock::now();
   auto made = qwen3_gpu_model::create_random(c, int4 ? std::optional<random_int4>(random_int4{128, false})
@@ -155,11 +151,10 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
     return false;
   }
   auto& m = **made;
-  std::printf("%s model on %s (decode-size BF16 linears on %s%s): %.1f GB of weights, %.2f GB of KV, made in %.1f s\n",
+  std::printf("%s model on %s (decode-size BF16 linears on %s): %.1f GB of weights, %.2f GB of KV, made in %.1f s\n",
               int4 ? (o.batch_invariant ? "INT4-asym g128 experts, batch-invariant" : "INT4-asym g128 experts")
                    : (o.batch_invariant ? "BF16, batch-invariant" : "BF16"),
               m.device_name().c_str(), o.gemv ? "the GEMV" : "cuBLAS",
-              o.norms_in_gemv ? "" : ", norms launched separately",
               double(m.weight_bytes()) / 1e9, double(m.kv_bytes()) / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   std::mt19937_64 rng(7);
@@ -337,8 +332,6 @@ int main(int argc, char** argv) {
       o.graphs = false;
     else if (arg == "--batch-invariant")
       o.batch_invariant = true;
-    else if (arg == "--separate-norms")
-      o.norms_in_gemv = false;
     else if (arg == "--linears") {
       const std::string v = value();
       if (v != "gemv" && v != "cublas") {

@@ -1,6 +1,5 @@
 // CPU reference of kernels/gemv_bf16.hpp (plain loops, sums in double, one bf16 rounding per stored
-// value); the CUDA twin is kernels/cuda/gemv_bf16.cu. The norm prologue is add_rms_norm_ref on a
-// copy of the residual rows, then the GEMV of what it wrote.
+// value); the CUDA twin is kernels/cuda/gemv_bf16.cu.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -8,7 +7,6 @@
 #include <vector>
 
 #include "kernels/bf16.hpp"
-#include "kernels/decoder_ops.hpp"
 #include "kernels/gemv_bf16.hpp"
 
 namespace rlserve::kernels {
@@ -18,13 +16,7 @@ namespace rlserve::kernels {
 kernel_status gemv_bf16_can_implement(const gemv_bf16_args& a) {
   if (a.rows < 1 || a.rows > k_gemv_max_rows || a.n < 1 || a.k < 8 || a.k % 8 != 0 || a.ldy < a.n)
     return kernel_status::invalid_problem;
-  if (a.w == nullptr || a.y == nullptr)
-    return kernel_status::invalid_problem;
-  if (a.norm == nullptr)
-    return a.x != nullptr ? kernel_status::ok : kernel_status::invalid_problem;
-  const auto& p = *a.norm;
-  if (a.x != nullptr || p.residual_in == nullptr || p.weight == nullptr || !(p.eps >= 0.0f) ||
-      a.rows * a.k > k_gemv_norm_max_elements || p.residual_out == p.residual_in)
+  if (a.x == nullptr || a.w == nullptr || a.y == nullptr)
     return kernel_status::invalid_problem;
   return kernel_status::ok;
 }
@@ -32,27 +24,11 @@ kernel_status gemv_bf16_can_implement(const gemv_bf16_args& a) {
 kernel_status gemv_bf16_ref(const gemv_bf16_args& a) {
   if (auto s = gemv_bf16_can_implement(a); s != kernel_status::ok)
     return s;
-  const uint16_t* x = a.x;
-  std::vector<uint16_t> normed;
-  if (a.norm) {
-    const auto& p = *a.norm;
-    const auto elems = static_cast<std::size_t>(a.rows * a.k);
-    std::vector<float> sum(p.residual_in, p.residual_in + elems);
-    normed.resize(elems);
-    const add_rms_norm_args n{sum.data(), p.delta, p.weight, nullptr, normed.data(), a.rows, a.k, p.eps};
-    if (auto s = add_rms_norm_ref(n); s != kernel_status::ok)
-      return s;
-    if (p.residual_out)
-      std::copy(sum.begin(), sum.end(), p.residual_out);
-    if (p.x_out)
-      std::copy(normed.begin(), normed.end(), p.x_out);
-    x = normed.data();
-  }
   for (int64_t r = 0; r < a.rows; ++r)
     for (int64_t c = 0; c < a.n; ++c) {
       double acc = 0.0;
       for (int64_t j = 0; j < a.k; ++j)
-        acc += double(bf16_to_float(x[r * a.k + j])) * double(bf16_to_float(a.w[c * a.k + j]));
+        acc += double(bf16_to_float(a.x[r * a.k + j])) * double(bf16_to_float(a.w[c * a.k + j]));
       if (a.f32_out)
         static_cast<float*>(a.y)[r * a.ldy + c] = static_cast<float>(acc);
       else

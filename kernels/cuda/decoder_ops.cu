@@ -8,7 +8,6 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/add_rms_norm_row.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/programmatic_launch.cuh"
 #include "kernels/decoder_ops.hpp"
@@ -20,10 +19,24 @@ namespace {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 __device__ __forceinline__ float bf(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+__device__ __forceinline__ uint16_t to_bf(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
 
-using norm_row::pack8;
-using norm_row::to_bf;
-using norm_row::unpack8;
+// 8 bf16 in one 16-byte word <-> 8 floats.
+__device__ __forceinline__ void unpack8(const uint4& w, float* f) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(u[i] << 16);
+    f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ uint4 pack8(const float* f) {
+  uint32_t u[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    u[i] = static_cast<uint32_t>(to_bf(f[2 * i])) | (static_cast<uint32_t>(to_bf(f[2 * i + 1])) << 16);
+  return make_uint4(u[0], u[1], u[2], u[3]);
+}
 
 // ---- embedding: one warp per token, 8 columns per lane and step -----------------------------------
 constexpr int k_embed_warps = 8;
@@ -50,8 +63,24 @@ embed_kernel(const int32_t* __restrict__ ids, const uint16_t* __restrict__ table
   }
 }
 
-// ---- residual add + RMSNorm: one CTA per row, the row in registers (add_rms_norm_row.cuh) ----------
-using norm_row::k_norm_threads;
+// ---- residual add + RMSNorm: one CTA per row, the row in registers ------------------------------
+constexpr int k_norm_threads = 256;
+constexpr int k_norm_chunks = 8; // 8-column chunks per thread: cols <= 256 * 8 * 8 = 16384
+
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  __syncthreads(); // scratch may still be read from a previous call
+  if (lane == 0)
+    scratch[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w)
+    total += scratch[w]; // same order in every thread: a uniform result
+  return total;
+}
 
 __global__ void __launch_bounds__(k_norm_threads)
 add_rms_norm_kernel(float* __restrict__ residual, const uint16_t* __restrict__ delta,
@@ -62,15 +91,53 @@ add_rms_norm_kernel(float* __restrict__ residual, const uint16_t* __restrict__ d
   programmatic_trigger();
   const int64_t r = blockIdx.x;
   const int64_t src = rows_index ? rows_index[r] : r;
+  const int64_t chunks = cols / 8;
+  uint4* o = reinterpret_cast<uint4*>(out + r * cols);
   if (src < 0) {
-    uint4* o = reinterpret_cast<uint4*>(out + r * cols);
-    for (int64_t c = threadIdx.x; c < cols / 8; c += blockDim.x)
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x)
       o[c] = make_uint4(0, 0, 0, 0);
     return;
   }
-  float* row = residual + src * cols;
-  norm_row::add_rms_norm_row(row, delta ? row : nullptr, delta ? delta + src * cols : nullptr, weight,
-                             out + r * cols, cols, eps, scratch);
+  float4* x = reinterpret_cast<float4*>(residual + src * cols);
+  const uint4* d = reinterpret_cast<const uint4*>(delta + (delta ? src * cols : 0));
+  float v[k_norm_chunks][8];
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < k_norm_chunks; ++i) {
+    const int64_t c = threadIdx.x + int64_t{i} * k_norm_threads;
+    if (c < chunks) {
+      const float4 a = x[2 * c], b = x[2 * c + 1];
+      v[i][0] = a.x, v[i][1] = a.y, v[i][2] = a.z, v[i][3] = a.w;
+      v[i][4] = b.x, v[i][5] = b.y, v[i][6] = b.z, v[i][7] = b.w;
+      if (delta) {
+        float dd[8];
+        unpack8(d[c], dd);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          v[i][j] += dd[j];
+        x[2 * c] = make_float4(v[i][0], v[i][1], v[i][2], v[i][3]);
+        x[2 * c + 1] = make_float4(v[i][4], v[i][5], v[i][6], v[i][7]);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        ss = fmaf(v[i][j], v[i][j], ss);
+    }
+  }
+  const float total = block_sum(ss, scratch);
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(cols) + eps);
+  const uint4* w = reinterpret_cast<const uint4*>(weight);
+#pragma unroll
+  for (int i = 0; i < k_norm_chunks; ++i) {
+    const int64_t c = threadIdx.x + int64_t{i} * k_norm_threads;
+    if (c < chunks) {
+      float wf[8], y[8];
+      unpack8(__ldg(w + c), wf);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        y[j] = v[i][j] * inv * wf[j];
+      o[c] = pack8(y);
+    }
+  }
 }
 
 // ---- q/k RMSNorm + RoPE + KV write: one warp per (token, head) ------------------------------------

@@ -12,9 +12,6 @@
 // in warp order through shared memory. The order is fixed by the shapes alone, so a result never
 // depends on scheduling. Launched as a programmatic dependent: the first weights load before
 // the wait for the kernel that wrote x (kernels/cuda/programmatic_launch.cuh).
-// With the norm prologue (gemv_bf16_norm) each CTA makes x itself after the wait, row by row with
-// add_rms_norm_row.cuh (the bits of the separate norm kernel), into shared memory, while its first
-// weights are in flight; CTA 0 writes the residual sum and x out for the kernels after it.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,7 +19,6 @@
 #include <atomic>
 #include <cstdint>
 
-#include "kernels/cuda/add_rms_norm_row.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/programmatic_launch.cuh"
 #include "kernels/gemv_bf16.hpp"
@@ -56,26 +52,13 @@ __device__ __forceinline__ float dot8(const uint4& w, const uint4& x, float acc)
 __device__ __forceinline__ void store(float* y, float v) { *y = v; }
 __device__ __forceinline__ void store(uint16_t* y, float v) { *y = __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 
-static_assert(k_threads == norm_row::k_norm_threads, "the prologue norms a row with the norm kernel's CTA");
-
-// The prologue's inputs, by value (a null residual_in: no prologue).
-struct norm_params {
-  const float* residual_in;
-  const uint16_t* delta;
-  const uint16_t* weight;
-  float eps;
-  float* residual_out;
-  uint16_t* x_out;
-};
-
 // M: rows of x the kernel is compiled for (the launch's rows <= M); R: weight rows per warp;
-// U: chunks whose loads are in flight together; Norm: x made by the prologue into shared memory.
-template <int M, int R, int U, typename Out, bool Norm>
+// U: chunks whose loads are in flight together.
+template <int M, int R, int U, typename Out>
 __global__ void __launch_bounds__(k_threads, 1)
 gemv_bf16_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w, Out* __restrict__ y, int rows,
-                 int64_t n, int64_t k, int64_t ldy, int ks, norm_params np) {
+                 int64_t n, int64_t k, int64_t ldy, int ks) {
   __shared__ float part[k_warps][R][M];
-  extern __shared__ uint4 x_shared[]; // Norm: x, [rows, k] bf16
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int groups = k_warps / ks;
   const int group = warp / ks, kw = warp % ks;
@@ -107,19 +90,6 @@ gemv_bf16_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
   load_weights(kw);
   programmatic_wait();
   programmatic_trigger();
-  if constexpr (Norm) {
-    __shared__ float scratch[k_warps];
-    uint16_t* xs = reinterpret_cast<uint16_t*>(x_shared);
-    const bool first = blockIdx.x == 0;
-    for (int m = 0; m < rows; ++m)
-      norm_row::add_rms_norm_row(np.residual_in + m * k, first && np.residual_out ? np.residual_out + m * k : nullptr,
-                                 np.delta ? np.delta + m * k : nullptr, np.weight, xs + m * k, k, np.eps, scratch);
-    __syncthreads();
-    if (first && np.x_out)
-      for (int64_t i = threadIdx.x; i < rows * k / 8; i += k_threads)
-        reinterpret_cast<uint4*>(np.x_out)[i] = x_shared[i];
-    x = xs;
-  }
   for (int64_t c = kw; c < chunks; c += int64_t{ks} * U) {
     if (c != kw)
       load_weights(c);
@@ -132,8 +102,7 @@ gemv_bf16_kernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
       for (int m = 0; m < M; ++m) {
         if (m >= rows)
           break;
-        const uint4 xv = Norm ? *reinterpret_cast<const uint4*>(x + m * k + e)
-                              : __ldg(reinterpret_cast<const uint4*>(x + m * k + e));
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + m * k + e));
 #pragma unroll
         for (int r = 0; r < R; ++r)
           acc[r][m] = dot8(wv[u][r], xv, acc[r][m]);
@@ -196,16 +165,8 @@ template <int M, int R, typename Out>
 cudaError_t launch_mr(const gemv_bf16_args& a, int ks, unsigned grid, cudaStream_t stream) {
   // Loads in flight per lane: U * R 16-byte weight loads, kept to about 8 (registers).
   constexpr int U = M <= 2 ? (R == 4 ? 2 : 4) : (M == 4 ? (R == 4 ? 1 : 2) : 1);
-  if (a.norm) {
-    const norm_params np{a.norm->residual_in, a.norm->delta, a.norm->weight,
-                         a.norm->eps,         a.norm->residual_out, a.norm->x_out};
-    const auto smem = static_cast<std::size_t>(a.rows * a.k) * sizeof(uint16_t); // <= 32 KiB (can_implement)
-    return launch_programmatic(gemv_bf16_kernel<M, R, U, Out, true>, grid, k_threads, smem, stream, a.x, a.w,
-                               static_cast<Out*>(a.y), static_cast<int>(a.rows), a.n, a.k, a.ldy, ks, np);
-  }
-  return launch_programmatic(gemv_bf16_kernel<M, R, U, Out, false>, grid, k_threads, 0, stream, a.x, a.w,
-                             static_cast<Out*>(a.y), static_cast<int>(a.rows), a.n, a.k, a.ldy, ks,
-                             norm_params{});
+  return launch_programmatic(gemv_bf16_kernel<M, R, U, Out>, grid, k_threads, 0, stream, a.x, a.w,
+                             static_cast<Out*>(a.y), static_cast<int>(a.rows), a.n, a.k, a.ldy, ks);
 }
 
 template <int M, typename Out>
@@ -230,17 +191,12 @@ cudaError_t launch(const gemv_bf16_args& a, int R, int ks, unsigned grid, cudaSt
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-bool norm_aligned(const gemv_bf16_norm& p) {
-  return aligned16(p.residual_in) && aligned16(p.weight) && aligned16(p.delta) && aligned16(p.residual_out) &&
-         aligned16(p.x_out); // null is aligned
-}
-
 } // namespace
 
 kernel_status gemv_bf16_launch(const gemv_bf16_args& a, cudaStream_t stream) {
   if (auto s = gemv_bf16_can_implement(a); s != kernel_status::ok)
     return s;
-  if (!aligned16(a.w) || (a.norm ? !norm_aligned(*a.norm) : !aligned16(a.x)))
+  if (!aligned16(a.x) || !aligned16(a.w))
     return kernel_status::misaligned_operand;
   const int64_t target = 2 * int64_t{sm_count()};
   int R = a.rows > 4 ? 2 : 4, ks = 1;

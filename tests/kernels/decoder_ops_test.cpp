@@ -279,65 +279,6 @@ BOOST_AUTO_TEST_CASE(gemv_bf16_equals_the_cpu_matmul) {
     BOOST_TEST((gemv_bf16_ref(bad) == kernel_status::invalid_problem));
 }
 
-// The norm prologue: the GEMV of the rows add_rms_norm_ref makes from residual_in + delta, the sum
-// in residual_out and the rows in x_out where given, residual_in untouched; contracts refused.
-BOOST_AUTO_TEST_CASE(gemv_bf16_norm_prologue_is_the_norm_then_the_gemv) {
-  const int64_t rows = 3, n = 21, k = 64, ldy = 24;
-  const auto w = random_bf16(static_cast<std::size_t>(n * k), 710, 0.1);
-  const auto delta = random_bf16(static_cast<std::size_t>(rows * k), 711);
-  const auto weight = random_bf16(static_cast<std::size_t>(k), 712, 0.5);
-  std::vector<float> residual(static_cast<std::size_t>(rows * k));
-  for (std::size_t i = 0; i < residual.size(); ++i)
-    residual[i] = bf16_to_float(delta[(i * 7) % delta.size()]) * 3.0f + 0.25f;
-  for (const bool with_delta : {true, false}) {
-    // The two ops apart.
-    std::vector<float> sum = residual;
-    std::vector<uint16_t> x(static_cast<std::size_t>(rows * k));
-    BOOST_REQUIRE(add_rms_norm_ref({sum.data(), with_delta ? delta.data() : nullptr, weight.data(), nullptr, x.data(),
-                                    rows, k, 1e-6f}) == kernel_status::ok);
-    std::vector<float> want(static_cast<std::size_t>(rows * ldy), -7.0f);
-    BOOST_REQUIRE(gemv_bf16_ref({x.data(), w.data(), want.data(), rows, n, k, ldy, true}) == kernel_status::ok);
-    // Fused.
-    const auto residual_before = residual;
-    std::vector<float> residual_out(residual.size(), -1.0f), y(want.size(), -7.0f);
-    std::vector<uint16_t> x_out(x.size(), 0);
-    const gemv_bf16_norm norm{residual.data(), with_delta ? delta.data() : nullptr, weight.data(), 1e-6f,
-                              residual_out.data(), x_out.data()};
-    gemv_bf16_args a{nullptr, w.data(), y.data(), rows, n, k, ldy, true};
-    a.norm = &norm;
-    BOOST_REQUIRE(gemv_bf16_ref(a) == kernel_status::ok);
-    BOOST_TEST(y == want);
-    BOOST_TEST(residual_out == sum);
-    BOOST_TEST(x_out == x);
-    BOOST_TEST(residual == residual_before);
-    // Without the optional outputs.
-    const gemv_bf16_norm bare{residual.data(), with_delta ? delta.data() : nullptr, weight.data(), 1e-6f};
-    std::vector<float> y2(want.size(), -7.0f);
-    a.y = y2.data();
-    a.norm = &bare;
-    BOOST_REQUIRE(gemv_bf16_ref(a) == kernel_status::ok);
-    BOOST_TEST(y2 == want);
-  }
-  // Refusals: x given as well, the sum written over its input, no norm weight, too many elements
-  // for the prologue's shared memory.
-  std::vector<float> y(static_cast<std::size_t>(rows * ldy));
-  std::vector<uint16_t> x(static_cast<std::size_t>(rows * k));
-  const gemv_bf16_norm in_place{residual.data(), delta.data(), weight.data(), 1e-6f, residual.data()};
-  const gemv_bf16_norm no_weight{residual.data(), delta.data(), nullptr};
-  const gemv_bf16_norm fine{residual.data(), delta.data(), weight.data()};
-  gemv_bf16_args with_x{x.data(), w.data(), y.data(), rows, n, k, ldy, true};
-  with_x.norm = &fine;
-  BOOST_TEST((gemv_bf16_ref(with_x) == kernel_status::invalid_problem));
-  for (const auto* bad : {&in_place, &no_weight}) {
-    gemv_bf16_args a{nullptr, w.data(), y.data(), rows, n, k, ldy, true};
-    a.norm = bad;
-    BOOST_TEST((gemv_bf16_ref(a) == kernel_status::invalid_problem));
-  }
-  gemv_bf16_args wide{nullptr, w.data(), y.data(), k_gemv_max_rows, n, k_gemv_norm_max_elements / 4, ldy, true};
-  wide.norm = &fine;
-  BOOST_TEST((gemv_bf16_can_implement(wide) == kernel_status::invalid_problem));
-}
-
 // The BF16 MoE reference against a dense evaluation: every expert computed for every token, the
 // router's softmax / top-k / renormalization written out here.
 BOOST_AUTO_TEST_CASE(moe_bf16_equals_a_dense_evaluation) {

@@ -25,7 +25,9 @@ namespace rlserve::kernels {
 //     log_softmax(logits / T)[token] (before filtering).
 // The uniform is drawn by the host sampler of the request (one per non-greedy row), so the GPU
 // and the CPU pick the same token from the same logits up to fp32-vs-double summation at the
-// boundary. Rows with temperature < 0 are padding: token -1.
+// boundary. The logprob is computed as the host computes it (double exp and sum; only the order
+// of the sum differs), so it has the host's bits but for a ~1e-9 chance per row of one ulp.
+// Rows with temperature < 0 are padding: token -1.
 struct sample_args {
   const float* logits = nullptr;      // fp32 [rows, vocab]
   const float* temperature = nullptr; // [rows]

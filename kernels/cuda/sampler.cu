@@ -17,7 +17,7 @@
 // Masses are fixed point (p * 2^60 in uint64): every float p >= 2^-36 is summed exactly.
 // p = expf(z - lse) in fp32: a token can differ from the CPU's (double) choice only when the uniform
 // falls within ~1e-6 relative of a boundary, or when two different probabilities round apart
-// differently in float.
+// differently in float. The reported logprob is the host's: one more pass, in double (host_lse).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -62,6 +62,31 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
   }
   const bool greedy = !(T >= k_greedy_temperature);
   const float inv_t = greedy ? 1.0f : 1.0f / T;
+  // The log-sum-exp a token's logprob is reported against, computed as the host's sampler does
+  // (model/sampler.cpp): z = double(logit) * inv_t in double, m the largest z, exp(z - m) summed
+  // in double. Only the order of the sum differs (per thread, then a fixed tree), so the float
+  // logprob equals the host's unless a double lands within ~1e-16 of a float rounding point: a
+  // request's logprobs then do not depend on whether its step sampled on the device or on the
+  // host (a batch with a prefill in it). Called by every thread (it syncs the block) with a
+  // finite largest logit.
+  // `top` is the row's largest logit (pass 1's argmax value).
+  auto host_lse = [&](float top, double inv_td) {
+    const double m_d = double(top) * inv_td; // the largest z: multiplying by inv_td > 0 keeps the order
+    double part = 0.0;
+    for_each_logit(row, tid, V, k_threads, [&](int64_t, float l) { part += exp(double(l) * inv_td - m_d); });
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      part += __shfl_xor_sync(0xffffffffu, part, o);
+    __syncthreads();
+    if (lane == 0)
+      scr.d[warp] = part;
+    __syncthreads();
+    double total = 0.0;
+    for (int w = 0; w < k_warps; ++w)
+      total += scr.d[w];
+    __syncthreads(); // scr is reused after
+    return m_d + log(total);
+  };
 
   // ---- pass 1: max, argmax (lowest id), sum of exp(z - max)
   float m = -INFINITY, s = 0.0f, best = -INFINITY;
@@ -137,6 +162,8 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
     m = M;
     __syncthreads();
     if (greedy) {
+      const bool finite = best != INFINITY && best != -INFINITY;
+      const double lse_host = finite ? host_lse(best, 1.0) : 0.0; // every thread: it syncs the block
       if (tid == 0) {
         token_out[r] = best_i;
         if (best == INFINITY)
@@ -144,7 +171,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
         else if (best == -INFINITY)
           logprob_out[r] = -INFINITY;
         else
-          logprob_out[r] = static_cast<float>(-log(total));
+          logprob_out[r] = static_cast<float>(double(best) - lse_host);
       }
       return;
     }
@@ -165,6 +192,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
   }
   const double lse_d = scr.d[0];
   const float lse = static_cast<float>(lse_d);
+  const double lse_host = host_lse(best, 1.0 / double(T)); // the logprob's
   const float p_max = expf(m - lse);
   const int32_t k = top_k[r];
   const float tp = top_p[r], mp = min_p[r];
@@ -178,7 +206,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
   auto prob = [&](int64_t i) { return prob_of(logit_at(row, i)); };
   auto write = [&](int token) { // by one thread
     token_out[r] = token;
-    logprob_out[r] = static_cast<float>(double(logit_at(row, token)) * (1.0 / double(T)) - lse_d);
+    logprob_out[r] = static_cast<float>(double(logit_at(row, token)) * (1.0 / double(T)) - lse_host);
   };
   auto finish = [&](int token) {
     if (tid == 0)

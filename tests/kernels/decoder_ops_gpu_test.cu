@@ -422,7 +422,9 @@ BOOST_AUTO_TEST_CASE(sampler_draws_the_cpu_tokens) {
   BOOST_TEST_MESSAGE("sampler: " << differ << " of " << rows << " rows differ; worst logprob diff " << worst_lp);
   BOOST_TEST(differ == 0); // a boundary case is ~1e-6 likely per row (sampler.hpp)
   BOOST_TEST(gt[63] == -1);
-  BOOST_TEST(worst_lp < 1e-4);
+  // The logprob is the host's bits (a double pass; only the sum's order differs: ~1e-9 likely per
+  // row to round apart), so a request's logprobs do not depend on where its step sampled.
+  BOOST_TEST(worst_lp == 0.0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -367,7 +367,9 @@ BOOST_AUTO_TEST_CASE(device_sampling_picks_what_the_host_sampler_picks) {
   // Same logits bits, same uniform: only a uniform landing within fp32 rounding of a boundary of
   // the running mass could differ (probability ~1e-6 per draw).
   BOOST_TEST(mismatches == 0);
-  BOOST_TEST(max_logprob_diff < 1e-4);
+  // The device computes the logprob as the host does (double, only the sum's order differs): the
+  // same bits but for a ~1e-9 chance per draw.
+  BOOST_TEST(max_logprob_diff == 0.0);
 }
 
 BOOST_AUTO_TEST_CASE(int4_restore_then_post_process_gives_back_the_serving_bytes) {

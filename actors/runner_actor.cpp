@@ -223,9 +223,10 @@ status run_items(runner_state& st, std::vector<model::forward_item>& items,
 }
 
 // A decode-only batch on the GPU runner: forward and sampling on the device, only tokens and
-// logprobs come back. Besides the plain decodes, work positions that are one sampled token
-// (a decode that just got a new KV block, say) qualify; anything else (prefill, speculation,
-// top logprobs) takes the general path with logits on the host. Uniforms are peeked from each
+// logprobs come back (and the routing, for work that asks for it). Besides the plain decodes,
+// work positions that are one sampled token (a decode that just got a new KV block, or that
+// records its routing) qualify; anything else (prefill, speculation, top logprobs) takes the
+// general path with logits on the host. Uniforms are peeked from each
 // request's sampler and consumed only when the step ran, so a refused batch (which then takes
 // the general path) draws nothing twice.
 bool run_gpu_decodes(runner_state& st, ForwardBatch& batch, ForwardBatchOutput& out) {
@@ -234,9 +235,11 @@ bool run_gpu_decodes(runner_state& st, ForwardBatch& batch, ForwardBatchOutput& 
     const auto& w = batch.work[i];
     if (w.new_sequence || w.tokens.size() != 1 || !w.sample || w.propose > 0 ||
         !w.draft_tokens.empty() || w.top_logprobs_num > 0 || w.kv_length >= 0 ||
-        !w.scored_tokens.empty() || w.return_routed_experts)
+        !w.scored_tokens.empty())
       return false;
   }
+  const bool routing = std::any_of(batch.work.begin(), batch.work.end(),
+                                   [](const SequenceWork& w) { return w.return_routed_experts; });
   std::vector<sequence_state*> seqs;
   seqs.reserve(batch.size());
   for (auto id : batch.seq_ids) {
@@ -266,7 +269,8 @@ bool run_gpu_decodes(runner_state& st, ForwardBatch& batch, ForwardBatchOutput& 
                     seq.sampling.top_p, seq.sampling.min_p,
                     greedy ? 0.0f : seq.sampler.peek_uniform()});
   }
-  if (!st.gpu->forward_sample(items, rows, out.tokens, out.logprobs)) {
+  std::vector<int32_t> routed; // [items, layers, top_k] when some work asks
+  if (!st.gpu->forward_sample(items, rows, out.tokens, out.logprobs, routing ? &routed : nullptr)) {
     for (std::size_t i = 0; i < W; ++i) // the general path appends the new blocks itself
       seqs[i]->kv.blocks.resize(blocks_before[i]);
     out.tokens.clear();
@@ -277,6 +281,11 @@ bool run_gpu_decodes(runner_state& st, ForwardBatch& batch, ForwardBatchOutput& 
     if (!model::is_greedy(seq->sampling))
       seq->sampler.consume_uniform();
   out.details.resize(W);
+  const std::size_t per_item = routed.size() / batch.size(); // one token each
+  for (std::size_t i = 0; i < W; ++i)
+    if (batch.work[i].return_routed_experts)
+      out.details[i].routed_experts.assign(routed.begin() + static_cast<std::ptrdiff_t>(i * per_item),
+                                           routed.begin() + static_cast<std::ptrdiff_t>((i + 1) * per_item));
   return true;
 }
 

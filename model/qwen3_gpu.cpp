@@ -985,6 +985,28 @@ status qwen3_gpu_model::impl::speculate(std::span<forward_item> items, std::span
   return {};
 }
 
+status qwen3_gpu_model::impl::routing_of(std::span<const forward_item> items, int64_t T, bool recorded,
+                                         std::vector<int32_t>& out) {
+  // [T, layers, top_k] as the CPU model gives it (-1 for dense layers), from [layers, T, top_k].
+  const int64_t L = config.num_hidden_layers, K = std::max<int64_t>(config.num_experts_per_tok, 1);
+  int64_t real = 0;
+  for (const auto& it : items)
+    real += static_cast<int64_t>(it.tokens.size());
+  out.assign(static_cast<std::size_t>(real * L * K), -1);
+  if (!recorded)
+    return {};
+  std::vector<int32_t> by_layer(static_cast<std::size_t>(L * T * K));
+  GPU_TRY(cudaMemcpyAsync(by_layer.data(), routed_record, by_layer.size() * 4, cudaMemcpyDeviceToHost, stream));
+  GPU_TRY(cudaStreamSynchronize(stream));
+  for (int64_t l = 0; l < L; ++l) {
+    if (!layers[static_cast<std::size_t>(l)].sparse)
+      continue;
+    for (int64_t t = 0; t < real; ++t)
+      std::copy_n(by_layer.data() + (l * T + t) * K, K, out.data() + (t * L + l) * K);
+  }
+  return {};
+}
+
 status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float>& logits,
                                 std::vector<int32_t>* routed_experts, std::span<const gpu_spec_item> spec,
                                 gpu_spec_result& spec_out) {
@@ -1010,26 +1032,9 @@ status qwen3_gpu_model::forward(std::span<forward_item> items, std::vector<float
   p.record_routing = false;
   if (!launched)
     return launched;
-  if (routed_experts) {
-    // [T, layers, top_k] as the CPU model gives it (-1 for dense layers), from [layers, T, top_k].
-    const auto& c = p.config;
-    const int64_t L = c.num_hidden_layers, K = std::max<int64_t>(c.num_experts_per_tok, 1);
-    int64_t real = 0;
-    for (const auto& it : items)
-      real += static_cast<int64_t>(it.tokens.size());
-    routed_experts->assign(static_cast<std::size_t>(real * L * K), -1);
-    if (record) {
-      std::vector<int32_t> by_layer(static_cast<std::size_t>(L * T * K));
-      GPU_TRY(cudaMemcpyAsync(by_layer.data(), p.routed_record, by_layer.size() * 4, cudaMemcpyDeviceToHost, p.stream));
-      GPU_TRY(cudaStreamSynchronize(p.stream));
-      for (int64_t l = 0; l < L; ++l) {
-        if (!p.layers[static_cast<std::size_t>(l)].sparse)
-          continue;
-        for (int64_t t = 0; t < real; ++t)
-          std::copy_n(by_layer.data() + (l * T + t) * K, K, routed_experts->data() + (t * L + l) * K);
-      }
-    }
-  }
+  if (routed_experts)
+    if (auto s = p.routing_of(items, T, record, *routed_experts); !s)
+      return s;
   int64_t R_real = 0, R_spec = 0;
   for (const auto& it : items)
     R_real += it.logit_rows;
@@ -1131,7 +1136,8 @@ status qwen3_gpu_model::copy_kv_slots(int32_t from, int32_t to, int64_t slots) {
 
 status qwen3_gpu_model::forward_sample(std::span<forward_item> items,
                                        std::span<const gpu_sample_row> rows,
-                                       std::vector<int32_t>& tokens, std::vector<float>& logprobs) {
+                                       std::vector<int32_t>& tokens, std::vector<float>& logprobs,
+                                       std::vector<int32_t>* routed_experts) {
   auto& p = *impl_;
   if (auto s = p.require(true, true, "forward"); !s)
     return s;
@@ -1153,8 +1159,13 @@ status qwen3_gpu_model::forward_sample(std::span<forward_item> items,
     p.host.min_p[r] = real ? rows[r].min_p : 0.0f;
     p.host.uniform[r] = real ? rows[r].uniform : 0.0f;
   }
-  if (auto s = p.launch(T, S, R, graph); !s)
-    return s;
+  // Recording the routing: the bucket's recording graph (as forward), sampling still here.
+  const bool record = routed_experts != nullptr && p.routed_record != nullptr;
+  p.record_routing = record;
+  auto launched = p.launch(T, S, R, graph);
+  p.record_routing = false;
+  if (!launched)
+    return launched;
   kernels::sample_args sa;
   sa.logits = p.logits;
   sa.temperature = p.dev.temperature;
@@ -1177,6 +1188,9 @@ status qwen3_gpu_model::forward_sample(std::span<forward_item> items,
   if (auto s = p.trace("sampled logprobs", {p.out_logprob, R, 1, impl::trace_type::f32}); !s)
     return s;
   GPU_TRY(cudaStreamSynchronize(p.stream));
+  if (routed_experts)
+    if (auto s = p.routing_of(items, T, record, *routed_experts); !s)
+      return s;
   p.collect();
   for (auto& it : items)
     it.kv->length += 1;
@@ -1259,7 +1273,7 @@ status qwen3_gpu_model::resume_memory(memory_tags) { return fail(k_no_cuda); }
 qwen3_gpu_model::memory_tags qwen3_gpu_model::released_memory() const { return {}; }
 std::size_t qwen3_gpu_model::mapped_bytes() const { return 0; }
 status qwen3_gpu_model::forward_sample(std::span<forward_item>, std::span<const gpu_sample_row>,
-                                       std::vector<int32_t>&, std::vector<float>&) {
+                                       std::vector<int32_t>&, std::vector<float>&, std::vector<int32_t>*) {
   return fail(k_no_cuda);
 }
 expected<std::string> qwen3_gpu_model::restore() { return fail(k_no_cuda); }

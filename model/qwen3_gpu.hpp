@@ -165,8 +165,10 @@ public:
                  gpu_spec_result& spec_out);
   // Decode fast path: every item one token and one logits row; samples on the device (one row
   // each) and brings back only tokens and logprobs. Runs as a CUDA graph when graphs are on.
+  // `routed_experts` as forward's ([items, layers, top_k]; the recording graphs).
   status forward_sample(std::span<forward_item> items, std::span<const gpu_sample_row> rows,
-                        std::vector<int32_t>& tokens, std::vector<float>& logprobs);
+                        std::vector<int32_t>& tokens, std::vector<float>& logprobs,
+                        std::vector<int32_t>* routed_experts = nullptr);
 
   // kv_pool::copy_slots on the device pool, queued on the model's stream before the next
   // forward (a prefix cache's copy-on-write of a partly shared block).

@@ -398,6 +398,9 @@ struct qwen3_gpu_model::impl {
   kernels::moe_bf16_args bf16_moe_args(const gpu_detail::gpu_layer& L, int64_t tokens) const;
   status prepare(std::span<forward_item> items, int64_t& T, int64_t& S, int64_t& R, bool padded);
   status launch(int64_t T, int64_t S, int64_t R, bool graph_ok);
+  // After a launch that recorded the routing (or not: then all -1): [real tokens, layers, top_k]
+  // from the device's [layers, T, top_k].
+  status routing_of(std::span<const forward_item> items, int64_t T, bool recorded, std::vector<int32_t>& out);
   bool any_load_format() const {
     return std::any_of(int4_modules.begin(), int4_modules.end(),
                        [](const gpu_detail::gpu_int4_module& m) { return !m.serving; });

@@ -268,42 +268,59 @@ BOOST_AUTO_TEST_CASE(graph_replay_equals_eager_bit_for_bit) {
   auto host = host_model(c, 11);
   auto eager = gpu_model(*host, false);
   auto graphed = gpu_model(*host, true);
+  auto sampled = gpu_model(*host, true); // forward_sample, greedy: the runner's decode path
   const int64_t B = 5;
-  sequences a(B, 64, 16), b(B, 64, 16);
+  sequences a(B, 64, 16), b(B, 64, 16), d(B, 64, 16);
   std::vector<std::vector<int32_t>> prompts;
   for (int64_t i = 0; i < B; ++i)
     prompts.push_back(prompt(3 + i, 20 + i, c.vocab_size));
-  std::vector<float> la, lb;
-  std::vector<forward_item> ia, ib;
+  std::vector<float> la, lb, ld;
+  std::vector<forward_item> ia, ib, id;
   for (int64_t i = 0; i < B; ++i) {
     ia.push_back({&a.kv[i], prompts[i], 1});
     ib.push_back({&b.kv[i], prompts[i], 1});
+    id.push_back({&d.kv[i], prompts[i], 1});
   }
   BOOST_REQUIRE(eager->forward(ia, la));
   BOOST_REQUIRE(graphed->forward(ib, lb));
+  BOOST_REQUIRE(sampled->forward(id, ld));
+  const std::vector<gpu_sample_row> greedy_rows(static_cast<std::size_t>(B));
   for (int step = 0; step < 6; ++step) {
     std::vector<int32_t> next(B);
     ia.clear();
     ib.clear();
+    id.clear();
     for (int64_t i = 0; i < B; ++i) {
       next[i] = static_cast<int32_t>((step * 13 + i) % c.vocab_size);
       ia.push_back({&a.kv[i], std::span<const int32_t>(&next[i], 1), 1});
       ib.push_back({&b.kv[i], std::span<const int32_t>(&next[i], 1), 1});
+      id.push_back({&d.kv[i], std::span<const int32_t>(&next[i], 1), 1});
     }
     // Steps 3 and 4 record the routing (return_routed_experts): the graphed model replays a
-    // graph of its own for them, with the same logits and the same experts as eager.
+    // graph of its own for them, with the same logits and the same experts as eager, and so does
+    // the decode path that samples on the device (its tokens: the argmax of those logits).
     const bool routed = step == 3 || step == 4;
-    std::vector<int32_t> ra, rb;
+    std::vector<int32_t> ra, rb, rd, tokens;
+    std::vector<float> logprobs;
     BOOST_REQUIRE(eager->forward(ia, la, routed ? &ra : nullptr));
     BOOST_REQUIRE(graphed->forward(ib, lb, routed ? &rb : nullptr));
+    auto ok = sampled->forward_sample(id, greedy_rows, tokens, logprobs, routed ? &rd : nullptr);
+    BOOST_REQUIRE_MESSAGE(ok, why(ok));
     BOOST_TEST(std::memcmp(la.data(), lb.data(), la.size() * 4) == 0, "step " << step);
     BOOST_TEST(ra == rb, "routed experts, step " << step);
+    BOOST_TEST(rd == ra, "routed experts through forward_sample, step " << step);
+    for (int64_t i = 0; i < B; ++i) {
+      const float* row = la.data() + i * c.vocab_size;
+      BOOST_TEST(tokens[static_cast<std::size_t>(i)] == std::max_element(row, row + c.vocab_size) - row,
+                 "step " << step << " row " << i);
+    }
     if (routed)
       BOOST_TEST(std::count(rb.begin(), rb.end(), -1) < static_cast<std::ptrdiff_t>(rb.size()));
   }
   BOOST_TEST(eager->graphs_captured() == 0);
   // 5 sequences: the bucket of 8, once plain and once recording the routing.
   BOOST_TEST(graphed->graphs_captured() == 2);
+  BOOST_TEST(sampled->graphs_captured() == 2);
 }
 
 BOOST_AUTO_TEST_CASE(device_sampling_picks_what_the_host_sampler_picks) {

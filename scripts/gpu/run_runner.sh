@@ -220,9 +220,9 @@ for what in "$@"; do
     determinism)
       det_dir="$OUT/determinism"
       mkdir -p "$det_dir"
-      # The engine's cases (two engines, alone vs batched, chunked prefill) and the kernels'
-      # (the tiled fused MoE: repeats, token order, alone vs batched).
-      for exe in rlserve_actors_gpu_tests rlserve_kernels_gpu_tests; do
+      # The engine's cases (two engines, alone vs batched, chunked prefill); the kernels' own
+      # (repeats, token order, batch-invariant mode) run with the other kernel tests.
+      for exe in rlserve_actors_gpu_tests; do
         [ -x "$DEV/$exe" ] || continue
         echo "=== $exe: the determinism cases"
         timeout "${TEST_TIMEOUT:-240}" "$DEV/$exe" --run_test='@determinism' \

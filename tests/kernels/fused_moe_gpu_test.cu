@@ -534,14 +534,12 @@ BOOST_AUTO_TEST_CASE(tiled_moe_repeats_are_bit_identical) {
   BOOST_TEST(differs == 0);
 }
 
-// Batch invariance: a token's output bits must not depend on the order of the tokens in the
-// launch or on which other tokens share it (the same tokens reversed; each of the first 4 alone).
-// Today they do: another batch puts a row in another block, whose k sum is split elsewhere.
-// Labelled `determinism` (expected to fail until the path is batch-invariant;
-// `scripts/gpu/run_runner.sh determinism` runs the label); each check counts the tokens whose bits
-// differ and goes on.
-BOOST_AUTO_TEST_CASE(determinism_a_tokens_moe_output_does_not_depend_on_its_batch,
-                     *boost::unit_test::label("determinism")) {
+// The default mode (no batch_invariant): a token's bits do not depend on the order of the tokens
+// in the launch (the alignment places rows in ascending token order, so the same tokens reversed
+// land in the same blocks). They may depend on which other tokens share the launch: alone, a
+// token takes the GEMV path, and among others another routing may put it in another block. That
+// is the batch-invariant mode's promise (the case below), not this one's; the count is reported.
+BOOST_AUTO_TEST_CASE(default_mode_moe_does_not_depend_on_token_order) {
   rlserve::test::require_device();
   tiled_moe_case c;
   const int64_t T = c.T;
@@ -551,9 +549,9 @@ BOOST_AUTO_TEST_CASE(determinism_a_tokens_moe_output_does_not_depend_on_its_batc
   for (int64_t t = 0; t < 4; ++t)
     alone_differs += tiled_moe_case::rows_differ(first, t, c.run(c.alone(t)), 0);
   BOOST_TEST_MESSAGE("tiled fused MoE, 32 tokens: " << order_differs << " of " << T
-                     << " token rows differ when the tokens are reversed, " << alone_differs << " of 4 when alone");
+                     << " token rows differ when the tokens are reversed; " << alone_differs
+                     << " of 4 differ alone (the GEMV path; not promised by this mode)");
   BOOST_TEST(order_differs == 0);
-  BOOST_TEST(alone_differs == 0);
 }
 
 // The batch-invariant mode (fused_moe_args::batch_invariant: 8-row blocks at every T, tiles

@@ -4,9 +4,10 @@
 # rlserve, rlserve_model_gpu_tests, rlserve_actors_gpu_tests, rlserve_kernels_gpu_tests,
 # decode_bench, kernels_bench and the non-system shared libraries they link). Logs go to $OUT.
 #   scripts/gpu/run_runner.sh [tests|parity|bench|moe|gemv|hf|hf-static|determinism|trace|routing|all]...
-#     tests   the gpu-labelled C++ tests of the model, the actors and the kernels (all but the
-#             determinism cases; GPU_TEST_FILTER, a Boost.Test --run_test filter such as
-#             "qwen3_gpu_gpu_test/graph_replay_equals_eager_bit_for_bit", picks cases instead)
+#     tests   the gpu-labelled C++ tests of the model, the actors and the kernels (all of them;
+#             GPU_TEST_FILTER, a Boost.Test --run_test filter such as
+#             "qwen3_gpu_gpu_test/graph_replay_equals_eager_bit_for_bit", picks cases instead:
+#             names joined by ':' may name cases of any of the three binaries)
 #     parity  tests/gpu/test_transformers_parity.py (engine cuda and cpu vs transformers)
 #     bench   benchmarks/gpu/decode_bench (Qwen3-30B-A3B shape, INT4 and BF16 experts)
 #     moe     benchmarks/gpu/kernels_bench --only moe (fused MoE, both paths at decode sizes)
@@ -15,8 +16,9 @@
 #     hf-static  the same peer with `--cache static --compile` (StaticCache, generate's
 #             torch.compile; HF_STATIC_ARGS, e.g. "--batch-sizes 1,8", since every batch size and
 #             length compiles anew), into hf_static_decode.{log,json}; `hf hf-static` gives both
-#     determinism  decode_bench twice per setting, separate processes, same arguments (DET_ARGS,
-#             default --batches 1,8,32 --steps 32 --prompt 128 --mode int4), comparing the tokens
+#     determinism  the engine's determinism_* cases, then decode_bench twice per setting,
+#             separate processes, same arguments (DET_ARGS, default --batches 1,8,32
+#             --steps 32 --prompt 128 --mode int4), comparing the tokens
 #             and logprobs hashes row by row: first as is, then with each knob that isolates a
 #             cause (DET_KNOBS, default all of: base cublas no-graphs no-pdl layers1 prefill-none
 #             cublas-ws bi all; see the case below); a table same/different per setting in
@@ -87,9 +89,7 @@ for what in "$@"; do
       for exe in rlserve_model_gpu_tests rlserve_actors_gpu_tests rlserve_kernels_gpu_tests; do
         [ -x "$DEV/$exe" ] || continue
         echo "=== $exe"
-        # The cases labelled determinism are known to fail until the GPU path is made
-        # deterministic; the determinism mode runs them.
-        timeout "${TEST_TIMEOUT:-240}" "$DEV/$exe" --run_test="${GPU_TEST_FILTER:-!@determinism}" --log_level=message \
+        timeout "${TEST_TIMEOUT:-240}" "$DEV/$exe" --run_test="${GPU_TEST_FILTER:-*}" --log_level=message \
           --report_level=short > "$OUT/$exe.log" 2>&1
         st=$?
         grep -E "error|failed|passed|GPU vs CPU|sampling|graphs|\*\*\*" "$OUT/$exe.log" | tail -25
@@ -220,12 +220,12 @@ for what in "$@"; do
     determinism)
       det_dir="$OUT/determinism"
       mkdir -p "$det_dir"
-      # The engine's cases (two engines, alone vs batched, chunked prefill); the kernels' own
-      # (repeats, token order, batch-invariant mode) run with the other kernel tests.
+      # The engine's cases (two engines, alone vs batched, chunked prefill; `tests` runs them
+      # too); the kernels' own (repeats, token order, batch-invariant mode) run with `tests`.
       for exe in rlserve_actors_gpu_tests; do
         [ -x "$DEV/$exe" ] || continue
         echo "=== $exe: the determinism cases"
-        timeout "${TEST_TIMEOUT:-240}" "$DEV/$exe" --run_test='@determinism' \
+        timeout "${TEST_TIMEOUT:-240}" "$DEV/$exe" --run_test='engine_gpu_test/determinism*' \
           --log_level=message --report_level=short > "$det_dir/$exe.log" 2>&1
         st=$?
         grep -E "error|failed|passed|token rows differ|\*\*\*" "$det_dir/$exe.log" | tail -15

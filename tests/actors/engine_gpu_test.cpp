@@ -285,16 +285,11 @@ BOOST_AUTO_TEST_CASE(a_missing_device_or_a_bad_device_name_fails_start_clearly) 
 // tokens and in one chunk.
 //
 // With the batch-invariant forward (gpu_options::batch_invariant: BF16 linears on
-// kernels::gemm_bf16_invariant, INT4 GEMMs and the fused MoE with whole tiles at one block size).
-// Without it they failed on an H100 (docs/performance.md, 'Run to run and batch invariance on the
-// GPU'); with it they have not run on a GPU yet, so they keep their label until they pass there.
-// When a property holds, its case is the test that keeps it holding.
-//
-// Separate cases, labelled `determinism`, so their failures hide no other case:
-// `--run_test=!@determinism` runs the rest, `--run_test=@determinism` only these. Each check
+// kernels::gemm_bf16_invariant, INT4 GEMMs and the fused MoE with whole tiles at one block size;
+// the device sampler reporting the host's logprob bits). They pass on an H200
+// (docs/performance.md, 'Run to run, batch invariance, routing, speculation'). Each check
 // reports per model and request and goes on after a mismatch.
-BOOST_AUTO_TEST_CASE(determinism_two_engine_instances_give_the_same_bits,
-                     *boost::unit_test::label("determinism")) {
+BOOST_AUTO_TEST_CASE(determinism_two_engine_instances_give_the_same_bits) {
   for (const auto& m : determinism_models()) {
     BOOST_TEST_CONTEXT("model " << m.name) {
       const auto batch = probe_among_others(9);
@@ -309,8 +304,7 @@ BOOST_AUTO_TEST_CASE(determinism_two_engine_instances_give_the_same_bits,
   }
 }
 
-BOOST_AUTO_TEST_CASE(determinism_a_request_alone_equals_it_among_31_others,
-                     *boost::unit_test::label("determinism")) {
+BOOST_AUTO_TEST_CASE(determinism_a_request_alone_equals_it_among_31_others) {
   for (const auto& m : determinism_models()) {
     BOOST_TEST_CONTEXT("model " << m.name) {
       auto e = start(m.dir, {}, determinism_engine(m));
@@ -323,8 +317,7 @@ BOOST_AUTO_TEST_CASE(determinism_a_request_alone_equals_it_among_31_others,
   }
 }
 
-BOOST_AUTO_TEST_CASE(determinism_chunked_prefill_equals_one_chunk,
-                     *boost::unit_test::label("determinism")) {
+BOOST_AUTO_TEST_CASE(determinism_chunked_prefill_equals_one_chunk) {
   for (const auto& m : determinism_models()) {
     BOOST_TEST_CONTEXT("model " << m.name) {
       const auto probe = determinism_probe();

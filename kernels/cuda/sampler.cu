@@ -74,16 +74,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
     const double m_d = double(top) * inv_td; // the largest z: multiplying by inv_td > 0 keeps the order
     double part = 0.0;
     for_each_logit(row, tid, V, k_threads, [&](int64_t, float l) { part += exp(double(l) * inv_td - m_d); });
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-      part += __shfl_xor_sync(0xffffffffu, part, o);
-    __syncthreads();
-    if (lane == 0)
-      scr.d[warp] = part;
-    __syncthreads();
-    double total = 0.0;
-    for (int w = 0; w < k_warps; ++w)
-      total += scr.d[w];
+    const double total = block_sum_double(part, scr);
     __syncthreads(); // scr is reused after
     return m_d + log(total);
   };
@@ -147,17 +138,8 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
     float M = -INFINITY;
     for (int w = 0; w < k_warps; ++w)
       M = fmaxf(M, s_f[w]);
-    double part = m == -INFINITY ? 0.0 : double(s) * exp(double(m) - double(M));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-      part += __shfl_xor_sync(0xffffffffu, part, o);
-    __syncthreads();
-    if (lane == 0)
-      scr.d[warp] = part;
-    __syncthreads();
-    double total = 0.0;
-    for (int w = 0; w < k_warps; ++w)
-      total += scr.d[w];
+    const double part = m == -INFINITY ? 0.0 : double(s) * exp(double(m) - double(M));
+    const double total = block_sum_double(part, scr);
     s = static_cast<float>(total);
     m = M;
     __syncthreads();

@@ -57,32 +57,25 @@ struct block_scratch {
   unsigned long long u[k_warps];
 };
 
-__device__ unsigned long long block_sum_u64(unsigned long long v, block_scratch& s) {
+// A block sum in the same order in every call (lanes by xor shuffles, then warps in index
+// order), so its bits depend only on the values each thread holds; `slots` holds one per warp.
+template <class T>
+__device__ T block_sum(T v, T* slots) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1)
     v += __shfl_xor_sync(0xffffffffu, v, o);
   __syncthreads();
   if ((threadIdx.x & 31) == 0)
-    s.u[threadIdx.x / 32] = v;
+    slots[threadIdx.x / 32] = v;
   __syncthreads();
-  unsigned long long t = 0;
+  T t = 0;
   for (int w = 0; w < k_warps; ++w)
-    t += s.u[w];
+    t += slots[w];
   return t;
 }
-__device__ int block_sum_int(int v, block_scratch& s) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0)
-    s.i[threadIdx.x / 32] = v;
-  __syncthreads();
-  int t = 0;
-  for (int w = 0; w < k_warps; ++w)
-    t += s.i[w];
-  return t;
-}
+__device__ unsigned long long block_sum_u64(unsigned long long v, block_scratch& s) { return block_sum(v, s.u); }
+__device__ int block_sum_int(int v, block_scratch& s) { return block_sum(v, s.i); }
+__device__ double block_sum_double(double v, block_scratch& s) { return block_sum(v, s.d); }
 __device__ int block_min_int(int v, block_scratch& s) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1)

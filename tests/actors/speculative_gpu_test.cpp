@@ -80,7 +80,7 @@ std::vector<std::string> digests(const std::map<std::string, std::string>& check
 std::map<std::vector<int32_t>, double> first_three_tokens_on(Engine& e, const std::vector<int32_t>& prompt, int top_k,
                                                             double temperature, double& min_gap) {
   min_gap = INFINITY;
-  auto next = [&](const std::vector<int32_t>& context) {
+  return three_token_tree(prompt, [&](const std::vector<int32_t>& context) {
     auto req = greedy(context, 1);
     req.return_logprob = true;
     req.top_logprobs_num = top_k + 1;
@@ -97,19 +97,7 @@ std::map<std::vector<int32_t>, double> first_three_tokens_on(Engine& e, const st
     for (int i = 0; i < top_k; ++i)
       p[top[i].token_id] = std::exp(top[i].logprob / temperature - m) / z;
     return p;
-  };
-  std::map<std::vector<int32_t>, double> expected;
-  for (auto [t1, p1] : next(prompt)) {
-    auto s1 = prompt;
-    s1.push_back(t1);
-    for (auto [t2, p2] : next(s1)) {
-      auto s2 = s1;
-      s2.push_back(t2);
-      for (auto [t3, p3] : next(s2))
-        expected[{t1, t2, t3}] = p1 * p2 * p3;
-    }
-  }
-  return expected;
+  });
 }
 
 } // namespace

@@ -218,19 +218,11 @@ inline std::vector<int32_t> reference_greedy(const fs::path& dir, std::vector<in
 }
 
 
-// The exact distribution of the first three tokens after `prompt` under target-only top-k
-// sampling at `temperature`, from the model library's logits (distribution_check.hpp's
-// top_k_distribution over each prefix).
-inline std::map<std::vector<int32_t>, double> first_three_tokens(const fs::path& dir, const std::vector<int32_t>& prompt,
-                                                                 int top_k, double temperature) {
-  auto m = load_model(dir);
-  auto next = [&](const std::vector<int32_t>& seq) {
-    auto all = m->forward_all(seq);
-    BOOST_REQUIRE(all.has_value());
-    auto V = static_cast<std::size_t>(m->config().vocab_size);
-    std::vector<float> last(all->end() - static_cast<std::ptrdiff_t>(V), all->end());
-    return top_k_distribution(last, top_k, temperature);
-  };
+// The distribution of the first three tokens after `prompt`, from `next`, which gives the
+// distribution of the token after a sequence (std::map<int32_t, double>): the product over the
+// tree of three levels.
+template <class Next>
+std::map<std::vector<int32_t>, double> three_token_tree(const std::vector<int32_t>& prompt, Next&& next) {
   std::map<std::vector<int32_t>, double> expected;
   for (auto [t1, p1] : next(prompt)) {
     auto s1 = prompt;
@@ -243,6 +235,21 @@ inline std::map<std::vector<int32_t>, double> first_three_tokens(const fs::path&
     }
   }
   return expected;
+}
+
+// The exact distribution of the first three tokens after `prompt` under target-only top-k
+// sampling at `temperature`, from the model library's logits (distribution_check.hpp's
+// top_k_distribution over each prefix).
+inline std::map<std::vector<int32_t>, double> first_three_tokens(const fs::path& dir, const std::vector<int32_t>& prompt,
+                                                                 int top_k, double temperature) {
+  auto m = load_model(dir);
+  return three_token_tree(prompt, [&](const std::vector<int32_t>& seq) {
+    auto all = m->forward_all(seq);
+    BOOST_REQUIRE(all.has_value());
+    auto V = static_cast<std::size_t>(m->config().vocab_size);
+    std::vector<float> last(all->end() - static_cast<std::ptrdiff_t>(V), all->end());
+    return top_k_distribution(last, top_k, temperature);
+  });
 }
 
 } // namespace rlserve::test

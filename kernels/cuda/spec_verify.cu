@@ -12,8 +12,10 @@
 //                          warp walks the chunk where the running mass passes u * total (the
 //                          sampler's id-order walk).
 //   spec_logprob_kernel    one CTA per (sequence, row <= max_draft): the logprob of an emitted
-//                          token, the sampler's pass 1 (fp32 exp per thread, double across them).
-//                          A second launch, so that the k + 1 rows of a sequence run in parallel
+//                          token with the host's arithmetic (model::token_logprob: z in double,
+//                          double exp and sum; only the sum's order differs, so the host's bits
+//                          but for a ~1e-9 chance per row), as the GPU sampler reports it. A
+//                          second launch, so that the k + 1 rows of a sequence run in parallel
 //                          and only the emitted ones are read.
 #include <cuda_runtime.h>
 
@@ -614,16 +616,25 @@ spec_logprob_kernel(const float* __restrict__ logits, const float* __restrict__ 
     return;
   const int64_t r = o0 + s + j;
   const float* row = logits + r * V;
-  const bool greedy = !(T >= k_greedy_temperature);
-  const row_stats st = row_pass1(row, V, greedy ? 1.0f : 1.0f / T, scr, s_f, s_idx);
+  const double inv_t = T >= k_greedy_temperature ? 1.0 / double(T) : 1.0;
+  // m = the largest z = double(largest logit) * inv_t (a positive factor keeps the order).
+  float top = -INFINITY;
+  for_each_logit(row, threadIdx.x, V, k_threads, [&](int64_t, float l) { top = fmaxf(top, l); });
+  int top_id = 0;
+  block_first_max(top, top_id, s_f, s_idx);
+  if (top == INFINITY || top == -INFINITY) { // the host's !isfinite(m)
+    if (threadIdx.x == 0)
+      logprob[r] = -INFINITY;
+    return;
+  }
+  const double m = double(top) * inv_t;
+  double part = 0.0;
+  for_each_logit(row, threadIdx.x, V, k_threads, [&](int64_t, float l) { part += exp(double(l) * inv_t - m); });
+  const double total = block_sum_double(part, scr);
   if (threadIdx.x == 0) {
     const int32_t t = token[r];
-    float lp = -INFINITY;
-    if (t >= 0 && t < V && st.best != INFINITY && st.M > -INFINITY) {
-      const double lse_d = double(st.M) + log(st.total);
-      lp = static_cast<float>(double(logit_at(row, t)) * (greedy ? 1.0 : 1.0 / double(T)) - lse_d);
-    }
-    logprob[r] = lp;
+    logprob[r] = t >= 0 && t < V ? static_cast<float>(double(logit_at(row, t)) * inv_t - (m + log(total)))
+                                 : -INFINITY;
   }
 }
 

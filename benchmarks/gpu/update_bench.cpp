@@ -170,7 +170,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "update_bench: %s\n", map.error().c_str());
       return 1;
     }
-    (*map)->wait_for_producer();
+    if (auto w = (*map)->wait_for_producer(); !w) {
+      std::fprintf(stderr, "update_bench: %s\n", w.error().c_str());
+      return 1;
+    }
     auto t1 = clock_type::now();
     std::vector<qwen3_gpu_model::update_source> src;
     for (std::size_t i = 0; i < refs.size(); ++i)

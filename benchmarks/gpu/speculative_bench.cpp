@@ -308,15 +308,16 @@ int main(int argc, char** argv) {
     for (auto& p : prompts)
       for (int64_t j = 0; j < P; ++j)
         p.push_back(static_cast<int32_t>(rng() % V));
-    std::vector<float> prompt_logits;
-    for (auto* pair : {&tkv, &dkv}) {
+    auto prefill = [&](qwen3_gpu_model& m, std::vector<kv_sequence>& kv) {
       std::vector<forward_item> items;
       for (int64_t i = 0; i < B; ++i)
-        items.push_back({&(*pair)[i], prompts[i], 1});
-      auto& m = pair == &tkv ? T : Tw;
+        items.push_back({&kv[i], prompts[i], 1});
+      std::vector<float> prompt_logits;
       if (auto st = m.forward(items, prompt_logits); !st)
         die("self prompt: " + st.error());
-    }
+    };
+    prefill(T, tkv);
+    prefill(Tw, dkv);
     std::vector<int32_t> start(static_cast<std::size_t>(B));
     for (auto& t : start)
       t = static_cast<int32_t>(rng() % V);

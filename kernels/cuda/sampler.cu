@@ -62,22 +62,9 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
   }
   const bool greedy = !(T >= k_greedy_temperature);
   const float inv_t = greedy ? 1.0f : 1.0f / T;
-  // The log-sum-exp a token's logprob is reported against, computed as the host's sampler does
-  // (model/sampler.cpp): z = double(logit) * inv_t in double, m the largest z, exp(z - m) summed
-  // in double. Only the order of the sum differs (per thread, then a fixed tree), so the float
-  // logprob equals the host's unless a double lands within ~1e-16 of a float rounding point: a
-  // request's logprobs then do not depend on whether its step sampled on the device or on the
-  // host (a batch with a prefill in it). Called by every thread (it syncs the block) with a
-  // finite largest logit.
-  // `top` is the row's largest logit (pass 1's argmax value).
-  auto host_lse = [&](float top, double inv_td) {
-    const double m_d = double(top) * inv_td; // the largest z: multiplying by inv_td > 0 keeps the order
-    double part = 0.0;
-    for_each_logit(row, tid, V, k_threads, [&](int64_t, float l) { part += exp(double(l) * inv_td - m_d); });
-    const double total = block_sum_double(part, scr);
-    __syncthreads(); // scr is reused after
-    return m_d + log(total);
-  };
+  // The logprob is reported against host_lse (sampler_device.cuh): the host's arithmetic, so a
+  // request's logprobs do not depend on whether its step sampled on the device or on the host
+  // (a batch with a prefill in it).
 
   // ---- pass 1: max, argmax (lowest id), sum of exp(z - max)
   float m = -INFINITY, s = 0.0f, best = -INFINITY;
@@ -145,7 +132,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
     __syncthreads();
     if (greedy) {
       const bool finite = best != INFINITY && best != -INFINITY;
-      const double lse_host = finite ? host_lse(best, 1.0) : 0.0; // every thread: it syncs the block
+      const double lse_host = finite ? host_lse(row, V, best, 1.0, scr) : 0.0; // every thread: it syncs the block
       if (tid == 0) {
         token_out[r] = best_i;
         if (best == INFINITY)
@@ -174,7 +161,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
   }
   const double lse_d = scr.d[0];
   const float lse = static_cast<float>(lse_d);
-  const double lse_host = host_lse(best, 1.0 / double(T)); // the logprob's
+  const double lse_host = host_lse(row, V, best, 1.0 / double(T), scr); // the logprob's
   const float p_max = expf(m - lse);
   const int32_t k = top_k[r];
   const float tp = top_p[r], mp = min_p[r];

@@ -76,6 +76,20 @@ __device__ T block_sum(T v, T* slots) {
 __device__ unsigned long long block_sum_u64(unsigned long long v, block_scratch& s) { return block_sum(v, s.u); }
 __device__ int block_sum_int(int v, block_scratch& s) { return block_sum(v, s.i); }
 __device__ double block_sum_double(double v, block_scratch& s) { return block_sum(v, s.d); }
+// The log-sum-exp a reported logprob is taken against, with the host's arithmetic
+// (model::sampler, model::token_logprob): z = double(logit) * inv_t, m = the largest z =
+// double(top) * inv_t (`top`, the row's largest logit, finite; a positive factor keeps the order),
+// exp(z - m) summed in double. Only the order of the sum differs (per thread, then block_sum), so
+// the float logprob has the host's bits unless a double lands within ~1e-16 of a float rounding
+// point. Called by every thread (it syncs the block); scr is free again on return.
+__device__ double host_lse(const float* row, int64_t V, float top, double inv_t, block_scratch& scr) {
+  const double m = double(top) * inv_t;
+  double part = 0.0;
+  for_each_logit(row, threadIdx.x, V, k_threads, [&](int64_t, float l) { part += exp(double(l) * inv_t - m); });
+  const double total = block_sum_double(part, scr);
+  __syncthreads();
+  return m + log(total);
+}
 __device__ int block_min_int(int v, block_scratch& s) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1)

@@ -617,7 +617,6 @@ spec_logprob_kernel(const float* __restrict__ logits, const float* __restrict__ 
   const int64_t r = o0 + s + j;
   const float* row = logits + r * V;
   const double inv_t = T >= k_greedy_temperature ? 1.0 / double(T) : 1.0;
-  // m = the largest z = double(largest logit) * inv_t (a positive factor keeps the order).
   float top = -INFINITY;
   for_each_logit(row, threadIdx.x, V, k_threads, [&](int64_t, float l) { top = fmaxf(top, l); });
   int top_id = 0;
@@ -627,14 +626,10 @@ spec_logprob_kernel(const float* __restrict__ logits, const float* __restrict__ 
       logprob[r] = -INFINITY;
     return;
   }
-  const double m = double(top) * inv_t;
-  double part = 0.0;
-  for_each_logit(row, threadIdx.x, V, k_threads, [&](int64_t, float l) { part += exp(double(l) * inv_t - m); });
-  const double total = block_sum_double(part, scr);
+  const double lse = host_lse(row, V, top, inv_t, scr);
   if (threadIdx.x == 0) {
     const int32_t t = token[r];
-    logprob[r] = t >= 0 && t < V ? static_cast<float>(double(logit_at(row, t)) * inv_t - (m + log(total)))
-                                 : -INFINITY;
+    logprob[r] = t >= 0 && t < V ? static_cast<float>(double(logit_at(row, t)) * inv_t - lse) : -INFINITY;
   }
 }
 

@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "kernels/logprob_norm.hpp"
+
 namespace rlserve::model {
 
 namespace {
@@ -28,18 +30,17 @@ float logit_at(std::span<const float> logits, std::size_t i) {
 }
 
 // probs = softmax(logits * inv_t), in double up to the final rounding, given m, the largest
-// scaled logit (finite). Returns the log of the normalizer.
+// scaled logit (finite). Returns the row's log_norm (kernels/logprob_norm.hpp).
 double scaled_softmax(std::span<const float> logits, double inv_t, double m,
                       std::vector<float>& probs) {
   const auto V = logits.size();
-  double sum = 0.0;
-  for (std::size_t i = 0; i < V; ++i)
-    sum += std::exp(double(logit_at(logits, i)) * inv_t - m);
-  const double lse = m + std::log(sum);
+  const double norm = kernels::row_log_norm(static_cast<int64_t>(V), m, [&](int64_t i) {
+    return double(logit_at(logits, static_cast<std::size_t>(i))) * inv_t;
+  });
   probs.resize(V);
   for (std::size_t i = 0; i < V; ++i)
-    probs[i] = static_cast<float>(std::exp(double(logit_at(logits, i)) * inv_t - lse));
-  return lse;
+    probs[i] = static_cast<float>(std::exp((double(logit_at(logits, i)) * inv_t - m) - norm));
+  return norm;
 }
 
 // The candidates top-k, then top-p, then min-p leave of `probs`, written to order[0, n); returns
@@ -124,10 +125,8 @@ sampled_token sampler::sample(std::span<const float> logits, const sampling_conf
     const double m = logit(best);
     if (std::isinf(m))
       return {static_cast<int32_t>(best), m > 0 ? 0.0f : k_neg_inf};
-    double sum = 0.0;
-    for (int64_t i = 0; i < V; ++i)
-      sum += std::exp(double(logit(i)) - m);
-    return {static_cast<int32_t>(best), static_cast<float>(m - (m + std::log(sum)))};
+    const double norm = kernels::row_log_norm(V, m, [&](int64_t i) { return double(logit(i)); });
+    return {static_cast<int32_t>(best), kernels::scaled_logprob(m, m, norm)};
   }
 
   const double inv_t = 1.0 / double(cfg.temperature);
@@ -137,9 +136,8 @@ sampled_token sampler::sample(std::span<const float> logits, const sampling_conf
   const float u = rng_.uniform(); // drawn before any early return: one draw per call
   if (!std::isfinite(m))
     return {0, k_neg_inf};
-  const double lse = scaled_softmax(logits, inv_t, m, probs_);
-  const auto n = static_cast<int64_t>(
-    keep_candidates(probs_, order_, cfg, static_cast<float>(std::exp(m - lse))));
+  const double norm = scaled_softmax(logits, inv_t, m, probs_);
+  const auto n = static_cast<int64_t>(keep_candidates(probs_, order_, cfg, static_cast<float>(std::exp(-norm))));
 
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i)
@@ -156,7 +154,7 @@ sampled_token sampler::sample(std::span<const float> logits, const sampling_conf
     if (target < acc)
       break;
   }
-  return {token, static_cast<float>(double(logit(token)) * inv_t - lse)};
+  return {token, kernels::scaled_logprob(double(logit(token)) * inv_t, m, norm)};
 }
 
 void sampler::distribution(std::span<const float> logits, const sampling_config& cfg,
@@ -183,9 +181,9 @@ void sampler::distribution(std::span<const float> logits, const sampling_config&
     return;
   }
   std::vector<float> full;
-  const double lse = scaled_softmax(logits, inv_t, m, full);
+  const double norm = scaled_softmax(logits, inv_t, m, full);
   std::vector<int32_t> order;
-  const auto n = keep_candidates(full, order, cfg, static_cast<float>(std::exp(m - lse)));
+  const auto n = keep_candidates(full, order, cfg, static_cast<float>(std::exp(-norm)));
   double total = 0.0;
   for (std::size_t i = 0; i < n; ++i)
     total += full[order[i]];
@@ -227,10 +225,10 @@ float token_logprob(std::span<const float> logits, float temperature, int32_t to
     m = std::max(m, double(logit(i)) * inv_t);
   if (!std::isfinite(m))
     return k_neg_inf;
-  double sum = 0.0;
-  for (std::size_t i = 0; i < logits.size(); ++i)
-    sum += std::exp(double(logit(i)) * inv_t - m);
-  return static_cast<float>(double(logit(static_cast<std::size_t>(token))) * inv_t - (m + std::log(sum)));
+  const double norm = kernels::row_log_norm(static_cast<int64_t>(logits.size()), m, [&](int64_t i) {
+    return double(logit(static_cast<std::size_t>(i))) * inv_t;
+  });
+  return kernels::scaled_logprob(double(logit(static_cast<std::size_t>(token))) * inv_t, m, norm);
 }
 
 void apply_penalties(std::span<float> logits, const generation_history& history,

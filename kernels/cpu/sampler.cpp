@@ -8,6 +8,7 @@
 
 #include "kernels/bf16.hpp"
 #include "kernels/cpu/kept_tokens.hpp"
+#include "kernels/logprob_norm.hpp"
 #include "kernels/sampler.hpp"
 
 namespace rlserve::kernels {
@@ -59,10 +60,7 @@ kernel_status sample_ref(const sample_args& a) {
         a.logprob[r] = m > 0 ? 0.0f : k_neg_inf;
         continue;
       }
-      double sum = 0.0;
-      for (int64_t i = 0; i < V; ++i)
-        sum += std::exp(double(logit(i)) - m);
-      a.logprob[r] = static_cast<float>(m - (m + std::log(sum)));
+      a.logprob[r] = scaled_logprob(m, m, row_log_norm(V, m, [&](int64_t i) { return double(logit(i)); }));
       continue;
     }
     const double inv_t = 1.0 / double(T);
@@ -74,13 +72,10 @@ kernel_status sample_ref(const sample_args& a) {
       a.logprob[r] = k_neg_inf;
       continue;
     }
-    double sum = 0.0;
+    const double norm = row_log_norm(V, m, [&](int64_t i) { return double(logit(i)) * inv_t; });
     for (int64_t i = 0; i < V; ++i)
-      sum += std::exp(double(logit(i)) * inv_t - m);
-    const double lse = m + std::log(sum);
-    for (int64_t i = 0; i < V; ++i)
-      probs[i] = static_cast<float>(std::exp(double(logit(i)) * inv_t - lse));
-    const float p_max = static_cast<float>(std::exp(m - lse));
+      probs[i] = static_cast<float>(std::exp((double(logit(i)) * inv_t - m) - norm));
+    const float p_max = static_cast<float>(std::exp(-norm));
 
     const int64_t n = cpu::kept_tokens(probs.data(), V, a.top_k[r], a.top_p[r], a.min_p[r], p_max, order);
     double total = 0.0;
@@ -99,7 +94,7 @@ kernel_status sample_ref(const sample_args& a) {
         break;
     }
     a.token[r] = token;
-    a.logprob[r] = static_cast<float>(double(logit(token)) * inv_t - lse);
+    a.logprob[r] = scaled_logprob(double(logit(token)) * inv_t, m, norm);
   }
   return kernel_status::ok;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/kept_tokens.hpp"
+#include "kernels/logprob_norm.hpp"
 #include "kernels/spec_verify.hpp"
 
 namespace rlserve::kernels {
@@ -48,13 +49,10 @@ void distribution_row(const float* row, int64_t V, float T, int32_t top_k, float
     out[0] = 1.0f;
     return;
   }
-  double sum = 0.0;
+  const double norm = row_log_norm(V, m, [&](int64_t i) { return double(logit_at(row, i)) * inv_t; });
   for (int64_t i = 0; i < V; ++i)
-    sum += std::exp(double(logit_at(row, i)) * inv_t - m);
-  const double lse = m + std::log(sum);
-  for (int64_t i = 0; i < V; ++i)
-    full[i] = static_cast<float>(std::exp(double(logit_at(row, i)) * inv_t - lse));
-  const float p_max = static_cast<float>(std::exp(m - lse));
+    full[i] = static_cast<float>(std::exp((double(logit_at(row, i)) * inv_t - m) - norm));
+  const float p_max = static_cast<float>(std::exp(-norm));
 
   const int64_t n = cpu::kept_tokens(full.data(), V, top_k, top_p, min_p, p_max, order);
   double total = 0.0;
@@ -74,10 +72,8 @@ float token_logprob(const float* row, int64_t V, float T, int32_t token) {
     m = std::max(m, double(logit_at(row, i)) * inv_t);
   if (!std::isfinite(m))
     return k_neg_inf;
-  double sum = 0.0;
-  for (int64_t i = 0; i < V; ++i)
-    sum += std::exp(double(logit_at(row, i)) * inv_t - m);
-  return static_cast<float>(double(logit_at(row, token)) * inv_t - (m + std::log(sum)));
+  return scaled_logprob(double(logit_at(row, token)) * inv_t, m,
+                        row_log_norm(V, m, [&](int64_t i) { return double(logit_at(row, i)) * inv_t; }));
 }
 
 // floor(v * 2^60); entries are probabilities (contract: >= 0, a row's mass at most 15), and

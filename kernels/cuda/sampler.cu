@@ -17,7 +17,7 @@
 // Masses are fixed point (p * 2^60 in uint64): every float p >= 2^-36 is summed exactly.
 // p = expf(z - lse) in fp32: a token can differ from the CPU's (double) choice only when the uniform
 // falls within ~1e-6 relative of a boundary, or when two different probabilities round apart
-// differently in float. The reported logprob is the host's: one more pass, in double (host_lse).
+// differently in float. The reported logprob is the host's: one more pass, in double (host_log_norm).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -62,7 +62,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
   }
   const bool greedy = !(T >= k_greedy_temperature);
   const float inv_t = greedy ? 1.0f : 1.0f / T;
-  // The logprob is reported against host_lse (sampler_device.cuh): the host's arithmetic, so a
+  // The logprob is reported against host_log_norm (sampler_device.cuh): the host's arithmetic, so a
   // request's logprobs do not depend on whether its step sampled on the device or on the host
   // (a batch with a prefill in it).
 
@@ -132,7 +132,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
     __syncthreads();
     if (greedy) {
       const bool finite = best != INFINITY && best != -INFINITY;
-      const double lse_host = finite ? host_lse(row, V, best, 1.0, scr) : 0.0; // every thread: it syncs the block
+      const double norm = finite ? host_log_norm(row, V, best, 1.0, scr) : 0.0; // every thread: it syncs the block
       if (tid == 0) {
         token_out[r] = best_i;
         if (best == INFINITY)
@@ -140,7 +140,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
         else if (best == -INFINITY)
           logprob_out[r] = -INFINITY;
         else
-          logprob_out[r] = static_cast<float>(double(best) - lse_host);
+          logprob_out[r] = scaled_logprob(double(best), double(best), norm);
       }
       return;
     }
@@ -161,7 +161,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
   }
   const double lse_d = scr.d[0];
   const float lse = static_cast<float>(lse_d);
-  const double lse_host = host_lse(row, V, best, 1.0 / double(T), scr); // the logprob's
+  const double norm = host_log_norm(row, V, best, 1.0 / double(T), scr); // the logprob's
   const float p_max = expf(m - lse);
   const int32_t k = top_k[r];
   const float tp = top_p[r], mp = min_p[r];
@@ -175,7 +175,8 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
   auto prob = [&](int64_t i) { return prob_of(logit_at(row, i)); };
   auto write = [&](int token) { // by one thread
     token_out[r] = token;
-    logprob_out[r] = static_cast<float>(double(logit_at(row, token)) * (1.0 / double(T)) - lse_host);
+    const double inv_t_d = 1.0 / double(T);
+    logprob_out[r] = scaled_logprob(double(logit_at(row, token)) * inv_t_d, double(best) * inv_t_d, norm);
   };
   auto finish = [&](int token) {
     if (tid == 0)

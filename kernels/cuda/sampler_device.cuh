@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "kernels/logprob_norm.hpp"
+
 namespace rlserve::kernels::sampler_device {
 
 namespace {
@@ -76,19 +78,29 @@ __device__ T block_sum(T v, T* slots) {
 __device__ unsigned long long block_sum_u64(unsigned long long v, block_scratch& s) { return block_sum(v, s.u); }
 __device__ int block_sum_int(int v, block_scratch& s) { return block_sum(v, s.i); }
 __device__ double block_sum_double(double v, block_scratch& s) { return block_sum(v, s.d); }
-// The log-sum-exp a reported logprob is taken against, with the host's arithmetic
-// (model::sampler, model::token_logprob): z = double(logit) * inv_t, m = the largest z =
+// The log_norm a reported logprob is taken against (kernels/logprob_norm.hpp), with the host's
+// arithmetic (model::sampler, model::token_logprob): z = double(logit) * inv_t, m = the largest z =
 // double(top) * inv_t (`top`, the row's largest logit, finite; a positive factor keeps the order),
-// exp(z - m) summed in double. Only the order of the sum differs (per thread, then block_sum), so
-// the float logprob has the host's bits unless a double lands within ~1e-16 of a float rounding
-// point. Called by every thread (it syncs the block); scr is free again on return.
-__device__ double host_lse(const float* row, int64_t V, float top, double inv_t, block_scratch& scr) {
+// the top terms counted and the others' exp(z - m) summed in double. Only the order of the sum
+// differs (per thread, then block_sum), so the float logprob has the host's bits unless a double
+// lands within ~1e-16 relative of a float rounding point. Called by every thread (it syncs the
+// block); scr is free again on return.
+__device__ double host_log_norm(const float* row, int64_t V, float top, double inv_t, block_scratch& scr) {
   const double m = double(top) * inv_t;
-  double part = 0.0;
-  for_each_logit(row, threadIdx.x, V, k_threads, [&](int64_t, float l) { part += exp(double(l) * inv_t - m); });
-  const double total = block_sum_double(part, scr);
+  double rest = 0.0;
+  int ties = 0;
+  for_each_logit(row, threadIdx.x, V, k_threads, [&](int64_t, float l) {
+    const double d = double(l) * inv_t - m;
+    if (d == 0.0)
+      ++ties;
+    else
+      rest += exp(d);
+  });
+  rest = block_sum_double(rest, scr);
   __syncthreads();
-  return m + log(total);
+  ties = block_sum_int(ties, scr);
+  __syncthreads();
+  return log_norm(ties, rest);
 }
 __device__ int block_min_int(int v, block_scratch& s) {
 #pragma unroll

@@ -626,10 +626,11 @@ spec_logprob_kernel(const float* __restrict__ logits, const float* __restrict__ 
       logprob[r] = -INFINITY;
     return;
   }
-  const double lse = host_lse(row, V, top, inv_t, scr);
+  const double norm = host_log_norm(row, V, top, inv_t, scr);
   if (threadIdx.x == 0) {
     const int32_t t = token[r];
-    logprob[r] = t >= 0 && t < V ? static_cast<float>(double(logit_at(row, t)) * inv_t - lse) : -INFINITY;
+    logprob[r] = t >= 0 && t < V ? scaled_logprob(double(logit_at(row, t)) * inv_t, double(top) * inv_t, norm)
+                                 : -INFINITY;
   }
 }
 

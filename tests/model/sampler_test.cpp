@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "kernels/logprob_norm.hpp"
 #include "kernels/sampler.hpp"
 #include "model/sampler.hpp"
 
@@ -191,6 +192,57 @@ BOOST_AUTO_TEST_CASE(logprob_is_log_softmax_of_scaled_logits_before_filtering) {
       }
     }
   }
+}
+
+// A peaked row: the top token's logprob is about -1e-14, which float holds exactly. The device
+// sums the same terms in another order (per thread, then a block reduction); the reported float
+// must not depend on that order, and must be the true value rounded (long double reference).
+BOOST_AUTO_TEST_CASE(peaked_row_logprob_does_not_depend_on_the_order_of_the_sum) {
+  std::mt19937 g(21);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int old_formula_disagreements = 0;
+  for (int row = 0; row < 64; ++row) {
+    std::vector<float> logits(4096);
+    for (auto& l : logits)
+      l = normal(g);
+    const int top = row * 61 % 4096;
+    logits[top] = 36.0f + 0.1f * static_cast<float>(row % 10);
+    const double m = logits[top];
+    const float reported = rlserve::model::token_logprob(logits, 1.0f, top);
+    BOOST_TEST(reported == sampler(1).sample(logits, sampling_config{0.0f}).logprob);
+    // The same terms in the device's order: 1024 threads striding the row, then the threads'
+    // sums in index order (a stand-in for the warp and block reduction: any order will do).
+    std::vector<double> part(1024, 0.0), part_old(1024, 0.0);
+    int ties = 0;
+    for (std::size_t i = 0; i < logits.size(); ++i) {
+      const double d = double(logits[i]) - m;
+      part_old[i % 1024] += std::exp(d);
+      if (d == 0.0)
+        ++ties;
+      else
+        part[i % 1024] += std::exp(d);
+    }
+    double rest = 0.0, total_old = 0.0;
+    for (int t = 1023; t >= 0; --t) {
+      rest += part[t];
+      total_old += part_old[t];
+    }
+    const float strided = rlserve::kernels::scaled_logprob(m, m, rlserve::kernels::log_norm(ties, rest));
+    BOOST_TEST(strided == reported, "row " << row);
+    long double rest_l = 0;
+    for (float l : logits)
+      if (l != logits[top])
+        rest_l += std::exp(static_cast<long double>(l) - static_cast<long double>(m));
+    BOOST_TEST(reported == static_cast<float>(-std::log1p(rest_l)), "row " << row);
+    // m - (m + log(1 + rest)) in two orders: what the split and log1p exist to avoid.
+    double total_seq = 0.0;
+    for (float l : logits)
+      total_seq += std::exp(double(l) - m);
+    old_formula_disagreements +=
+      static_cast<float>(m - (m + std::log(total_old))) != static_cast<float>(m - (m + std::log(total_seq)));
+  }
+  BOOST_TEST_MESSAGE("m - (m + log(1 + rest)) differs between the two orders in " << old_formula_disagreements
+                                                                                  << " of 64 rows");
 }
 
 BOOST_AUTO_TEST_CASE(frequencies_follow_the_distribution_at_t1) {

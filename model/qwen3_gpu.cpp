@@ -11,6 +11,8 @@
 #include <atomic>
 #include <cerrno>
 
+#include <cuda_profiler_api.h>
+
 namespace rlserve::model {
 
 using namespace gpu_detail;
@@ -1197,6 +1199,14 @@ status qwen3_gpu_model::forward_sample(std::span<forward_item> items,
   return {};
 }
 
+void gpu_profiler_range(bool open) {
+  cudaDeviceSynchronize(); // the range holds exactly the launches made inside it
+  if (open)
+    cudaProfilerStart();
+  else
+    cudaProfilerStop();
+}
+
 bool gpu_available() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
@@ -1298,6 +1308,7 @@ int64_t qwen3_gpu_model::graphs_captured() const { return 0; }
 std::vector<std::pair<std::string, double>> qwen3_gpu_model::take_profile() { return {}; }
 bool gpu_available() { return false; }
 expected<double> gpu_copy_bandwidth(int, std::size_t, int) { return fail(k_no_cuda); }
+void gpu_profiler_range(bool) {}
 
 } // namespace rlserve::model
 

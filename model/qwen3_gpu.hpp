@@ -283,4 +283,9 @@ bool gpu_available();
 // (the ceiling the decode roofline divides by).
 expected<double> gpu_copy_bandwidth(int device, std::size_t bytes, int repeats);
 
+// Opens (true) or closes (false) the range a profiler started with `--profile-from-start off`
+// collects (Nsight Compute: cudaProfilerStart / cudaProfilerStop), so a benchmark can have exactly
+// its steady-state launches profiled. Nothing without CUDA or without a profiler attached.
+void gpu_profiler_range(bool open);
+
 } // namespace rlserve::model

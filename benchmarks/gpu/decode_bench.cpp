@@ -22,11 +22,14 @@
 //
 //   decode_bench [--batches 1,8,32,128] [--prompt 128] [--steps 32] [--mode both|int4|bf16]
 //                [--layers 48] [--no-graphs] [--linears gemv|cublas] [--prefill full|none]
-//                [--batch-invariant] [--json FILE]
+//                [--batch-invariant] [--profile-steps N] [--json FILE]
 // --linears cublas runs the decode-size BF16 linears on cuBLAS instead of the project's GEMV
 // (gpu_options::bf16_gemv), to compare the two.
 // --batch-invariant runs the batch-invariant forward (gpu_options::batch_invariant, what
 // `serve --enable-deterministic-inference` runs): what that costs against the default at each batch.
+// --profile-steps N runs N more steps after the timed ones inside a profiler range
+// (gpu_profiler_range): `ncu --profile-from-start off` then profiles the kernels of steady-state
+// steps only, not the random fills, prefill or graph capture (scripts/gpu/run_runner.sh ncu).
 // --prefill none skips the prompt's forward: each sequence's KV simply counts `--prompt` positions
 // (whatever the pool holds there: zeros, or an earlier batch's keys) and the rows start from
 // distinct random tokens. Attention then reads the bytes of a real context of that length, so the
@@ -73,6 +76,7 @@ struct options {
   bool gemv = true;
   bool prefill = true; // --prefill none: KV positions counted, not computed (timing only)
   bool batch_invariant = false;
+  int64_t profile_steps = 0;
   std::string json;
 };
 
@@ -129,7 +133,7 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
     max_b = std::max(max_b, b);
   gpu_options g;
   g.kv_block_size = 16;
-  const int64_t per_seq_blocks = (o.prompt + o.warmup + o.steps + 16) / 16 + 1;
+  const int64_t per_seq_blocks = (o.prompt + o.warmup + o.steps + o.profile_steps + 16) / 16 + 1;
   g.kv_num_blocks = max_b * per_seq_blocks + 1;
   g.max_batch_tokens = 2048;
   g.max_sequences = max_b;
@@ -299,6 +303,13 @@ bool run_mode(const options& o, bool int4, double copy_bw, std::vector<row>& row
                   attention > 0 ? kb / (attention * 1e-3) / 1e12 : 0.0,
                   attention > 0 ? 100.0 * kb / (attention * 1e-3) / copy_bw : 0.0);
     }
+    if (o.profile_steps > 0) { // after every number above: the profiler's replays skew none of them
+      gpu_profiler_range(true);
+      for (int64_t i = 0; i < o.profile_steps; ++i)
+        step();
+      gpu_profiler_range(false);
+      m.take_profile();
+    }
     rows.push_back(r);
     std::fflush(stdout);
   }
@@ -348,6 +359,8 @@ int main(int argc, char** argv) {
       }
       o.prefill = v == "full";
     }
+    else if (arg == "--profile-steps")
+      o.profile_steps = std::max<int64_t>(0, std::stoll(value()));
     else if (arg == "--json")
       o.json = value();
     else {
@@ -357,7 +370,7 @@ int main(int argc, char** argv) {
   }
   {
     const auto c = bench::qwen3_30b_a3b(o.layers);
-    const int64_t positions = o.prompt + o.warmup + o.steps;
+    const int64_t positions = o.prompt + o.warmup + o.steps + o.profile_steps;
     if (o.mode != "both" && o.mode != "int4" && o.mode != "bf16") {
       std::fprintf(stderr, "decode_bench: --mode takes both, int4 or bf16, not '%s'\n", o.mode.c_str());
       return 2;

@@ -8,10 +8,11 @@
 // throughput. Bytes: INT4 weights + bf16 scales + zero points + activations + outputs; for the
 // MoE, the experts each call actually touches (counted from its routing on the host).
 //
-// Usage: kernels_bench [--md FILE] [--iters N] [--quick] [--only gemm|gemv|moe|quant|xxh3] [--ms 1,16] [--ts 1,16]
+// Usage: kernels_bench [--md FILE] [--iters N] [--quick] [--profile] [--only gemm|gemv|moe|quant|xxh3] [--ms 1,16] [--ts 1,16]
 //                      [--ctas 132,264]   (GEMM grid caps to compare, m = first of --ms)
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -108,6 +109,10 @@ struct stats {
 
 int g_iters = 200;
 constexpr int k_warmup = 10;
+// --profile: one launch of every timed lambda, after its warm-up, inside a profiler range
+// (cudaProfilerStart/Stop), so `ncu --profile-from-start off` sees each kernel once, warm, and
+// nothing else (scripts/gpu/run_runner.sh ncu).
+bool g_profile = false;
 
 // Events around every launch (per-launch latency), then the same launches back to back; events
 // are recorded on `stream`, the stream the launches use.
@@ -118,6 +123,13 @@ stats time_launches(Launch launch, cudaStream_t stream = nullptr) {
     CHECK_CUDA(cudaEventCreate(&e));
   for (int i = 0; i < k_warmup; ++i)
     launch(i);
+  if (g_profile) {
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaProfilerStart());
+    launch(k_warmup);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaProfilerStop());
+  }
   for (int i = 0; i < g_iters; ++i) {
     CHECK_CUDA(cudaEventRecord(ev[2 * i], stream));
     launch(i);
@@ -544,6 +556,8 @@ int main(int argc, char** argv) {
       g_iters = std::max(20, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--quick"))
       quick = true;
+    else if (!std::strcmp(argv[i], "--profile"))
+      g_profile = true;
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
       only = argv[++i];
     else if (!std::strcmp(argv[i], "--ms") && i + 1 < argc)

@@ -45,6 +45,12 @@
 #             tests/gpu/test_nccl_update_2gpu.py (the broadcast itself; skips below two GPUs)
 #     prefix  benchmarks/prefix_cache_bench.py (GRPO rounds with the prefix cache on and off, on
 #             a make-model --preset a3b-slice checkpoint: Qwen3-30B-A3B layer shapes)
+#     ncu     Nsight Compute over the kernels the performance goals name, one warm launch each
+#             (kernels_bench --profile: W4A16 GEMM and cuBLAS at m = 1..128, BF16 GEMV, fused MoE
+#             at T = 1..256, quantize) and over whole decode steps (decode_bench --profile-steps:
+#             4 layers at batches 1 and 32, and one step at 8k context); speed of light, occupancy,
+#             warp stalls per kernel; scripts/gpu/ncu_summary.py tables into ncu/summary.md, the
+#             CSVs beside it (NCU_RUNS picks some of: gemm gemv moe quant decode long)
 # Nothing is built here, and nothing about the GPU is changed. Where $DEV has no binaries yet (a fresh
 # machine), the tarball `PACK_XZ=.carry/runner.tar.xz scripts/gpu/pack_runner.sh build` wrote
 # (RUNNER_XZ, that path by default) is unpacked beside it first, so DEV must end in /runner.
@@ -210,6 +216,49 @@ for what in "$@"; do
       echo "=== kernels_bench --only xxh3"
       timeout "${XXH3_TIMEOUT:-120}" "$DEV/kernels_bench" --only xxh3 2>&1 | tee "$OUT/xxh3_bench.log" | tail -12
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      ;;&
+    ncu)
+      ncu_dir="$OUT/ncu"
+      mkdir -p "$ncu_dir" /tmp/rlserve-ncu
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+      if [ -z "$NCU" ]; then
+        echo "ncu: not on this machine"; rc=1
+      else
+        # --clock-control none: the clocks stay as the device runs them; caches are flushed
+        # before each replayed pass (ncu's default), so every kernel reads its bytes from DRAM.
+        ncu_run() { # name, then the command
+          local name=$1; shift
+          echo "=== ncu $name: $*"
+          timeout "${NCU_TIMEOUT:-240}" "$NCU" --profile-from-start off --clock-control none \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            --section MemoryWorkloadAnalysis --export "/tmp/rlserve-ncu/$name" --force-overwrite "$@" \
+            > "$ncu_dir/$name.log" 2>&1
+          local st=$?
+          grep -E "==ERROR==|==WARNING==" "$ncu_dir/$name.log" | sort | uniq -c | head -5
+          "$NCU" --import "/tmp/rlserve-ncu/$name.ncu-rep" --csv --page raw --print-units base \
+            > "$ncu_dir/$name.csv" 2>> "$ncu_dir/$name.log"
+          echo "ncu $name: exit $st, $(($(wc -l < "$ncu_dir/$name.csv") - 2)) launches"
+          [ $st -eq 0 ] || rc=1
+        }
+        for r in ${NCU_RUNS:-gemm gemv moe quant decode long}; do
+          case $r in
+            gemm) ncu_run gemm "$DEV/kernels_bench" --profile --iters 20 --only gemm --ms 1,16,64,128 ;;
+            gemv) ncu_run gemv "$DEV/kernels_bench" --profile --iters 20 --only gemv --ms 1,8 ;;
+            moe) ncu_run moe "$DEV/kernels_bench" --profile --iters 20 --only moe --ts 1,16,64,256 ;;
+            quant) ncu_run quant "$DEV/kernels_bench" --profile --iters 20 --only quant ;;
+            decode) for b in 1 32; do
+                ncu_run "decode_b$b" "$DEV/decode_bench" --batches $b --layers 4 --steps 4 --prompt 128 \
+                  --prefill none --mode int4 --profile-steps 1
+              done ;;
+            long) ncu_run decode_8k "$DEV/decode_bench" --batches 1,32 --layers 2 --steps 2 --prompt 8192 \
+                    --prefill none --mode int4 --profile-steps 1 ;;
+            *) echo "ncu: unknown run $r"; rc=2 ;;
+          esac
+        done
+        python3 scripts/gpu/ncu_summary.py "$ncu_dir"/*.csv > "$ncu_dir/summary.md" 2>&1
+        cat "$ncu_dir/summary.md"
+        rm -rf /tmp/rlserve-ncu
+      fi
       ;;&
     hf-static)
       echo "=== transformers decode, static cache + torch.compile"

@@ -23,6 +23,28 @@
 
 namespace rlserve::kernels {
 
+// The products and differences below are written with the device's explicitly rounded operations:
+// nvcc would otherwise contract double(l) * inv_t - m into one fma, which keeps the product's
+// rounding error, so the top token's z - m would not be 0 on the device (it is on the host, where
+// the product is rounded first) and the device would count no ties.
+RLSERVE_HOST_DEVICE inline double mul_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+RLSERVE_HOST_DEVICE inline double sub_rn(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+// z of a logit (NaN and masked logits are -inf before they get here).
+RLSERVE_HOST_DEVICE inline double scaled_logit(float logit, double inv_t) { return mul_rn(double(logit), inv_t); }
+
 // log(sum_j exp(z_j - m)) from `ties`, how many z_j equal m (at least 1), and `rest`, the sum of
 // exp(z_j - m) over the others.
 RLSERVE_HOST_DEVICE inline double log_norm(int64_t ties, double rest) {
@@ -31,7 +53,7 @@ RLSERVE_HOST_DEVICE inline double log_norm(int64_t ties, double rest) {
 
 // The logprob of a token whose scaled logit is z.
 RLSERVE_HOST_DEVICE inline float scaled_logprob(double z, double m, double log_norm_of_row) {
-  return static_cast<float>((z - m) - log_norm_of_row);
+  return static_cast<float>(sub_rn(sub_rn(z, m), log_norm_of_row));
 }
 
 // The host's log_norm of a row: `scaled(i)` is z_i (double; -inf for a masked or NaN logit).
@@ -40,7 +62,7 @@ double row_log_norm(int64_t n, double m, Scaled&& scaled) {
   int64_t ties = 0;
   double rest = 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    const double d = scaled(i) - m;
+    const double d = sub_rn(scaled(i), m);
     if (d == 0.0)
       ++ties;
     else

@@ -140,7 +140,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
         else if (best == -INFINITY)
           logprob_out[r] = -INFINITY;
         else
-          logprob_out[r] = scaled_logprob(double(best), double(best), norm);
+          logprob_out[r] = scaled_logprob(double(best), double(best), norm); // -norm
       }
       return;
     }
@@ -176,7 +176,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
   auto write = [&](int token) { // by one thread
     token_out[r] = token;
     const double inv_t_d = 1.0 / double(T);
-    logprob_out[r] = scaled_logprob(double(logit_at(row, token)) * inv_t_d, double(best) * inv_t_d, norm);
+    logprob_out[r] = scaled_logprob(scaled_logit(logit_at(row, token), inv_t_d), scaled_logit(best, inv_t_d), norm);
   };
   auto finish = [&](int token) {
     if (tid == 0)

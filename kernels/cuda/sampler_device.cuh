@@ -86,11 +86,11 @@ __device__ double block_sum_double(double v, block_scratch& s) { return block_su
 // lands within ~1e-16 relative of a float rounding point. Called by every thread (it syncs the
 // block); scr is free again on return.
 __device__ double host_log_norm(const float* row, int64_t V, float top, double inv_t, block_scratch& scr) {
-  const double m = double(top) * inv_t;
+  const double m = scaled_logit(top, inv_t);
   double rest = 0.0;
   int ties = 0;
   for_each_logit(row, threadIdx.x, V, k_threads, [&](int64_t, float l) {
-    const double d = double(l) * inv_t - m;
+    const double d = sub_rn(scaled_logit(l, inv_t), m);
     if (d == 0.0)
       ++ties;
     else

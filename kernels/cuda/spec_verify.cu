@@ -629,7 +629,7 @@ spec_logprob_kernel(const float* __restrict__ logits, const float* __restrict__ 
   const double norm = host_log_norm(row, V, top, inv_t, scr);
   if (threadIdx.x == 0) {
     const int32_t t = token[r];
-    logprob[r] = t >= 0 && t < V ? scaled_logprob(double(logit_at(row, t)) * inv_t, double(top) * inv_t, norm)
+    logprob[r] = t >= 0 && t < V ? scaled_logprob(scaled_logit(logit_at(row, t), inv_t), scaled_logit(top, inv_t), norm)
                                  : -INFINITY;
   }
 }

@@ -37,10 +37,22 @@ def number(text):
 
 
 def short_name(name):
-    name = name.replace("(anonymous namespace)::", "")
-    name = re.sub(r"^void ", "", name)
-    name = re.sub(r"\(.*", "", name)  # drop the parameter list
-    return re.sub(r"^[\w:]*::(?=\w+(<|$))", "", name).strip() or name  # namespaces off, templates kept
+    """The kernel's own name and template arguments: no namespaces, no parameter list."""
+    name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
+    name = re.sub(r"^void ", "", name.strip())
+    name = re.sub(r"^unnamed>::", "", name)  # how ncu prints some kernels of an unnamed namespace
+    depth, cut, last_scope = 0, len(name), 0
+    for i, ch in enumerate(name):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            cut = i
+            break
+        elif ch == ":" and depth == 0 and name[i - 1:i + 1] == "::":
+            last_scope = i + 1
+    return name[last_scope:cut].strip() or name
 
 
 def rows_of(path):
@@ -62,6 +74,9 @@ def summarize(path):
         print("(no kernels profiled)")
         return
     stalls = [(c, STALL.search(c).group(1)) for c in header if STALL.search(c)]
+    missing = [c for c in (TIME, READ, WRITE, DRAM_PCT, SM_PCT, OCC) if c not in header]
+    if missing:
+        print("columns not in this report: " + ", ".join(missing) + "\n")
     groups = {}
     order = []
     for r in rows:

@@ -231,7 +231,9 @@ for what in "$@"; do
           echo "=== ncu $name: $*"
           timeout "${NCU_TIMEOUT:-240}" "$NCU" --profile-from-start off --clock-control none \
             --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-            --section MemoryWorkloadAnalysis --export "/tmp/rlserve-ncu/$name" --force-overwrite "$@" \
+            --section MemoryWorkloadAnalysis \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+            --export "/tmp/rlserve-ncu/$name" --force-overwrite "$@" \
             > "$ncu_dir/$name.log" 2>&1
           local st=$?
           grep -E "==ERROR==|==WARNING==" "$ncu_dir/$name.log" | sort | uniq -c | head -5

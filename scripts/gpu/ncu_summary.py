@@ -115,9 +115,14 @@ def main(paths):
     if not paths:
         print(__doc__)
         return 2
+    status = 0
     for p in paths:
-        summarize(p)
-    return 0
+        try:
+            summarize(p)
+        except (OSError, csv.Error, UnicodeDecodeError) as e:
+            print(f"ncu_summary: cannot read {p}: {e}", file=sys.stderr)
+            status = 2
+    return status
 
 
 if __name__ == "__main__":

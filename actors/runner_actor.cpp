@@ -90,27 +90,12 @@ std::span<const float> sampling_row(const sequence_state& seq, std::span<const f
   return scratch;
 }
 
-// log_softmax(logits / T) over the vocabulary, the distribution the reported logprobs come from
-// (temperature 1 for greedy requests), and its `n` most likely tokens.
+// The `n` most likely tokens of log_softmax(logits / T) (T = 1 for greedy), with the bits the
+// sampled token's logprob has (model::top_logprobs).
 std::vector<TopLogprob> top_logprobs(std::span<const float> logits, float temperature, int32_t n) {
-  float t = temperature < 1e-6f ? 1.0f : temperature;
-  double max_logit = *std::max_element(logits.begin(), logits.end()) / t;
-  double sum = 0.0;
-  for (float l : logits)
-    sum += std::exp(l / t - max_logit);
-  double log_z = max_logit + std::log(sum);
-  std::vector<int32_t> ids(logits.size());
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    ids[i] = static_cast<int32_t>(i);
-  auto k = std::min<std::size_t>(static_cast<std::size_t>(n), ids.size());
-  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),
-                    [&](int32_t a, int32_t b) {
-                      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-                    });
   std::vector<TopLogprob> out;
-  out.reserve(k);
-  for (std::size_t i = 0; i < k; ++i)
-    out.push_back({ids[i], static_cast<float>(logits[ids[i]] / t - log_z)});
+  for (const auto& [token, logprob] : model::top_logprobs(logits, temperature, n))
+    out.push_back({token, logprob});
   return out;
 }
 

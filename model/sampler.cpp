@@ -231,6 +231,35 @@ float token_logprob(std::span<const float> logits, float temperature, int32_t to
   return kernels::scaled_logprob(double(logit(static_cast<std::size_t>(token))) * inv_t, m, norm);
 }
 
+std::vector<token_and_logprob> top_logprobs(std::span<const float> logits, float temperature, int32_t n) {
+  const auto V = logits.size();
+  const auto k = std::min<std::size_t>(n > 0 ? static_cast<std::size_t>(n) : 0, V);
+  if (k == 0)
+    return {};
+  const double inv_t = temperature >= k_greedy_temperature ? 1.0 / double(temperature) : 1.0;
+  auto logit = [&](std::size_t i) { return std::isnan(logits[i]) ? k_neg_inf : logits[i]; };
+  std::vector<int32_t> ids(V);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](int32_t a, int32_t b) {
+    return logit(static_cast<std::size_t>(a)) > logit(static_cast<std::size_t>(b)) ||
+           (logit(static_cast<std::size_t>(a)) == logit(static_cast<std::size_t>(b)) && a < b);
+  });
+  std::vector<token_and_logprob> out;
+  out.reserve(k);
+  const double m = double(logit(static_cast<std::size_t>(ids[0]))) * inv_t;
+  if (!std::isfinite(m)) { // as token_logprob: no finite logit, nothing has a probability
+    for (std::size_t i = 0; i < k; ++i)
+      out.push_back({ids[i], k_neg_inf});
+    return out;
+  }
+  const double norm = kernels::row_log_norm(static_cast<int64_t>(V), m, [&](int64_t i) {
+    return double(logit(static_cast<std::size_t>(i))) * inv_t;
+  });
+  for (std::size_t i = 0; i < k; ++i)
+    out.push_back({ids[i], kernels::scaled_logprob(double(logit(static_cast<std::size_t>(ids[i]))) * inv_t, m, norm)});
+  return out;
+}
+
 void apply_penalties(std::span<float> logits, const generation_history& history,
                      const sampling_config& cfg) {
   if (!cfg.uses_history())

@@ -121,4 +121,12 @@ private:
 // log_softmax(logits / T)[token], the logprob sample() reports (T = 1 for greedy).
 float token_logprob(std::span<const float> logits, float temperature, int32_t token);
 
+// The `n` most likely tokens of log_softmax(logits / T) (T = 1 for greedy), most likely first,
+// ties to the lower id, NaN logits as -inf: each logprob is the bits token_logprob gives its token.
+struct token_and_logprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+std::vector<token_and_logprob> top_logprobs(std::span<const float> logits, float temperature, int32_t n);
+
 } // namespace rlserve::model

@@ -110,6 +110,9 @@ BOOST_AUTO_TEST_CASE(positions_index_the_batch_and_its_answer) {
   BOOST_REQUIRE(b.details[0].top_logprobs.size() == 1u);
   BOOST_REQUIRE(b.details[0].top_logprobs[0].size() == 2u);
   BOOST_TEST(b.details[0].top_logprobs[0][0].token_id == b.tokens[0]); // greedy: the most likely
+  // The same number for the same token: a client compares output_token_logprobs with the first
+  // of output_top_logprobs.
+  BOOST_TEST(b.details[0].top_logprobs[0][0].logprob == b.logprobs[0]);
   BOOST_TEST(b.details[1].top_logprobs.empty());
 }
 

@@ -245,6 +245,41 @@ BOOST_AUTO_TEST_CASE(peaked_row_logprob_does_not_depend_on_the_order_of_the_sum)
                                                                                   << " of 64 rows");
 }
 
+// Top logprobs are what a client compares the sampled token's logprob with: the same bits for the
+// same token, most likely first (ties to the lower id), NaN logits last, at any temperature.
+BOOST_AUTO_TEST_CASE(top_logprobs_have_the_sampled_tokens_bits) {
+  std::mt19937 g(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (int row = 0; row < 40; ++row) {
+    std::vector<float> logits(3000);
+    for (auto& l : logits)
+      l = normal(g);
+    if (row % 4 == 1)
+      logits[7] = 40.0f; // peaked: the top logprob is about -1e-14
+    if (row % 4 == 2)
+      logits[11] = logits[5] = 9.0f, logits[3] = NAN; // a tie at the top, a NaN
+    const float t = row % 3 == 0 ? 0.0f : row % 3 == 1 ? 0.7f : 1.3f;
+    const auto top = rlserve::model::top_logprobs(logits, t, 5);
+    BOOST_REQUIRE(top.size() == 5u);
+    for (std::size_t i = 0; i < top.size(); ++i) {
+      BOOST_TEST(top[i].logprob == rlserve::model::token_logprob(logits, t, top[i].token), "row " << row << " rank " << i);
+      if (i > 0)
+        BOOST_TEST((logits[top[i - 1].token] > logits[top[i].token] ||
+                    (logits[top[i - 1].token] == logits[top[i].token] && top[i - 1].token < top[i].token)));
+    }
+    if (row % 4 == 2)
+      BOOST_TEST((top[0].token == 5 && top[1].token == 11));
+    if (t == 0.0f) // greedy: the sampled token and its logprob are the first entry's
+      BOOST_TEST(sampler(1).sample(logits, sampling_config{t}).logprob == top[0].logprob);
+  }
+  std::vector<float> nans(4, NAN);
+  const auto none = rlserve::model::top_logprobs(nans, 1.0f, 2);
+  BOOST_REQUIRE(none.size() == 2u);
+  BOOST_TEST((none[0].token == 0 && none[1].token == 1 && std::isinf(none[0].logprob) && none[0].logprob < 0));
+  BOOST_TEST(rlserve::model::top_logprobs(nans, 1.0f, 0).empty());
+  BOOST_TEST(rlserve::model::top_logprobs({}, 1.0f, 3).empty());
+}
+
 BOOST_AUTO_TEST_CASE(frequencies_follow_the_distribution_at_t1) {
   const std::vector<double> probs{0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02};
   const auto logits = logits_of(probs);

@@ -214,21 +214,36 @@ int32_t sampler::draw(std::span<const float> probs, float u) {
   return last;
 }
 
+namespace {
+
+// What every reported logprob of a row is taken against, with the same operations as sample():
+// z = logit / T in double (T = 1 for greedy), m the largest z, and the row's log_norm. No finite
+// z: every logprob is -inf.
+struct logprob_basis {
+  std::span<const float> logits;
+  double inv_t = 1.0, m = 0.0, norm = 0.0;
+  bool finite = false;
+
+  logprob_basis(std::span<const float> row, float temperature) : logits(row) {
+    inv_t = temperature >= k_greedy_temperature ? 1.0 / double(temperature) : 1.0;
+    m = -std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < logits.size(); ++i)
+      m = std::max(m, z(i));
+    finite = std::isfinite(m);
+    if (finite)
+      norm = kernels::row_log_norm(static_cast<int64_t>(logits.size()), m,
+                                   [&](int64_t i) { return z(static_cast<std::size_t>(i)); });
+  }
+  double z(std::size_t i) const { return double(logit_at(logits, i)) * inv_t; }
+  float logprob(std::size_t i) const { return finite ? kernels::scaled_logprob(z(i), m, norm) : k_neg_inf; }
+};
+
+} // namespace
+
 float token_logprob(std::span<const float> logits, float temperature, int32_t token) {
   if (logits.empty() || token < 0 || static_cast<std::size_t>(token) >= logits.size())
     return k_neg_inf;
-  // The same operations as sample(), so both report the same number for the same token.
-  const double inv_t = temperature >= k_greedy_temperature ? 1.0 / double(temperature) : 1.0;
-  auto logit = [&](std::size_t i) { return std::isnan(logits[i]) ? k_neg_inf : logits[i]; };
-  double m = -std::numeric_limits<double>::infinity();
-  for (std::size_t i = 0; i < logits.size(); ++i)
-    m = std::max(m, double(logit(i)) * inv_t);
-  if (!std::isfinite(m))
-    return k_neg_inf;
-  const double norm = kernels::row_log_norm(static_cast<int64_t>(logits.size()), m, [&](int64_t i) {
-    return double(logit(static_cast<std::size_t>(i))) * inv_t;
-  });
-  return kernels::scaled_logprob(double(logit(static_cast<std::size_t>(token))) * inv_t, m, norm);
+  return logprob_basis(logits, temperature).logprob(static_cast<std::size_t>(token));
 }
 
 std::vector<token_and_logprob> top_logprobs(std::span<const float> logits, float temperature, int32_t n) {
@@ -236,27 +251,17 @@ std::vector<token_and_logprob> top_logprobs(std::span<const float> logits, float
   const auto k = std::min<std::size_t>(n > 0 ? static_cast<std::size_t>(n) : 0, V);
   if (k == 0)
     return {};
-  const double inv_t = temperature >= k_greedy_temperature ? 1.0 / double(temperature) : 1.0;
-  auto logit = [&](std::size_t i) { return std::isnan(logits[i]) ? k_neg_inf : logits[i]; };
   std::vector<int32_t> ids(V);
   std::iota(ids.begin(), ids.end(), 0);
   std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](int32_t a, int32_t b) {
-    return logit(static_cast<std::size_t>(a)) > logit(static_cast<std::size_t>(b)) ||
-           (logit(static_cast<std::size_t>(a)) == logit(static_cast<std::size_t>(b)) && a < b);
+    const float la = logit_at(logits, static_cast<std::size_t>(a)), lb = logit_at(logits, static_cast<std::size_t>(b));
+    return la > lb || (la == lb && a < b);
   });
+  const logprob_basis basis(logits, temperature);
   std::vector<token_and_logprob> out;
   out.reserve(k);
-  const double m = double(logit(static_cast<std::size_t>(ids[0]))) * inv_t;
-  if (!std::isfinite(m)) { // as token_logprob: no finite logit, nothing has a probability
-    for (std::size_t i = 0; i < k; ++i)
-      out.push_back({ids[i], k_neg_inf});
-    return out;
-  }
-  const double norm = kernels::row_log_norm(static_cast<int64_t>(V), m, [&](int64_t i) {
-    return double(logit(static_cast<std::size_t>(i))) * inv_t;
-  });
   for (std::size_t i = 0; i < k; ++i)
-    out.push_back({ids[i], kernels::scaled_logprob(double(logit(static_cast<std::size_t>(ids[i]))) * inv_t, m, norm)});
+    out.push_back({ids[i], basis.logprob(static_cast<std::size_t>(ids[i]))});
   return out;
 }
 

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <future>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -735,8 +737,15 @@ BOOST_AUTO_TEST_CASE(prompt_logprobs_over_chunked_prefill_match_one_chunk) {
 BOOST_AUTO_TEST_CASE(in_place_pause_update_continue_spans_two_versions) {
   auto dir = tiny_model("target", 11);
   auto e = start(dir);
-  auto request = e->generate_async(greedy({2, 7, 1, 8}, 300));
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Paused after its first token (a fixed sleep raced a fast machine that finished all 300).
+  auto first = std::make_shared<std::promise<void>>();
+  auto first_seen = first->get_future();
+  auto once = std::make_shared<std::once_flag>();
+  auto on_chunk = [first, once](const GenerateReqOutput&) {
+    std::call_once(*once, [&] { first->set_value(); });
+  };
+  auto request = e->generate_async(greedy({2, 7, 1, 8}, 300), on_chunk);
+  BOOST_REQUIRE(first_seen.wait_for(std::chrono::seconds(120)) == std::future_status::ready);
   BOOST_REQUIRE(e->pause_generation({pause_mode::in_place}).success);
   BOOST_TEST(e->get_server_info().running_requests == 1);
   // The session runs under the pause: it does not wait for the frozen request.

@@ -130,11 +130,17 @@ BOOST_AUTO_TEST_CASE(number_outside_double_range_is_an_error_not_a_dead_actor) {
 // victim's rid and cancelling it (or disconnecting) before the duplicate rid was refused.
 BOOST_AUTO_TEST_CASE(a_client_cannot_abort_another_clients_request) {
   served_engine s;
+  // Paused in place, the victim's request waits in the queue for the whole attack: on a fast
+  // machine its 200 tokens would otherwise be done before the attackers arrive.
+  BOOST_REQUIRE(s.engine->pause_generation({pause_mode::in_place}).success);
   auto victim = s.connect();
   auto req = greedy_ids({1, 2, 3}, 200);
   req.rid = "victim-rid";
   BOOST_REQUIRE(victim->send_with_id("v", "generate", to_json(req)));
-  BOOST_REQUIRE(eventually([&] { return s.engine->get_server_info().running_requests == 1; }));
+  BOOST_REQUIRE(eventually([&] {
+    auto info = s.engine->get_server_info();
+    return info.running_requests + info.waiting_requests == 1;
+  }));
   for (int round = 0; round < 3; ++round) {
     auto attacker = s.connect();
     BOOST_REQUIRE(attacker->send_with_id("a", "generate", to_json(req)));
@@ -146,6 +152,8 @@ BOOST_AUTO_TEST_CASE(a_client_cannot_abort_another_clients_request) {
       BOOST_REQUIRE_MESSAGE(m.has_value(), m.error());
     }
   }
+  BOOST_TEST(s.engine->get_server_info().waiting_requests == 1);
+  BOOST_REQUIRE(s.engine->continue_generation({}).success);
   // The admin route still aborts by rid (whoever made it): not used here.
   auto out = final_generate(*victim, "v");
   BOOST_TEST(out.success, out.message);

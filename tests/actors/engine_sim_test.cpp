@@ -179,12 +179,16 @@ BOOST_AUTO_TEST_CASE(bad_generate_requests_fail_with_a_message) {
   auto hot = greedy({1}, 4);
   hot.sampling_params.top_p = 0.0f;
   expect_error(hot, "sampling_params.top_p");
-  // a rid in flight twice
+  // a rid in flight twice (the first waits in the queue under an in_place pause meanwhile)
+  BOOST_REQUIRE(e->pause_generation({pause_mode::in_place}).success);
   auto slow = greedy({1}, 400);
   slow.rid = "same";
   auto first = e->generate_async(slow);
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 500 && e->get_server_info().waiting_requests == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  BOOST_REQUIRE(e->get_server_info().waiting_requests == 1);
   expect_error(slow, "already in flight");
+  BOOST_REQUIRE(e->continue_generation({}).success);
   BOOST_TEST(first.get().success);
 }
 
@@ -826,7 +830,8 @@ BOOST_AUTO_TEST_CASE(abort_by_rid_running_or_queued) {
   auto q = greedy({1}, 3);
   q.rid = "queued-one";
   auto queued = e->generate_async(q);
-  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 500 && e->get_server_info().waiting_requests == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   abort.rid = "queued-one";
   BOOST_TEST(e->abort(abort).num_aborted == 1);
   BOOST_TEST(queued.get().finish_reason->type == "abort");

@@ -3,7 +3,7 @@
 # repository root, with binaries built elsewhere and carried in $DEV (build-gemm/runner by default:
 # rlserve, rlserve_model_gpu_tests, rlserve_actors_gpu_tests, rlserve_kernels_gpu_tests,
 # decode_bench, kernels_bench and the non-system shared libraries they link). Logs go to $OUT.
-#   scripts/gpu/run_runner.sh [tests|parity|bench|moe|gemv|hf|hf-static|determinism|trace|routing|all]...
+#   scripts/gpu/run_runner.sh [tests|parity|bench|moe|gemv|hf|hf-static|determinism|trace|routing|ncu|variants|all]...
 #     tests   the gpu-labelled C++ tests of the model, the actors and the kernels (all of them;
 #             GPU_TEST_FILTER, a Boost.Test --run_test filter such as
 #             "qwen3_gpu_gpu_test/graph_replay_equals_eager_bit_for_bit", picks cases instead:
@@ -45,6 +45,15 @@
 #             tests/gpu/test_nccl_update_2gpu.py (the broadcast itself; skips below two GPUs)
 #     prefix  benchmarks/prefix_cache_bench.py (GRPO rounds with the prefix cache on and off, on
 #             a make-model --preset a3b-slice checkpoint: Qwen3-30B-A3B layer shapes)
+#     variants  A/B of kernel variants: every .carry/variants/NAME.tar.xz that
+#             scripts/gpu/pack_variant.sh wrote (VARIANTS="a b" picks some) is unpacked; with
+#             VARIANT_TESTS (a --run_test filter, "*" for all) each variant's GPU tests run first;
+#             then for each decode_bench argument set of VARIANT_BENCH (';' between sets, default
+#             "--batches 1,8,32 --steps 32 --prompt 128 --mode int4") the main binary and every
+#             variant run in turn, VARIANT_REPEATS times (default 2), and
+#             scripts/gpu/variants_table.py prints one table (variants/table.md); with
+#             VARIANT_KERNELS (kernels_bench arguments, e.g. "--only moe --ts 1,4") kernels_bench
+#             of each binary runs too
 #     ncu     Nsight Compute over the kernels the performance goals name, one warm launch each
 #             (kernels_bench --profile: W4A16 GEMM and cuBLAS at m = 1..128, BF16 GEMV, fused MoE
 #             at T = 1..256, quantize) and over whole decode steps (decode_bench --profile-steps:
@@ -260,6 +269,58 @@ for what in "$@"; do
         python3 scripts/gpu/ncu_summary.py "$ncu_dir"/*.csv > "$ncu_dir/summary.md" 2>&1
         cat "$ncu_dir/summary.md"
         rm -rf /tmp/rlserve-ncu
+      fi
+      ;;&
+    variants)
+      var_dir="$OUT/variants"
+      var_bin="$(dirname "$DEV")/variants"
+      mkdir -p "$var_dir" "$var_bin"
+      names=()
+      for xz in .carry/variants/*.tar.xz; do
+        [ -f "$xz" ] || continue
+        name=$(basename "$xz" .tar.xz)
+        if [ -n "${VARIANTS:-}" ] && [[ " $VARIANTS " != *" $name "* ]]; then continue; fi
+        rm -rf "${var_bin:?}/$name" # a warm machine may hold an older build of the same name
+        tar -C "$var_bin" -xJf "$xz" || { echo "cannot unpack $xz"; rc=2; continue; }
+        echo "variant $name: $(cat "$var_bin/$name/REVISION" 2>/dev/null)"
+        names+=("$name")
+      done
+      [ ${#names[@]} -gt 0 ] || { echo "variants: no .carry/variants/*.tar.xz to run"; rc=2; }
+      if [ -n "${VARIANT_TESTS:-}" ]; then
+        for name in "${names[@]}"; do
+          for exe in rlserve_model_gpu_tests rlserve_actors_gpu_tests rlserve_kernels_gpu_tests; do
+            [ -x "$var_bin/$name/$exe" ] || continue
+            timeout "${TEST_TIMEOUT:-240}" "$var_bin/$name/$exe" --run_test="$VARIANT_TESTS" --log_level=message \
+              --report_level=short > "$var_dir/$name.$exe.log" 2>&1
+            st=$?
+            grep -E "error|failed|passed|\*\*\*" "$var_dir/$name.$exe.log" | tail -8
+            echo "variant $name $exe: exit $st"
+            [ $st -eq 0 ] || rc=1
+          done
+        done
+      fi
+      printf '%s\n' main "${names[@]}" > "$var_dir/binaries.txt"
+      IFS=';' read -r -a sets <<< "${VARIANT_BENCH:---batches 1,8,32 --steps 32 --prompt 128 --mode int4}"
+      : > "$var_dir/sets.txt"
+      for s in "${!sets[@]}"; do
+        echo "${sets[$s]}" | xargs >> "$var_dir/sets.txt"
+        for ((r = 0; r < ${VARIANT_REPEATS:-2}; r++)); do
+          for name in main "${names[@]}"; do
+            exe="$var_bin/$name/decode_bench"
+            [ "$name" = main ] && exe="$DEV/decode_bench"
+            timeout "${BENCH_TIMEOUT:-300}" "$exe" ${sets[$s]} --json "$var_dir/$s.$name.$r.json" \
+              > "$var_dir/$s.$name.$r.log" 2>&1 || { echo "decode_bench $name, set $s: failed"; tail -3 "$var_dir/$s.$name.$r.log"; rc=1; }
+          done
+        done
+      done
+      python3 scripts/gpu/variants_table.py "$var_dir" | tee "$var_dir/table.md"
+      if [ -n "${VARIANT_KERNELS:-}" ]; then
+        for name in main "${names[@]}"; do
+          exe="$var_bin/$name/kernels_bench"
+          [ "$name" = main ] && exe="$DEV/kernels_bench"
+          echo "=== kernels_bench $name: $VARIANT_KERNELS"
+          timeout "${MOE_TIMEOUT:-120}" "$exe" $VARIANT_KERNELS 2>&1 | tee "$var_dir/kernels.$name.log" | grep -E "^(moe|gemm|gemv|quantize|xxh3|device)" | head -30
+        done
       fi
       ;;&
     hf-static)

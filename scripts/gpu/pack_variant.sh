@@ -6,7 +6,8 @@
 # The revision is checked out in a worktree (../rlserve-variant-NAME beside this checkout) and
 # built in its own folder there (Release, CUDA for sm_90a only, ccache when installed), so a second
 # call rebuilds only what changed. Writes .carry/variants/NAME.tar.xz (`NAME/` with decode_bench,
-# kernels_bench, speculative_bench and the three GPU test binaries, stripped). The variant links the
+# kernels_bench, speculative_bench and the three GPU test binaries, stripped; with BENCH_ONLY=1
+# decode_bench and kernels_bench alone, about 4 MB, for a variant only timed). The variant links the
 # same shared libraries as the main runner, whose folder supplies them on the device: pack the main
 # runner (scripts/gpu/pack_runner.sh) from the same dependencies.
 set -euo pipefail
@@ -26,14 +27,18 @@ launcher=()
 command -v ccache > /dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 cmake -S "$wt" -B "$wt/build-variant" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
   "${launcher[@]}" > /dev/null
-cmake --build "$wt/build-variant" -j "$(nproc)" --target decode_bench kernels_bench speculative_bench \
-  rlserve_kernels_gpu_tests rlserve_model_gpu_tests rlserve_actors_gpu_tests
+B="$wt/build-variant"
+files=("$B/benchmarks/decode_bench" "$B/benchmarks/gpu/kernels_bench")
+targets=(decode_bench kernels_bench)
+if [ "${BENCH_ONLY:-0}" != 1 ]; then
+  files+=("$B/benchmarks/speculative_bench" "$B/tests/rlserve_kernels_gpu_tests" "$B/tests/rlserve_model_gpu_tests"
+          "$B/tests/rlserve_actors_gpu_tests")
+  targets+=(speculative_bench rlserve_kernels_gpu_tests rlserve_model_gpu_tests rlserve_actors_gpu_tests)
+fi
+cmake --build "$B" -j "$(nproc)" --target "${targets[@]}"
 stage=$(mktemp -d)
 mkdir "$stage/$name"
-B="$wt/build-variant"
-cp "$B/benchmarks/decode_bench" "$B/benchmarks/gpu/kernels_bench" "$B/benchmarks/speculative_bench" \
-  "$B/tests/rlserve_kernels_gpu_tests" "$B/tests/rlserve_model_gpu_tests" "$B/tests/rlserve_actors_gpu_tests" \
-  "$stage/$name/"
+cp "${files[@]}" "$stage/$name/"
 strip "$stage/$name"/*
 git -C "$wt" log -1 --format='%H %s' > "$stage/$name/REVISION"
 mkdir -p .carry/variants

@@ -6,8 +6,9 @@
 # The revision is checked out in a worktree (../rlserve-variant-NAME beside this checkout) and
 # built in its own folder there (Release, CUDA for sm_90a only, ccache when installed), so a second
 # call rebuilds only what changed. Writes .carry/variants/NAME.tar.xz (`NAME/` with decode_bench,
-# kernels_bench, speculative_bench and the three GPU test binaries, stripped; with BENCH_ONLY=1
-# decode_bench and kernels_bench alone, about 4 MB, for a variant only timed). The variant links the
+# kernels_bench and the kernel and model GPU test binaries, stripped, about 9 MB; with FULL=1 also
+# speculative_bench and the actor GPU tests, about 15 MB; with BENCH_ONLY=1 decode_bench and
+# kernels_bench alone, about 4 MB, for a variant only timed). The variant links the
 # same shared libraries as the main runner, whose folder supplies them on the device: pack the main
 # runner (scripts/gpu/pack_runner.sh) from the same dependencies.
 set -euo pipefail
@@ -31,9 +32,12 @@ B="$wt/build-variant"
 files=("$B/benchmarks/decode_bench" "$B/benchmarks/gpu/kernels_bench")
 targets=(decode_bench kernels_bench)
 if [ "${BENCH_ONLY:-0}" != 1 ]; then
-  files+=("$B/benchmarks/speculative_bench" "$B/tests/rlserve_kernels_gpu_tests" "$B/tests/rlserve_model_gpu_tests"
-          "$B/tests/rlserve_actors_gpu_tests")
-  targets+=(speculative_bench rlserve_kernels_gpu_tests rlserve_model_gpu_tests rlserve_actors_gpu_tests)
+  files+=("$B/tests/rlserve_kernels_gpu_tests" "$B/tests/rlserve_model_gpu_tests")
+  targets+=(rlserve_kernels_gpu_tests rlserve_model_gpu_tests)
+fi
+if [ "${FULL:-0}" = 1 ]; then
+  files+=("$B/benchmarks/speculative_bench" "$B/tests/rlserve_actors_gpu_tests")
+  targets+=(speculative_bench rlserve_actors_gpu_tests)
 fi
 cmake --build "$B" -j "$(nproc)" --target "${targets[@]}"
 stage=$(mktemp -d)

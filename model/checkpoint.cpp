@@ -60,7 +60,7 @@ expected<checkpoint> checkpoint::open(const fs::path& dir) {
     for (const auto& n : f->names())
       c.where_.emplace(n, 0);
     c.shards_.push_back(std::move(*f));
-    return c;
+    return with_expert_views(std::move(c));
   }
 
   const fs::path index_path = dir / k_index_file;
@@ -113,7 +113,7 @@ expected<checkpoint> checkpoint::open(const fs::path& dir) {
                                   c.shards_[s].path().filename().string()));
       }
     }
-    return c;
+    return with_expert_views(std::move(c));
   }
 
   const fs::path single = dir / k_single_file;
@@ -131,6 +131,54 @@ expected<checkpoint> checkpoint::open(const fs::path& dir) {
   for (const auto& n : f->names())
     c.where_.emplace(n, 0);
   c.shards_.push_back(std::move(*f));
+  return with_expert_views(std::move(c));
+}
+
+expected<checkpoint> checkpoint::with_expert_views(checkpoint c) {
+  static const std::string gate_up = "mlp.experts.gate_up_proj", down = "mlp.experts.down_proj";
+  std::vector<std::string> fused;
+  for (const auto& [name, _] : c.where_)
+    if (name.ends_with(gate_up) || name.ends_with(down))
+      fused.push_back(name);
+  std::sort(fused.begin(), fused.end());
+  for (const auto& name : fused) {
+    auto t = c.shards_[c.where_.at(name)].tensor(name);
+    if (!t)
+      return std::move(t).take_failure();
+    const bool is_gate_up = name.ends_with(gate_up);
+    const auto& sh = t->shape;
+    if (sh.size() != 3 || sh[0] < 1 || (is_gate_up && sh[1] % 2 != 0))
+      return fail(fmt::format("{}: fused expert tensor '{}' has shape [{}]; expected {}", c.dir_.string(), name,
+                              fmt::join(sh, ", "),
+                              is_gate_up ? "[experts, 2 x intermediate, hidden]" : "[experts, hidden, intermediate]"));
+    const std::string prefix = name.substr(0, name.size() - (is_gate_up ? gate_up : down).size()) + "mlp.experts.";
+    const auto esize = static_cast<std::size_t>(element_size(t->type));
+    const auto rows = is_gate_up ? sh[1] / 2 : sh[1];
+    const auto part = static_cast<std::size_t>(rows * sh[2]) * esize; // one [rows, cols] matrix
+    auto add = [&](const std::string& view, std::size_t offset) -> status {
+      if (c.where_.count(view) || c.views_.count(view))
+        return fail(fmt::format("{}: '{}' is both in the fused tensor '{}' and saved on its own", c.dir_.string(),
+                                view, name));
+      c.views_.emplace(view, expert_view{name, offset, {rows, sh[2]}});
+      return {};
+    };
+    for (int64_t e = 0; e < sh[0]; ++e) {
+      const std::string ex = prefix + std::to_string(e) + ".";
+      const auto at = static_cast<std::size_t>(e) * (is_gate_up ? 2 : 1) * part;
+      if (is_gate_up) {
+        if (auto s = add(ex + "gate_proj.weight", at); !s)
+          return std::move(s).take_failure();
+        if (auto s = add(ex + "up_proj.weight", at + part); !s)
+          return std::move(s).take_failure();
+      } else if (auto s = add(ex + "down_proj.weight", at); !s) {
+        return std::move(s).take_failure();
+      }
+    }
+  }
+  for (const auto& [view, v] : c.views_)
+    c.where_.emplace(view, c.where_.at(v.fused));
+  for (const auto& name : fused)
+    c.where_.erase(name);
   return c;
 }
 
@@ -151,6 +199,14 @@ expected<HostTensor> checkpoint::tensor(std::string_view name) const {
   auto it = where_.find(std::string(name));
   if (it == where_.end())
     return fail(fmt::format("{}: checkpoint has no tensor named '{}'", dir_.string(), name));
+  if (auto v = views_.find(std::string(name)); v != views_.end()) {
+    auto fused = shards_[it->second].tensor(v->second.fused);
+    if (!fused)
+      return std::move(fused).take_failure();
+    const auto nbytes = static_cast<std::size_t>(v->second.shape[0] * v->second.shape[1]) *
+                        static_cast<std::size_t>(element_size(fused->type));
+    return HostTensor::alias(fused->type, v->second.shape, fused->data, fused->data.get() + v->second.offset, nbytes);
+  }
   return shards_[it->second].tensor(name);
 }
 

@@ -1,6 +1,13 @@
 // checkpoint: a Hugging Face model directory's weights, as one name -> tensor view over
 // `model.safetensors`, or over the shards that `model.safetensors.index.json` lists (its
 // "weight_map" maps each tensor name to a shard file). Shards are read into owned memory; tensors alias it.
+//
+// MoE experts saved fused, the way transformers 5 holds them (save_pretrained with
+// save_original_format=False, and checkpoints written from such models): `<p>.mlp.experts.gate_up_proj`
+// [E, 2I, H] (gate the first I rows of each expert, up the last I) and `<p>.mlp.experts.down_proj`
+// [E, H, I] are served as the per-expert tensors the hub format names, `<p>.mlp.experts.<e>.
+// {gate,up,down}_proj.weight` (views of the fused bytes, no copy); the fused names themselves are
+// not listed. A checkpoint naming an expert both ways is refused.
 #pragma once
 
 #include <cstddef>
@@ -34,9 +41,19 @@ public:
   const std::filesystem::path& dir() const { return dir_; }
 
 private:
+  // A per-expert tensor inside a fused one: its bytes from `offset`, shaped `shape`.
+  struct expert_view {
+    std::string fused;
+    std::size_t offset = 0;
+    std::vector<int64_t> shape;
+  };
+  // Lists the per-expert views of the fused expert tensors in place of the fused names.
+  static expected<checkpoint> with_expert_views(checkpoint c);
+
   std::filesystem::path dir_;
   std::vector<safetensors_file> shards_;
   std::unordered_map<std::string, std::size_t> where_; // name -> index into shards_
+  std::unordered_map<std::string, expert_view> views_;  // per-expert name -> where in a fused tensor
 };
 
 // Writes `tensors` into `dir` (created if needed) the way transformers' save_pretrained does:

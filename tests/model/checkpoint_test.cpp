@@ -144,6 +144,58 @@ BOOST_AUTO_TEST_CASE(rewriting_replaces_the_old_layout) {
   expect_same(*c, want);
 }
 
+// MoE experts saved fused (transformers 5 with save_original_format=False): gate_up_proj
+// [E, 2I, H] and down_proj [E, H, I] are served as the hub's per-expert tensors, gate the first I
+// rows of each expert; the fused names are not listed; in a sharded checkpoint too.
+BOOST_AUTO_TEST_CASE(fused_experts_are_served_per_expert) {
+  const int64_t E = 3, I = 2, H = 5;
+  std::vector<float> gu(static_cast<std::size_t>(E * 2 * I * H)), dn(static_cast<std::size_t>(E * H * I));
+  for (std::size_t i = 0; i < gu.size(); ++i)
+    gu[i] = float(i);
+  for (std::size_t i = 0; i < dn.size(); ++i)
+    dn[i] = 1000.0f + float(i);
+  const std::string p = "model.layers.1.mlp.experts.";
+  std::vector<NamedTensor> fused{{p + "gate_up_proj", HostTensor::from_vector(dtype::f32, {E, 2 * I, H}, gu)},
+                                 {p + "down_proj", HostTensor::from_vector(dtype::f32, {E, H, I}, dn)},
+                                 {"model.norm.weight", HostTensor::from_vector(dtype::f32, {H}, std::vector<float>(5, 1.0f))}};
+  // What the hub format holds for the same weights.
+  std::vector<NamedTensor> want{fused[2]};
+  for (int64_t e = 0; e < E; ++e) {
+    auto slice = [&](const std::vector<float>& v, int64_t at, int64_t rows, int64_t cols) {
+      return HostTensor::from_vector(dtype::f32, {rows, cols},
+                                     std::vector<float>(v.begin() + at, v.begin() + at + rows * cols));
+    };
+    const auto ex = p + std::to_string(e) + ".";
+    want.push_back({ex + "gate_proj.weight", slice(gu, e * 2 * I * H, I, H)});
+    want.push_back({ex + "up_proj.weight", slice(gu, e * 2 * I * H + I * H, I, H)});
+    want.push_back({ex + "down_proj.weight", slice(dn, e * H * I, H, I)});
+  }
+  for (std::size_t shard_bytes : {std::size_t{1} << 20, std::size_t{64}}) { // one file; a shard per tensor
+    temp_dir dir;
+    BOOST_REQUIRE(write_checkpoint(dir.path, fused, shard_bytes));
+    auto c = checkpoint::open(dir.path);
+    BOOST_REQUIRE_MESSAGE(c, why(c));
+    expect_same(*c, want);
+    BOOST_TEST(!c->contains(p + "gate_up_proj"));
+    BOOST_TEST(!c->tensor(p + "down_proj"));
+  }
+
+  // An expert both fused and saved on its own, and fused tensors of a shape that cannot be split.
+  temp_dir both;
+  auto twice = fused;
+  twice.push_back(want[1]);
+  BOOST_REQUIRE(write_checkpoint(both.path, twice));
+  expect_error(both.path, {"experts.0.gate_proj.weight", "both in the fused tensor", "gate_up_proj"});
+  temp_dir flat;
+  std::vector<NamedTensor> two_d{{p + "gate_up_proj", HostTensor::from_vector(dtype::f32, {2 * I, H}, std::vector<float>(20))}};
+  BOOST_REQUIRE(write_checkpoint(flat.path, two_d));
+  expect_error(flat.path, {"fused expert tensor", "shape [4, 5]", "[experts, 2 x intermediate, hidden]"});
+  temp_dir odd;
+  std::vector<NamedTensor> odd_rows{{p + "gate_up_proj", HostTensor::from_vector(dtype::f32, {1, 3, 2}, std::vector<float>(6))}};
+  BOOST_REQUIRE(write_checkpoint(odd.path, odd_rows));
+  expect_error(odd.path, {"shape [1, 3, 2]"});
+}
+
 BOOST_AUTO_TEST_CASE(index_naming_a_missing_shard) {
   temp_dir dir;
   BOOST_REQUIRE(write_checkpoint(dir.path, tensors(4, 16), 100));

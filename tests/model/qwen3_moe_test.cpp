@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kernels/bf16.hpp"
+#include "model/checkpoint.hpp"
 #include "model/kv_pool.hpp"
 #include "model/make_model.hpp"
 #include "model/qwen3.hpp"
@@ -187,6 +188,51 @@ BOOST_AUTO_TEST_CASE(parameters_are_per_expert_hf_names) {
   BOOST_TEST(params.size() == specs.size());
   for (std::size_t i = 0; i < params.size(); ++i)
     BOOST_TEST(params[i].name == specs[i].name);
+}
+
+// The same weights saved per expert (the hub format) and with each layer's experts fused the
+// way transformers 5 holds them (gate_up_proj [E, 2I, H], down_proj [E, H, I]) load into the
+// same model: the logits agree to the bit.
+BOOST_AUTO_TEST_CASE(fused_expert_checkpoints_load_as_per_expert_ones) {
+  const auto c = tiny_moe_config();
+  const auto params = random_parameters(c, 5, dtype::bf16);
+  const int64_t E = c.num_experts, I = c.moe_intermediate_size, H = c.hidden_size;
+  std::map<std::string, const HostTensor*> by_name;
+  for (const auto& t : params)
+    by_name[t.name] = &t.tensor;
+  std::vector<NamedTensor> fused;
+  for (const auto& t : params)
+    if (t.name.find(".mlp.experts.") == std::string::npos)
+      fused.push_back(t);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    std::vector<std::byte> gate_up, down;
+    for (int64_t e = 0; e < E; ++e) {
+      for (const char* part : {"gate_proj", "up_proj"}) {
+        const auto& t = *by_name.at(p + std::to_string(e) + "." + part + ".weight");
+        gate_up.insert(gate_up.end(), t.bytes().begin(), t.bytes().end());
+      }
+      const auto& d = *by_name.at(p + std::to_string(e) + ".down_proj.weight");
+      down.insert(down.end(), d.bytes().begin(), d.bytes().end());
+    }
+    fused.push_back({p + "gate_up_proj", HostTensor::adopt(dtype::bf16, {E, 2 * I, H}, std::move(gate_up))});
+    fused.push_back({p + "down_proj", HostTensor::adopt(dtype::bf16, {E, H, I}, std::move(down))});
+  }
+  rlserve::test::temp_dir hub, v5;
+  BOOST_REQUIRE(write_checkpoint(hub.path, params));
+  BOOST_REQUIRE(write_checkpoint(v5.path, fused, 1 << 16)); // sharded, too
+  auto a = checkpoint::open(hub.path), b = checkpoint::open(v5.path);
+  BOOST_REQUIRE_MESSAGE(a, why(a));
+  BOOST_REQUIRE_MESSAGE(b, why(b));
+  BOOST_TEST(a->names() == b->names());
+  auto ma = qwen3_model::load(c, *a), mb = qwen3_model::load(c, *b);
+  BOOST_REQUIRE_MESSAGE(ma, why(ma));
+  BOOST_REQUIRE_MESSAGE(mb, why(mb));
+  const std::vector<int32_t> ids{3, 1, 4, 1, 5, 9, 2, 6};
+  auto la = ma->forward_all(ids), lb = mb->forward_all(ids);
+  BOOST_REQUIRE_MESSAGE(la, why(la));
+  BOOST_REQUIRE_MESSAGE(lb, why(lb));
+  BOOST_TEST((*la == *lb));
 }
 
 BOOST_AUTO_TEST_CASE(load_errors_name_expert_tensors) {

@@ -371,6 +371,9 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
                 std::to_string(config.kv_block_size) + ") tokens");
   if (config.max_running_requests < 1 || config.max_batch_tokens < 1)
     return fail("max_running_requests and max_batch_tokens must be at least 1");
+  if (config.stream_interval < 1)
+    return fail("stream_interval must be at least 1 (output tokens per streamed chunk), got " +
+                std::to_string(config.stream_interval));
   auto kv_blocks = config.kv_cache_tokens / config.kv_block_size;
   // GPU runners: the device copy of each model, made here so a device problem is an error of
   // start. A batch holds at most max_batch_tokens of prefill and decodes, plus the draft
@@ -467,6 +470,7 @@ expected<std::unique_ptr<Engine>> Engine::start(engine_config config) {
   scheduling.max_batch_tokens = config.max_batch_tokens;
   scheduling.speculative_num_draft_tokens = config.speculative_num_draft_tokens;
   scheduling.prefix_cache = !config.disable_radix_cache;
+  scheduling.stream_interval = config.stream_interval;
   scheduling.profile = p->profile;
   p->scheduler = spawn_scheduler(sys, scheduling,
                                  p->runners.front(), draft ? p->runners.back() : runner_actor{},

@@ -50,6 +50,9 @@ struct engine_config {
   // Turns the prefix cache off (SGLang's flag): every request then prefills its whole prompt.
   // On, requests reuse the KV of block-aligned prefixes computed with the weights serving now.
   bool disable_radix_cache = false;
+  // Output tokens per streamed chunk for requests that do not set sampling_params.stream_interval
+  // (SGLang's --stream-interval).
+  int32_t stream_interval = 1;
   std::string initial_weight_version = "0";
   // Where the runners run: "auto" (the GPU when this build has CUDA and a device is visible,
   // else the CPU), "cpu", or "cuda" / "cuda:N" (fails at start when there is no such device).

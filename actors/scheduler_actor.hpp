@@ -58,6 +58,9 @@ struct scheduler_options {
   // Reuse the KV of shared prefixes across requests (actors/policy/prefix_cache.hpp); SGLang's
   // radix cache, off with --disable-radix-cache.
   bool prefix_cache = true;
+  // Output tokens per streamed chunk when a request does not set sampling_params.stream_interval
+  // (SGLang's --stream-interval): fewer chunks, and less per-step work, at large batches.
+  int32_t stream_interval = 1;
   // Where steps are traced while a profile runs (/start_profile); may be null.
   std::shared_ptr<profiler> profile;
 };

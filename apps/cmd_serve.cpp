@@ -173,6 +173,11 @@ void add_serve(CLI::App& app) {
                 "requests batched with it (slower on the GPU; the CPU runner is so already)");
   cmd->add_flag("--disable-radix-cache", o->engine.disable_radix_cache,
                 "Turn the prefix cache off: every request prefills its whole prompt");
+  cmd->add_option("--stream-interval", o->engine.stream_interval,
+                  "Output tokens per streamed chunk for requests that do not set "
+                  "sampling_params.stream_interval")
+    ->check(CLI::PositiveNumber)
+    ->capture_default_str();
   cmd->add_option("--gpu-staging-budget-mib", o->gpu_staging_budget_mib,
                   "GPU runners: device MiB one update session may stage before its commit (0: one "
                   "full copy of the weights)");

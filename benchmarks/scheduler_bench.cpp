@@ -4,7 +4,7 @@
 // scheduler's planning, block bookkeeping, result handling and chunk building, plus the message
 // hops between the actors. Batches of 64 and 256 requests decode together; streaming on and off.
 //
-//   build/benchmarks/scheduler_bench [--steps N]
+//   build/benchmarks/scheduler_bench [--steps N] [--stream-interval N]
 //
 // Prints, per case: the CPU time of the scheduler's own handlers per step (what the goal in
 // docs/performance.md is about: planning, block bookkeeping, results, chunks — measured by the
@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <future>
 #include <string>
@@ -127,7 +128,7 @@ void wait_or_fail(caf::actor_system& sys, const scheduler_actor& scheduler, cons
   }
 }
 
-result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps) {
+result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps, int32_t stream_interval) {
   step_clock clock;
   RunnerManifest manifest;
   manifest.role = "target";
@@ -143,6 +144,7 @@ result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps) {
   scheduler_options options;
   options.max_running_requests = batch;
   options.max_batch_tokens = batch * prompt;
+  options.stream_interval = stream_interval;
   // A real weight updater (it stays idle): the scheduler monitors the one it is given.
   auto updater = spawn_weight_updater(sys, {{runner, manifest}}, "0");
   auto scheduler = spawn_scheduler(sys, options, runner, runner_actor{}, manifest, updater, "0",
@@ -199,9 +201,12 @@ result run_case(caf::actor_system& sys, int batch, bool stream, int64_t steps) {
 
 int main(int argc, char** argv) {
   int64_t steps = 2000;
+  int32_t stream_interval = 1; // output tokens per streamed chunk (scheduler_options::stream_interval)
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], "--steps") == 0)
       steps = std::stoll(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--stream-interval") == 0)
+      stream_interval = std::max(1, std::stoi(argv[i + 1]));
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::rlserve>();
   caf::actor_system sys{cfg};
@@ -210,8 +215,9 @@ int main(int argc, char** argv) {
               "| --- | --- | --- | --- | --- | --- | --- |\n");
   for (int batch : {64, 256})
     for (bool stream : {false, true}) {
-      auto r = run_case(sys, batch, stream, steps);
-      std::printf("| %d | %s | %.1f | %.1f | %.1f | %.1f | %.1f |\n", batch, stream ? "on" : "off",
+      auto r = run_case(sys, batch, stream, steps, stream_interval);
+      const std::string streaming = !stream ? "off" : stream_interval == 1 ? "on" : "every " + std::to_string(stream_interval);
+      std::printf("| %d | %s | %.1f | %.1f | %.1f | %.1f | %.1f |\n", batch, streaming.c_str(),
                   r.scheduler_us, r.wall_us, r.cpu_us, r.runner_us, r.messages);
       std::fflush(stdout);
     }

@@ -33,6 +33,10 @@ struct SamplingParams {
   bool spaces_between_special_tokens = true;
   bool no_stop_trim = false;
   std::optional<uint64_t> sampling_seed; // none: the engine picks one and reports it
+  // A streaming request gets a chunk every stream_interval output tokens (and its last one at the
+  // end); none: the server's --stream-interval (SGLang's, default 1). Tokens, logprobs and text
+  // are the same either way: a chunk carries everything since the previous one.
+  std::optional<int32_t> stream_interval;
 };
 
 // What a caller sends: text or token ids (exactly one), one request per message.
@@ -197,7 +201,7 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
   return f(caf::meta::type_name("SamplingParams"), x.max_new_tokens, x.stop, x.stop_token_ids,
            x.temperature, x.top_p, x.top_k, x.min_p, x.frequency_penalty, x.presence_penalty,
            x.repetition_penalty, x.min_new_tokens, x.n, x.ignore_eos, x.skip_special_tokens,
-           x.spaces_between_special_tokens, x.no_stop_trim, x.sampling_seed);
+           x.spaces_between_special_tokens, x.no_stop_trim, x.sampling_seed, x.stream_interval);
 }
 
 template <class Inspector>

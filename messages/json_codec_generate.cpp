@@ -153,11 +153,11 @@ void read_fields(object_reader& r, SamplingParams& x) {
   // SGLang features rlserve does not implement and that would change the tokens (constrained
   // decoding, logit biases) are refused when set. custom_params reach a custom logit processor
   // (refused at the top level) and are ignored, but for slime's top-p replay switch, which is
-  // refused (read_custom_params); stream_interval only paces streamed chunks and is ignored.
+  // refused (read_custom_params).
   for (auto key : {"json_schema", "regex", "ebnf", "structural_tag", "stop_regex", "logit_bias"})
     r.unsupported(key);
   read_custom_params(r);
-  r.ignore("stream_interval");
+  r.field("stream_interval", x.stream_interval, int_rule<int32_t>{.lo = 1});
 }
 
 void read_fields(object_reader& r, GenerateReqInput& x) {
@@ -338,6 +338,7 @@ json to_json(const SamplingParams& x) {
     {"spaces_between_special_tokens", x.spaces_between_special_tokens},
     {"no_stop_trim", x.no_stop_trim},
     {"sampling_seed", optional_value(x.sampling_seed)},
+    {"stream_interval", optional_value(x.stream_interval)},
   };
 }
 

@@ -121,6 +121,59 @@ BOOST_AUTO_TEST_CASE(seeded_sampling_is_reproducible_and_streams_add_up) {
   BOOST_TEST(e->generate(r).output_ids != a.output_ids);
 }
 
+// sampling_params.stream_interval (and the server's default for requests without one): a chunk
+// every that many tokens, the rest with the last; the tokens, logprobs and text add up to the
+// unstreamed reply's.
+BOOST_AUTO_TEST_CASE(stream_interval_paces_chunks_and_changes_nothing_else) {
+  engine_config cfg;
+  cfg.stream_interval = 5;
+  auto e = start(tiny_model("target", 11), {}, cfg);
+  GenerateReqInput r;
+  r.input_ids = std::vector<int32_t>{1, 2, 3};
+  r.sampling_params.max_new_tokens = 20;
+  r.sampling_params.ignore_eos = true;
+  r.sampling_params.sampling_seed = 77;
+  r.return_logprob = true;
+  const auto whole = e->generate(r);
+  BOOST_REQUIRE_MESSAGE(whole.success, whole.message);
+  for (auto [interval, want] : {std::pair<std::optional<int32_t>, std::vector<std::size_t>>{6, {6, 6, 6, 2}},
+                                {std::nullopt, {5, 5, 5, 5}}, // the server's 5; the 20th token ends it
+                                {1, std::vector<std::size_t>(20, 1)}}) {
+    auto s = r;
+    s.sampling_params.stream_interval = interval;
+    std::vector<GenerateReqOutput> chunks;
+    const auto out = e->generate(s, [&](const GenerateReqOutput& c) { chunks.push_back(c); });
+    BOOST_REQUIRE_MESSAGE(out.success, out.message);
+    std::vector<std::size_t> sizes;
+    std::vector<int32_t> ids;
+    std::vector<float> logprobs;
+    std::string text;
+    for (const auto& c : chunks) {
+      sizes.push_back(c.output_ids.size());
+      ids.insert(ids.end(), c.output_ids.begin(), c.output_ids.end());
+      logprobs.insert(logprobs.end(), c.output_token_logprobs.begin(), c.output_token_logprobs.end());
+      text += c.text;
+    }
+    BOOST_TEST_INFO("stream_interval " << (interval ? std::to_string(*interval) : "unset"));
+    if (!interval || *interval > 1) // interval 1: a chunk per token (the last one may close empty)
+      BOOST_TEST(sizes == want);
+    else
+      BOOST_TEST(ids.size() == 20u);
+    BOOST_TEST(ids == whole.output_ids);
+    BOOST_TEST(logprobs == whole.output_token_logprobs);
+    BOOST_TEST(text == whole.text);
+    BOOST_TEST(chunks.back().finished);
+  }
+  // A server default below one is refused at start.
+  engine_config bad;
+  bad.model_path = tiny_model("target", 11);
+  bad.device = "cpu";
+  bad.stream_interval = 0;
+  auto refused = Engine::start(bad);
+  BOOST_REQUIRE(!refused.has_value());
+  BOOST_TEST(contains(refused.error(), "stream_interval must be at least 1"), refused.error());
+}
+
 BOOST_AUTO_TEST_CASE(many_concurrent_requests_all_finish_as_if_alone) {
   auto e = start(tiny_model("target", 11));
   std::vector<GenerateReqInput> reqs;

@@ -697,6 +697,7 @@ BOOST_AUTO_TEST_CASE(unknown_top_level_request_keys_are_ignored_and_counted) {
     "sampling_params": {"top_p": 0.9, "custom_params": {"k": 1}, "stream_interval": 4}})"));
   BOOST_TEST_REQUIRE(gen.has_value(), error_text(gen));
   BOOST_TEST(gen->sampling_params.top_p == 0.9f);
+  BOOST_TEST((gen->sampling_params.stream_interval == std::optional<int32_t>(4)));
   BOOST_TEST(ignored_request_fields() - before == 4u);
   BOOST_TEST((heard == std::vector<std::string>{"force", "verbose", "commit", "return_prompt_token_ids"}));
   on_ignored_request_field({});
@@ -704,6 +705,9 @@ BOOST_AUTO_TEST_CASE(unknown_top_level_request_keys_are_ignored_and_counted) {
   BOOST_TEST(error_text(from_json<GenerateReqInput>(json::parse(
                R"({"text": "a", "sampling_params": {"max_tokens": 5}})"))) ==
              "sampling_params.max_tokens: unknown field");
+  BOOST_TEST(error_text(from_json<GenerateReqInput>(json::parse(
+               R"({"text": "a", "sampling_params": {"stream_interval": 0}})"))).find(
+               "sampling_params.stream_interval") == 0u);
   BOOST_TEST(error_text(from_json<GenerateReqInput>(json::parse(
                R"({"text": "a", "custom_logit_processor": "x"})"))) ==
              R"(custom_logit_processor: not supported by rlserve (got "x"))");

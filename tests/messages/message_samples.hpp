@@ -33,7 +33,7 @@ struct field_count; // no definition: a type without a count here is not compara
   struct field_count<rlserve::type> : std::integral_constant<std::size_t, n> {};
 
 // generate.hpp
-RLSERVE_FIELD_COUNT(SamplingParams, 17)
+RLSERVE_FIELD_COUNT(SamplingParams, 18)
 RLSERVE_FIELD_COUNT(GenerateReqInput, 12)
 RLSERVE_FIELD_COUNT(TokenizedGenerateReqInput, 12)
 RLSERVE_FIELD_COUNT(FinishReason, 4)
@@ -391,11 +391,13 @@ struct samples<SamplingParams> : simple_samples<SamplingParams> {
     x.spaces_between_special_tokens = false;
     x.no_stop_trim = true;
     x.sampling_seed = UINT64_MAX;
+    x.stream_interval = 8;
     return x;
   }
   static SamplingParams sparse() {
     auto x = full();
     x.sampling_seed.reset();
+    x.stream_interval.reset();
     return x;
   }
   static std::vector<SamplingParams> json() { return {full(), sparse()}; }

@@ -28,6 +28,11 @@ struct serve_options {
   std::string api_key_file;
   std::string admin_api_key_file;
   std::string log_level;
+  // SGLang launch-line options (python -m sglang.launch_server ...), mapped in run().
+  bool disable_cuda_graph = false;
+  int tp_size = 1;
+  int base_gpu_id = -1;
+  bool trust_remote_code = false;
 };
 
 // A key kept in a file, so it does not show in /proc/PID/cmdline or `ps`: the file's text with
@@ -89,6 +94,19 @@ void run(serve_options o) {
   o.server.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.request_timeout_s * 1000));
   o.server.idle_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.idle_timeout_s * 1000));
 
+  // SGLang's launch line, where it means something here.
+  if (o.tp_size != 1)
+    throw command_failed("--tp-size " + std::to_string(o.tp_size) +
+                         ": rlserve serves a model on one GPU per process; tensor parallelism is not "
+                         "implemented (run one server per GPU)");
+  if (o.base_gpu_id >= 0) {
+    if (o.engine.device != "auto" && o.engine.device != "cuda:" + std::to_string(o.base_gpu_id))
+      throw command_failed("--base-gpu-id " + std::to_string(o.base_gpu_id) + " and --device " + o.engine.device +
+                           " name different devices; give one");
+    o.engine.device = "cuda:" + std::to_string(o.base_gpu_id);
+  }
+  if (o.disable_cuda_graph)
+    o.engine.cuda_graphs = false;
   if (o.gpu_staging_budget_mib < 0)
     throw command_failed("--gpu-staging-budget-mib: expected 0 or more");
   o.engine.gpu_staging_budget_bytes = static_cast<std::size_t>(o.gpu_staging_budget_mib) << 20;
@@ -115,8 +133,18 @@ void run(serve_options o) {
 void add_serve(CLI::App& app) {
   auto o = std::make_shared<serve_options>();
   auto* cmd = app.add_subcommand("serve", "Serve the engine over websocket and HTTP (docs/protocol.md)");
-  cmd->add_option("--model", o->engine.model_path, "Model directory (default: the built-in tiny model)");
-  cmd->add_option("--draft-model", o->engine.draft_model_path, "Draft model directory");
+  // Where SGLang's launch line has a name for the same thing, it is accepted too (--model-path,
+  // --speculative-draft-model-path, --max-total-tokens, --chunked-prefill-size, ...), so a
+  // trainer's launch command needs only its program name changed.
+  cmd->add_option("--model,--model-path", o->engine.model_path,
+                  "Model directory (default: the built-in tiny model)");
+  cmd->add_option("--draft-model,--speculative-draft-model-path", o->engine.draft_model_path,
+                  "Draft model directory (speculative decoding)");
+  cmd->add_option("--speculative-num-draft-tokens", o->engine.speculative_num_draft_tokens,
+                  "Draft tokens proposed and verified per decode step with a draft model (0: the draft "
+                  "is loaded and updated but not used)")
+    ->check(CLI::NonNegativeNumber)
+    ->capture_default_str();
   cmd->add_option("--device", o->engine.device, "Where to run: auto (the GPU when one is visible), cpu, cuda or cuda:N")->capture_default_str();
   add_quantize_options(*cmd, o->engine.quantize, o->engine.quantize_group_size);
   cmd->add_option("--host", o->server.host, "Address to listen on")->capture_default_str();
@@ -160,8 +188,20 @@ void add_serve(CLI::App& app) {
                 "(without it the weights are undefined after resume until an update)");
   cmd->add_option("--max-running-requests", o->engine.max_running_requests, "Requests in one batch")
     ->capture_default_str();
-  cmd->add_option("--kv-cache-tokens", o->engine.kv_cache_tokens, "Tokens the KV pool holds")
+  cmd->add_option("--kv-cache-tokens,--max-total-tokens", o->engine.kv_cache_tokens, "Tokens the KV pool holds")
     ->capture_default_str();
+  cmd->add_option("--max-batch-tokens,--chunked-prefill-size", o->engine.max_batch_tokens,
+                  "Tokens one forward batch may run; longer prompts are prefilled in chunks of this")
+    ->check(CLI::PositiveNumber)
+    ->capture_default_str();
+  cmd->add_flag("--disable-cuda-graph", o->disable_cuda_graph,
+                "GPU runners: run every decode step eagerly (no CUDA graphs)");
+  cmd->add_option("--tp-size,--tensor-parallel-size", o->tp_size,
+                  "Accepted for SGLang launch lines: only 1 (one GPU per process)")
+    ->capture_default_str();
+  cmd->add_option("--base-gpu-id", o->base_gpu_id, "The GPU to run on (as --device cuda:N)");
+  cmd->add_flag("--trust-remote-code", o->trust_remote_code,
+                "Accepted for SGLang launch lines; rlserve runs no code from a checkpoint");
   cmd->add_flag("--enable-memory-saver", o->server.enable_memory_saver,
                 "Report SGLang's enable_memory_saver as true in /server_info (trainers launched "
                 "with memory offload check it); release/resume_memory_occupation work either way");

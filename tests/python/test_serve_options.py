@@ -2,6 +2,9 @@
 (`--api-key-file`, `--admin-api-key-file`) serve as the flags would and never show in the
 process's command line; an unreadable or empty key file, a key given twice, and a negative or
 non-numeric `--gpu-staging-budget-mib` stop the server at start with a message naming the flag.
+SGLang's launch-line names serve as rlserve's own (`--model-path`, `--max-total-tokens`,
+`--chunked-prefill-size`, `--tp-size 1`, `--trust-remote-code`, `--stream-interval`); what rlserve
+cannot do (`--tp-size 2`) and conflicting devices stop it at start.
 """
 import json
 import os
@@ -104,6 +107,33 @@ def staging_budget_checks(env):
     t.check("--gpu-staging-budget-mib" in err, err)
 
 
+def sglang_launch_line_checks(env, tmp):
+    model = os.path.join(tmp, "model")
+    t.run("make-model", "--out", model, "--preset", "tiny", "--seed", "3")
+    proc, port = t.start_server(env, "--device", "cpu", "--model-path", model, "--max-total-tokens", "4096",
+                                "--chunked-prefill-size", "64", "--tp-size", "1", "--trust-remote-code",
+                                "--disable-cuda-graph", "--stream-interval", "4")
+    try:
+        status, body = http(port, "GET", "/get_server_info")
+        t.check(status == 200, f"/get_server_info: {status} {body}")
+        info = json.loads(body)
+        t.check(os.path.samefile(info["model_path"], model), f"--model-path: {info['model_path']}")
+        t.check(info["max_total_num_tokens"] == 4096, f"--max-total-tokens: {info['max_total_num_tokens']}")
+        # A 100-token prompt runs in chunks of 64 and still answers.
+        gen = {"input_ids": list(range(1, 101)), "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+        status, body = http(port, "POST", "/generate", gen)
+        t.check(status == 200, f"/generate with --chunked-prefill-size 64: {status} {body}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    err = refused_at_start(env, "--tp-size", "2")
+    t.check("--tp-size 2" in err and "tensor parallelism is not implemented" in err, err)
+    err = refused_at_start(env, "--base-gpu-id", "1")  # beside the --device cpu it passes
+    t.check("name different devices" in err, err)
+    err = refused_at_start(env, "--stream-interval", "0")
+    t.check("--stream-interval" in err, err)
+
+
 def main():
     with t.temp_dir() as tmp:
         env = dict(os.environ, RLSERVE_CACHE_DIR=os.path.join(tmp, "cache"))
@@ -111,7 +141,8 @@ def main():
         env.pop("RLSERVE_ADMIN_API_KEY", None)
         key_file_checks(env, tmp)
         staging_budget_checks(env)
-        print("ok: key files and the staging budget are checked at start")
+        sglang_launch_line_checks(env, tmp)
+        print("ok: key files, the staging budget and SGLang's launch-line names are checked at start")
 
 
 if __name__ == "__main__":

@@ -200,6 +200,8 @@ void add_serve(CLI::App& app) {
                   "Accepted for SGLang launch lines: only 1 (one GPU per process)")
     ->capture_default_str();
   cmd->add_option("--base-gpu-id", o->base_gpu_id, "The GPU to run on (as --device cuda:N)");
+  cmd->add_option("--served-model-name", o->server.served_model_name,
+                  "The model's name in OpenAI replies, /v1/models and /server_info (default: its path)");
   cmd->add_flag("--trust-remote-code", o->trust_remote_code,
                 "Accepted for SGLang launch lines; rlserve runs no code from a checkpoint");
   cmd->add_flag("--enable-memory-saver", o->server.enable_memory_saver,

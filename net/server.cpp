@@ -119,7 +119,7 @@ expected<std::unique_ptr<server>> server::start(Engine& engine, server_options o
   p->st->max_generate_bytes = generate_bytes_limit(context);
   p->st->max_input_ids = static_cast<std::size_t>(std::max<int64_t>(context, 0));
   p->st->max_context_length = context;
-  p->st->model_name = engine.model_path().string();
+  p->st->model_name = options.served_model_name.empty() ? engine.model_path().string() : options.served_model_name;
   p->st->started_at = static_cast<int64_t>(std::time(nullptr));
   p->st->tokenizer = engine.tokenizer();
   p->st->profile = engine.profile();

@@ -83,6 +83,9 @@ struct server_options {
   // Reported as SGLang's enable_deterministic_inference; set from the engine's own flag
   // (engine_config::enable_deterministic_inference), which is what makes it true.
   bool enable_deterministic_inference = false;
+  // The model's name in OpenAI replies, /v1/models and /server_info's served_model_name (SGLang's
+  // --served-model-name); empty: the model path.
+  std::string served_model_name;
 };
 
 class server {

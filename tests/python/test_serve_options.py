@@ -112,13 +112,16 @@ def sglang_launch_line_checks(env, tmp):
     t.run("make-model", "--out", model, "--preset", "tiny", "--seed", "3")
     proc, port = t.start_server(env, "--device", "cpu", "--model-path", model, "--max-total-tokens", "4096",
                                 "--chunked-prefill-size", "64", "--tp-size", "1", "--trust-remote-code",
-                                "--disable-cuda-graph", "--stream-interval", "4")
+                                "--disable-cuda-graph", "--stream-interval", "4", "--served-model-name", "policy-7b")
     try:
         status, body = http(port, "GET", "/get_server_info")
         t.check(status == 200, f"/get_server_info: {status} {body}")
         info = json.loads(body)
         t.check(os.path.samefile(info["model_path"], model), f"--model-path: {info['model_path']}")
         t.check(info["max_total_num_tokens"] == 4096, f"--max-total-tokens: {info['max_total_num_tokens']}")
+        t.check(info["served_model_name"] == "policy-7b", f"--served-model-name: {info['served_model_name']}")
+        status, body = http(port, "GET", "/v1/models")
+        t.check(status == 200 and json.loads(body)["data"][0]["id"] == "policy-7b", f"/v1/models: {status} {body}")
         # A 100-token prompt runs in chunks of 64 and still answers.
         gen = {"input_ids": list(range(1, 101)), "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
         status, body = http(port, "POST", "/generate", gen)

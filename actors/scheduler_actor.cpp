@@ -996,13 +996,16 @@ void step(scheduler_pointer self) {
     running.push_back({r.seq_id, r.kv_tokens, static_cast<int64_t>(r.blocks.size()),
                        r.prefill_left, 1 + proposals_for(st, r)});
   }
-  if (st.options.prefix_cache) // a request sharing cached blocks frees only its own on preemption
-    for (std::size_t i = 0; i < st.running.size(); ++i)
-      running[i].freed_if_preempted = freed_if_preempted(*st.running[i]);
-  plan_admissions(st);
   policy::batch_limits limits{st.options.max_running_requests, st.options.max_batch_tokens,
                               st.blocks->block_size()};
-  auto plan = policy::plan_batch(running, st.waiting_views, st.blocks->available_blocks(), limits);
+  plan_admissions(st);
+  const int64_t free_blocks = st.blocks->available_blocks();
+  // A request sharing cached blocks frees only its own on preemption; counted only when the
+  // planner could preempt at all (a walk over every running request's blocks).
+  if (st.options.prefix_cache && policy::preemption_possible(running, free_blocks, limits))
+    for (std::size_t i = 0; i < st.running.size(); ++i)
+      running[i].freed_if_preempted = freed_if_preempted(*st.running[i]);
+  auto plan = policy::plan_batch(running, st.waiting_views, free_blocks, limits);
 
   // Preempted requests rejoin the queue's front, oldest first.
   for (auto it = plan.preempted.rbegin(); it != plan.preempted.rend(); ++it) {

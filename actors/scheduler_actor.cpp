@@ -307,8 +307,9 @@ void stream_progress(scheduler_pointer self, request_state& r) {
     return;
   // Every stream_interval tokens, as SGLang's (a multi-token verification step may pass the mark:
   // then the chunk carries what came since the last one). The last chunk goes at the end anyway.
-  const auto interval = static_cast<std::size_t>(
-    std::max<int32_t>(1, r.req.sampling_params.stream_interval.value_or(st.options.stream_interval)));
+  // Both are at least 1: the front door validates the request's, Engine::start the server's.
+  const auto interval =
+    static_cast<std::size_t>(r.req.sampling_params.stream_interval.value_or(st.options.stream_interval));
   if (r.out.output_ids.size() - r.streamed < interval)
     return;
   const bool prompt_logprobs = prompt_logprobs_due(r, false);

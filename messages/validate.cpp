@@ -31,6 +31,8 @@ status validate(const SamplingParams& p, const std::string& prefix) {
     return bad("frequency_penalty", p.frequency_penalty, "must be in [-2, 2]");
   if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f))
     return bad("presence_penalty", p.presence_penalty, "must be in [-2, 2]");
+  if (p.stream_interval && *p.stream_interval < 1)
+    return bad("stream_interval", *p.stream_interval, "must be >= 1");
   for (std::size_t i = 0; i < p.stop_token_ids.size(); ++i)
     if (p.stop_token_ids[i] < 0)
       return fail(fmt::format("{}stop_token_ids[{}]: {} is negative", prefix, i, p.stop_token_ids[i]));

@@ -232,6 +232,9 @@ BOOST_AUTO_TEST_CASE(bad_generate_requests_fail_with_a_message) {
   auto hot = greedy({1}, 4);
   hot.sampling_params.top_p = 0.0f;
   expect_error(hot, "sampling_params.top_p");
+  auto paced = greedy({1}, 4); // the in-process API skips the JSON codec's check of this field
+  paced.sampling_params.stream_interval = 0;
+  expect_error(paced, "sampling_params.stream_interval: 0 is out of range");
   // a rid in flight twice (the first waits in the queue under an in_place pause meanwhile)
   BOOST_REQUIRE(e->pause_generation({pause_mode::in_place}).success);
   auto slow = greedy({1}, 400);

@@ -32,6 +32,39 @@ namespace fs = std::filesystem;
 
 using namespace rlserve::test;
 
+namespace {
+
+// 20 sampled tokens after {1, 2, 3}, seeded, with logprobs.
+GenerateReqInput seeded_twenty_tokens(uint64_t seed) {
+  GenerateReqInput r;
+  r.input_ids = std::vector<int32_t>{1, 2, 3};
+  r.sampling_params.max_new_tokens = 20;
+  r.sampling_params.ignore_eos = true;
+  r.sampling_params.sampling_seed = seed;
+  r.return_logprob = true;
+  return r;
+}
+
+// What a stream's chunks carry, joined in order, and each chunk's token count.
+struct joined_chunks {
+  std::vector<int32_t> ids;
+  std::vector<float> logprobs;
+  std::string text;
+  std::vector<std::size_t> sizes;
+};
+joined_chunks join(const std::vector<GenerateReqOutput>& chunks) {
+  joined_chunks j;
+  for (const auto& c : chunks) {
+    j.sizes.push_back(c.output_ids.size());
+    j.ids.insert(j.ids.end(), c.output_ids.begin(), c.output_ids.end());
+    j.logprobs.insert(j.logprobs.end(), c.output_token_logprobs.begin(), c.output_token_logprobs.end());
+    j.text += c.text;
+  }
+  return j;
+}
+
+} // namespace
+
 BOOST_AUTO_TEST_SUITE(engine_sim_test)
 
 BOOST_AUTO_TEST_CASE(greedy_generation_matches_the_model_run_directly) {
@@ -70,12 +103,7 @@ BOOST_AUTO_TEST_CASE(text_prompts_are_tokenized_and_results_detokenized) {
 
 BOOST_AUTO_TEST_CASE(seeded_sampling_is_reproducible_and_streams_add_up) {
   auto e = start(tiny_model("target", 11));
-  GenerateReqInput r;
-  r.input_ids = std::vector<int32_t>{1, 2, 3};
-  r.sampling_params.max_new_tokens = 20;
-  r.sampling_params.ignore_eos = true;
-  r.sampling_params.sampling_seed = 1234;
-  r.return_logprob = true;
+  auto r = seeded_twenty_tokens(1234);
   auto a = e->generate(r);
   std::vector<GenerateReqOutput> chunks;
   auto b = e->generate(r, [&](const GenerateReqOutput& c) { chunks.push_back(c); });
@@ -83,14 +111,9 @@ BOOST_AUTO_TEST_CASE(seeded_sampling_is_reproducible_and_streams_add_up) {
   BOOST_TEST(a.output_ids == b.output_ids);
   BOOST_TEST(a.output_token_logprobs == b.output_token_logprobs);
   BOOST_REQUIRE(!chunks.empty());
-  std::vector<int32_t> ids;
-  std::string text;
-  for (auto& c : chunks) {
-    ids.insert(ids.end(), c.output_ids.begin(), c.output_ids.end());
-    text += c.text;
-  }
-  BOOST_TEST(ids == b.output_ids);
-  BOOST_TEST(text == b.text);
+  const auto streamed = join(chunks);
+  BOOST_TEST(streamed.ids == b.output_ids);
+  BOOST_TEST(streamed.text == b.text);
   BOOST_TEST(chunks.back().finished);
   BOOST_TEST(chunks.size() >= 20u); // one chunk per token
 
@@ -101,14 +124,9 @@ BOOST_AUTO_TEST_CASE(seeded_sampling_is_reproducible_and_streams_add_up) {
   std::vector<GenerateReqOutput> kept;
   auto c = e->generate(only, [&](const GenerateReqOutput& x) { kept.push_back(x); });
   BOOST_REQUIRE_MESSAGE(c.success, c.message);
-  std::vector<int32_t> kept_ids;
-  std::vector<float> kept_logprobs;
-  for (auto& x : kept) {
-    kept_ids.insert(kept_ids.end(), x.output_ids.begin(), x.output_ids.end());
-    kept_logprobs.insert(kept_logprobs.end(), x.output_token_logprobs.begin(), x.output_token_logprobs.end());
-  }
-  BOOST_TEST(kept_ids == b.output_ids);
-  BOOST_TEST(kept_logprobs == b.output_token_logprobs);
+  const auto through_sink = join(kept);
+  BOOST_TEST(through_sink.ids == b.output_ids);
+  BOOST_TEST(through_sink.logprobs == b.output_token_logprobs);
   BOOST_TEST(c.output_ids.empty());
   BOOST_TEST(c.output_token_logprobs.empty());
   BOOST_TEST(c.text.empty());
@@ -128,12 +146,7 @@ BOOST_AUTO_TEST_CASE(stream_interval_paces_chunks_and_changes_nothing_else) {
   engine_config cfg;
   cfg.stream_interval = 5;
   auto e = start(tiny_model("target", 11), {}, cfg);
-  GenerateReqInput r;
-  r.input_ids = std::vector<int32_t>{1, 2, 3};
-  r.sampling_params.max_new_tokens = 20;
-  r.sampling_params.ignore_eos = true;
-  r.sampling_params.sampling_seed = 77;
-  r.return_logprob = true;
+  const auto r = seeded_twenty_tokens(77);
   const auto whole = e->generate(r);
   BOOST_REQUIRE_MESSAGE(whole.success, whole.message);
   for (auto [interval, want] : {std::pair<std::optional<int32_t>, std::vector<std::size_t>>{6, {6, 6, 6, 2}},
@@ -144,24 +157,15 @@ BOOST_AUTO_TEST_CASE(stream_interval_paces_chunks_and_changes_nothing_else) {
     std::vector<GenerateReqOutput> chunks;
     const auto out = e->generate(s, [&](const GenerateReqOutput& c) { chunks.push_back(c); });
     BOOST_REQUIRE_MESSAGE(out.success, out.message);
-    std::vector<std::size_t> sizes;
-    std::vector<int32_t> ids;
-    std::vector<float> logprobs;
-    std::string text;
-    for (const auto& c : chunks) {
-      sizes.push_back(c.output_ids.size());
-      ids.insert(ids.end(), c.output_ids.begin(), c.output_ids.end());
-      logprobs.insert(logprobs.end(), c.output_token_logprobs.begin(), c.output_token_logprobs.end());
-      text += c.text;
-    }
+    const auto j = join(chunks);
     BOOST_TEST_INFO("stream_interval " << (interval ? std::to_string(*interval) : "unset"));
     if (!interval || *interval > 1) // interval 1: a chunk per token (the last one may close empty)
-      BOOST_TEST(sizes == want);
+      BOOST_TEST(j.sizes == want);
     else
-      BOOST_TEST(ids.size() == 20u);
-    BOOST_TEST(ids == whole.output_ids);
-    BOOST_TEST(logprobs == whole.output_token_logprobs);
-    BOOST_TEST(text == whole.text);
+      BOOST_TEST(j.ids.size() == 20u);
+    BOOST_TEST(j.ids == whole.output_ids);
+    BOOST_TEST(j.logprobs == whole.output_token_logprobs);
+    BOOST_TEST(j.text == whole.text);
     BOOST_TEST(chunks.back().finished);
   }
   // A server default below one is refused at start.

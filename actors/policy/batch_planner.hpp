@@ -69,6 +69,11 @@ struct batch_plan {
   std::vector<uint64_t> preempted; // oldest first; they rejoin the queue's front in this order
 };
 
+// Blocks a running request must add to run `want` more tokens.
+[[nodiscard]] inline int64_t blocks_to_grow(const running_view& r, int64_t want, int64_t block_size) {
+  return std::max<int64_t>((r.kv_tokens + want + block_size - 1) / block_size - r.held_blocks, 0);
+}
+
 [[nodiscard]] inline batch_plan plan_batch(std::span<const running_view> running,
                                            std::span<const waiting_view> waiting,
                                            int64_t free_blocks, const batch_limits& limits) {
@@ -91,7 +96,7 @@ struct batch_plan {
                                                : 0;
     if (want == 0)
       continue; // the budget is spent; it runs next step
-    int64_t need = std::max<int64_t>(blocks_for(r.kv_tokens + want) - r.held_blocks, 0);
+    int64_t need = blocks_to_grow(r, want, limits.block_size);
     while (need > free && newest > i + 1) {
       --newest;
       out[newest] = true;
@@ -141,7 +146,7 @@ struct batch_plan {
   int64_t need = 0;
   for (const auto& r : running) {
     const int64_t want = r.prefill_left > 0 ? std::min(r.prefill_left, limits.max_batch_tokens) : r.decode_tokens;
-    need += std::max<int64_t>((r.kv_tokens + want + limits.block_size - 1) / limits.block_size - r.held_blocks, 0);
+    need += blocks_to_grow(r, want, limits.block_size);
     if (need > free_blocks)
       return true;
   }

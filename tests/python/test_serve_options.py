@@ -135,6 +135,10 @@ def sglang_launch_line_checks(env, tmp):
     t.check("name different devices" in err, err)
     err = refused_at_start(env, "--stream-interval", "0")
     t.check("--stream-interval" in err, err)
+    err = refused_at_start(env, "--chunked-prefill-size", "0")
+    t.check("--chunked-prefill-size" in err or "--max-batch-tokens" in err, err)
+    err = refused_at_start(env, "--speculative-num-draft-tokens", "-1")
+    t.check("--speculative-num-draft-tokens" in err, err)
 
 
 def main():

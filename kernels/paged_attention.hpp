@@ -18,7 +18,8 @@ namespace rlserve::kernels {
 // p = row_pos[t]; it attends causally to that sequence's keys at positions 0 .. p, position j
 // living in slot block_table[s * max_blocks + j / block_size] * block_size + j % block_size.
 // Query head h reads kv head h / (q_heads / kv_heads). softmax(q k^T * scale) in fp32, P used in
-// fp32, one bf16 rounding of the output. The keys of the current step must already be written
+// fp32 (the CUDA kernel: about 16 bits, as two bf16 parts on the tensor cores), one bf16 rounding
+// of the output. The keys of the current step must already be written
 // (qk_norm_rope_kv runs first).
 struct paged_attention_args {
   const uint16_t* q = nullptr;        // bf16 [tokens, q_heads, head_dim]

@@ -12,11 +12,16 @@
 // docs/performance.md, 'Paged attention at batch 1'.) Which CTA merges varies; what it computes
 // does not.
 //
-// Inside the CTA (128 threads): 32-token tiles of K and V stream through a 2-stage cp.async
-// ring in shared memory (rows padded by 16 bytes: conflict-free 16-byte reads of different rows);
-// S = Q K^T with a thread per (token, 4 heads), online softmax with a warp per head (exp2, the
-// scale folded with log2 e into Q), O += P V with a thread per (8 dims, head). fp32 throughout,
-// one bf16 rounding of the output. CUDA cores only (no mma.sync yet).
+// Inside the CTA (4 warps): 32-token tiles of K and V stream through a 2-stage cp.async ring in
+// shared memory (rows padded by 16 bytes: conflict-free fragment reads). Both products run on the
+// tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), the G query heads as the 16 rows
+// (zero past G): S = Q K^T with a warp per 8 tokens of the tile and Q's fragments held in
+// registers for the whole split; the tile's maximum per head through shared memory, the online
+// softmax in the log2 domain (exp2, scale times log2 e applied to S); O += P V with a warp per D/4
+// output dims, V's fragments by transposing ldmatrix, and P in two bf16 parts (P = hi + lo, two
+// MMAs) so that P V carries about 16 bits of P where one bf16 P would carry 8. The CUDA-core
+// kernel this replaced spent ~1,000 dependent instructions per thread and tile (docs/
+// performance.md, 'What bounds each decode goal'). One bf16 rounding of the output.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -31,6 +36,7 @@ namespace rlserve::kernels {
 namespace {
 
 constexpr int k_threads = 128;
+constexpr int k_warps = k_threads / 32;
 constexpr int k_tile = 32;        // tokens per K/V tile
 // Shortest split: one K/V tile. A decode row at batch 1 has only kv_heads CTAs per split, and a
 // CTA's tiles are a chain of dependent loads, each paying a memory round trip: short splits put a
@@ -68,14 +74,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
-__device__ __forceinline__ void unpack8(const uint4& w, float* f) {
-  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = __uint_as_float(u[i] << 16);
-    f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-  }
-}
 __device__ __forceinline__ uint16_t to_bf(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
 __device__ __forceinline__ uint4 pack8(const float* f) {
   uint32_t u[4];
@@ -112,6 +110,29 @@ __device__ __forceinline__ void merge_splits(const float* part_o, const float* p
   reinterpret_cast<uint4*>(out + qh * D)[dc] = pack8(acc);
 }
 
+__device__ __forceinline__ uint32_t lds32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  return static_cast<uint32_t>(to_bf(lo)) | (static_cast<uint32_t>(to_bf(hi)) << 16);
+}
+__device__ __forceinline__ float bf_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
+
+// D += A B on the tensor cores: m16n8k16, bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+               "{%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8 x 8 bf16 matrices from shared memory, transposed: lane l gives the address of row
+// (l % 8) of matrix l / 8 and receives, of each matrix, the pair (rows 2 (l % 4), +1; column l / 4).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const uint16_t* row) {
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
 template <int D>
 __global__ void __launch_bounds__(k_threads)
 paged_attention_kernel(const uint16_t* __restrict__ q,        // [tokens, q_heads, D]
@@ -126,14 +147,18 @@ paged_attention_kernel(const uint16_t* __restrict__ q,        // [tokens, q_head
                        int32_t q_heads, int32_t kv_heads, int32_t max_blocks, int32_t block_size,
                        int64_t context, int32_t ns, float scale2) {
   constexpr int C = D / 8;              // 16-byte chunks per row
-  constexpr int RS = D + 8;             // padded smem row (elements)
-  constexpr int PV_ROWS = k_threads / C; // heads covered per PV pass (8 or 16)
-  constexpr int PV_H = (k_max_group + PV_ROWS - 1) / PV_ROWS;
+  constexpr int RS = D + 8;             // padded smem row (elements): 16-byte rows, conflict-free
+  constexpr int KS = D / 16;            // k16 steps of Q K^T
+  constexpr int DW = D / k_warps;       // output dims per warp in P V (32 or 16)
+  constexpr int NB = DW / 8;            // n8 blocks per warp in P V
+  constexpr int PS = k_tile + 8;        // padded P row (elements): conflict-free fragment reads
+  static_assert(k_tile == 8 * k_warps, "Q K^T: one 8-token block per warp");
+  static_assert(NB % 2 == 0, "P V: x4 ldmatrix covers two n8 blocks");
   __shared__ __align__(16) uint16_t ks[2][k_tile][RS];
   __shared__ __align__(16) uint16_t vs[2][k_tile][RS];
-  __shared__ __align__(16) float qs[k_max_group][D];
-  __shared__ float ps[k_max_group][k_tile];
-  __shared__ float m_run[k_max_group], l_run[k_max_group], alpha[k_max_group];
+  __shared__ __align__(16) uint16_t p_hi[k_max_group][PS]; // P = p_hi + p_lo, both bf16
+  __shared__ __align__(16) uint16_t p_lo[k_max_group][PS];
+  __shared__ float red[k_warps][k_max_group];              // per-warp tile maxima, then l sums
 
   programmatic_wait(); // q and the KV written by the previous kernel
   programmatic_trigger();
@@ -141,11 +166,10 @@ paged_attention_kernel(const uint16_t* __restrict__ q,        // [tokens, q_head
   const int g = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
   const int G = q_heads / kv_heads;
   const int seq = row_seq[t];
-  const int dc = tid % C, hr = tid / C;
   if (seq < 0) { // padding row: zeros, written once
     if (split == 0)
-      for (int h = hr; h < G; h += PV_ROWS)
-        reinterpret_cast<uint4*>(out + (t * q_heads + int64_t{g} * G + h) * D)[dc] = make_uint4(0, 0, 0, 0);
+      for (int i = tid; i < G * C; i += k_threads)
+        reinterpret_cast<uint4*>(out + (t * q_heads + int64_t{g} * G + i / C) * D)[i % C] = make_uint4(0, 0, 0, 0);
     return;
   }
   int64_t L = int64_t{row_pos[t]} + 1;
@@ -176,138 +200,145 @@ paged_attention_kernel(const uint16_t* __restrict__ q,        // [tokens, q_head
   load_tile(0, 0);
   cp_async_commit();
 
-  for (int i = tid; i < G * D; i += k_threads) {
-    const int h = i / D, d = i % D;
-    qs[h][d] = __uint_as_float(static_cast<uint32_t>(q[(t * q_heads + int64_t{g} * G + h) * D + d]) << 16) * scale2;
-  }
-  if (tid < k_max_group) {
-    m_run[tid] = -INFINITY;
-    l_run[tid] = 0.0f;
-  }
-  float o[PV_H][8];
-#pragma unroll
-  for (int k = 0; k < PV_H; ++k)
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      o[k][j] = 0.0f;
-
-  const int tok = tid % k_tile, hq = tid / k_tile; // QK: a thread per (token, heads hq + 4 k)
   const int warp = tid / 32, lane = tid & 31;
+  const int gq = lane >> 2, qq = lane & 3; // fragment row (head) and column pair
+  // Q as the A operand of Q K^T (rows: heads, zero past G; k: dims), held for every tile.
+  uint32_t qa[KS][4];
+  {
+    const uint16_t* q0 = q + (t * q_heads + int64_t{g} * G) * D;
+#pragma unroll
+    for (int s = 0; s < KS; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int h = gq + 8 * (i & 1), d = 16 * s + 2 * qq + 8 * (i >> 1);
+        qa[s][i] = h < G ? *reinterpret_cast<const uint32_t*>(q0 + h * D + d) : 0u;
+      }
+  }
+  // Every warp keeps the running maximum of heads gq and gq + 8 (the same values in every warp:
+  // they come from the same shared maxima); l is this lane's share, summed over lanes and warps at
+  // the end (every share was scaled by the same factors).
+  float m_run[2] = {-INFINITY, -INFINITY}, l_part[2] = {0.0f, 0.0f};
+  float o[NB][4];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      o[nb][i] = 0.0f;
+
   for (int it = 0; it < ntiles; ++it) {
     const int buf = it & 1;
+    cp_async_wait<0>();
+    __syncthreads(); // tile it is in shared memory for every warp; tile it - 1 is read by all
     if (it + 1 < ntiles) {
       load_tile(buf ^ 1, it + 1);
       cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
     }
-    __syncthreads();
     const int n_valid = static_cast<int>(end - (begin + int64_t{it} * k_tile));
-    // S = Q K^T (log2 domain)
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-    for (int c = 0; c < C; ++c) {
-      float kf[8];
-      unpack8(*reinterpret_cast<const uint4*>(&ks[buf][tok][c * 8]), kf);
+    // S = Q K^T for tokens 8 warp .. 8 warp + 7 (log2 domain): rows heads gq, gq + 8, columns
+    // tokens 8 warp + 2 qq, + 1.
+    float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int hh = 0; hh < 4; ++hh) {
-        const int h = hq + 4 * hh;
-        if (h < G) {
-          const float4 q0 = *reinterpret_cast<const float4*>(&qs[h][c * 8]);
-          const float4 q1 = *reinterpret_cast<const float4*>(&qs[h][c * 8 + 4]);
-          acc[hh] = fmaf(q0.x, kf[0], acc[hh]);
-          acc[hh] = fmaf(q0.y, kf[1], acc[hh]);
-          acc[hh] = fmaf(q0.z, kf[2], acc[hh]);
-          acc[hh] = fmaf(q0.w, kf[3], acc[hh]);
-          acc[hh] = fmaf(q1.x, kf[4], acc[hh]);
-          acc[hh] = fmaf(q1.y, kf[5], acc[hh]);
-          acc[hh] = fmaf(q1.z, kf[6], acc[hh]);
-          acc[hh] = fmaf(q1.w, kf[7], acc[hh]);
-        }
+    for (int s = 0; s < KS; ++s)
+      mma_16816(sc, qa[s], lds32(&ks[buf][8 * warp + gq][16 * s + 2 * qq]),
+                lds32(&ks[buf][8 * warp + gq][16 * s + 8 + 2 * qq]));
+    float tmax[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int tok = 8 * warp + 2 * qq + c;
+        sc[2 * r + c] = tok < n_valid ? sc[2 * r + c] * scale2 : -INFINITY;
       }
+      float mx = fmaxf(sc[2 * r], sc[2 * r + 1]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      tmax[r] = mx;
     }
-#pragma unroll
-    for (int hh = 0; hh < 4; ++hh) {
-      const int h = hq + 4 * hh;
-      if (h < G)
-        ps[h][tok] = tok < n_valid ? acc[hh] : -INFINITY;
+    if (qq == 0) {
+      red[warp][gq] = tmax[0];
+      red[warp][gq + 8] = tmax[1];
     }
     __syncthreads();
-    // online softmax: a warp per head, a lane per token
-    for (int h = warp; h < G; h += k_threads / 32) {
-      const float s = ps[h][lane];
-      float mx = s;
+    float alpha[2];
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const float m_old = m_run[h];
-      const float m_new = fmaxf(m_old, mx);
-      const float p = s == -INFINITY ? 0.0f : exp2f(s - m_new);
-      float sum = p;
+    for (int r = 0; r < 2; ++r) {
+      const int h = gq + 8 * r;
+      float mx = red[0][h];
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, off);
-      ps[h][lane] = p;
-      __syncwarp();
-      if (lane == 0) {
-        const float al = m_old == -INFINITY ? 0.0f : exp2f(m_old - m_new);
-        alpha[h] = al;
-        l_run[h] = l_run[h] * al + sum;
-        m_run[h] = m_new;
+      for (int w = 1; w < k_warps; ++w)
+        mx = fmaxf(mx, red[w][h]);
+      const float m_new = fmaxf(m_run[r], mx);
+      alpha[r] = m_run[r] == -INFINITY ? 0.0f : exp2f(m_run[r] - m_new);
+      m_run[r] = m_new;
+      const float p0 = sc[2 * r] == -INFINITY ? 0.0f : exp2f(sc[2 * r] - m_new);
+      const float p1 = sc[2 * r + 1] == -INFINITY ? 0.0f : exp2f(sc[2 * r + 1] - m_new);
+      l_part[r] = l_part[r] * alpha[r] + (p0 + p1);
+      // P in two bf16 parts: P V with them carries about 16 bits of P, near the fp32 of the
+      // CUDA-core kernel this replaced.
+      const float h0 = bf_round(p0), h1 = bf_round(p1);
+      *reinterpret_cast<uint32_t*>(&p_hi[h][8 * warp + 2 * qq]) = pack_bf16x2(h0, h1);
+      *reinterpret_cast<uint32_t*>(&p_lo[h][8 * warp + 2 * qq]) = pack_bf16x2(p0 - h0, p1 - h1);
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      o[nb][0] *= alpha[0], o[nb][1] *= alpha[0];
+      o[nb][2] *= alpha[1], o[nb][3] *= alpha[1];
+    }
+    __syncthreads(); // P of every warp's tokens
+    // O[:, warp's dims] += P V: k = the tile's tokens in two k16 steps.
+#pragma unroll
+    for (int kk = 0; kk < k_tile / 16; ++kk) {
+      const int c0 = 16 * kk + 2 * qq;
+      const uint32_t ah[4] = {lds32(&p_hi[gq][c0]), lds32(&p_hi[gq + 8][c0]), lds32(&p_hi[gq][c0 + 8]),
+                              lds32(&p_hi[gq + 8][c0 + 8])};
+      const uint32_t al[4] = {lds32(&p_lo[gq][c0]), lds32(&p_lo[gq + 8][c0]), lds32(&p_lo[gq][c0 + 8]),
+                              lds32(&p_lo[gq + 8][c0 + 8])};
+#pragma unroll
+      for (int pair = 0; pair < NB / 2; ++pair) {
+        uint32_t b[4]; // b0, b1 of dims d0 .. d0 + 7, then of d0 + 8 .. d0 + 15
+        const int d0 = DW * warp + 16 * pair;
+        ldmatrix_x4_trans(b, &vs[buf][16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8][d0 + (lane >> 4) * 8]);
+        mma_16816(o[2 * pair], ah, b[0], b[1]);
+        mma_16816(o[2 * pair], al, b[0], b[1]);
+        mma_16816(o[2 * pair + 1], ah, b[2], b[3]);
+        mma_16816(o[2 * pair + 1], al, b[2], b[3]);
       }
     }
-    __syncthreads();
-    // O = O * alpha + P V
-#pragma unroll
-    for (int k = 0; k < PV_H; ++k) {
-      const int h = hr + k * PV_ROWS;
-      if (h < G) {
-        const float al = alpha[h];
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          o[k][j] *= al;
-      }
-    }
-#pragma unroll 4
-    for (int tk = 0; tk < k_tile; ++tk) {
-      float vf[8];
-      unpack8(*reinterpret_cast<const uint4*>(&vs[buf][tk][dc * 8]), vf);
-#pragma unroll
-      for (int k = 0; k < PV_H; ++k) {
-        const int h = hr + k * PV_ROWS;
-        if (h < G) {
-          const float p = ps[h][tk];
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            o[k][j] = fmaf(p, vf[j], o[k][j]);
-        }
-      }
-    }
-    __syncthreads();
   }
 
+  // l of heads gq, gq + 8: this lane's share, then the quad's, then the warps' in warp order.
+  __syncthreads(); // every warp is done with red's maxima
 #pragma unroll
-  for (int k = 0; k < PV_H; ++k) {
-    const int h = hr + k * PV_ROWS;
+  for (int r = 0; r < 2; ++r) {
+    float v = l_part[r];
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    if (qq == 0)
+      red[warp][gq + 8 * r] = v;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = gq + 8 * r;
     if (h >= G)
       continue;
-    const float l = l_run[h];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    float y[8];
+    float l = red[0][h];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      y[j] = o[k][j] * inv;
+    for (int w = 1; w < k_warps; ++w)
+      l += red[w][h];
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const int64_t qh = t * q_heads + int64_t{g} * G + h;
-    if (nsp == 1) {
-      reinterpret_cast<uint4*>(out + qh * D)[dc] = pack8(y);
-    } else {
-      float4* dst = reinterpret_cast<float4*>(part_o + (qh * ns + split) * D + dc * 8);
-      dst[0] = make_float4(y[0], y[1], y[2], y[3]);
-      dst[1] = make_float4(y[4], y[5], y[6], y[7]);
-      if (dc == 0)
-        part_lse[qh * ns + split] = l > 0.0f ? m_run[h] + log2f(l) : -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      const int d = DW * warp + 8 * nb + 2 * qq;
+      const float y0 = o[nb][2 * r] * inv, y1 = o[nb][2 * r + 1] * inv;
+      if (nsp == 1)
+        *reinterpret_cast<uint32_t*>(out + qh * D + d) = pack_bf16x2(y0, y1);
+      else
+        *reinterpret_cast<float2*>(part_o + (qh * ns + split) * D + d) = make_float2(y0, y1);
     }
+    if (nsp > 1 && warp == 0 && qq == 0)
+      part_lse[qh * ns + split] = l > 0.0f ? m_run[r] + log2f(l) : -INFINITY;
   }
   if (nsp == 1)
     return;

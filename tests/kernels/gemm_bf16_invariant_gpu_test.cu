@@ -50,8 +50,9 @@ bool same_row(const std::vector<float>& a, int64_t ra, const std::vector<float>&
 BOOST_AUTO_TEST_SUITE(gemm_bf16_invariant_gpu_test)
 
 // Row 0 of a Qwen3-30B-A3B q/k/v projection (k 2048, n 5120) and of the 128-expert router, alone
-// and as row j of batches of 2 to 300 random rows (both kernel variants: up to 16 rows and above,
-// last row block partial): the same bits every time. The batch is also checked against the twin.
+// and as row j of batches of 2 to 300 random rows (both kernels: the cp.async ring with 1, 2 and
+// 4 row blocks up to 64 rows, the 64-row CTAs above, last row block partial): the same bits every
+// time. The batch is also checked against the twin.
 BOOST_AUTO_TEST_CASE(a_rows_bits_do_not_depend_on_its_batch) {
   rlserve::test::require_device();
   // n 60: a router of 60 experts (the last 16-column group partial).
@@ -60,7 +61,7 @@ BOOST_AUTO_TEST_CASE(a_rows_bits_do_not_depend_on_its_batch) {
     const auto row = random_bf16(static_cast<std::size_t>(k), 1.0f, 12 + n);
     const auto alone = run(row, w, 1, n, k);
     int differs = 0, cases = 0;
-    for (int64_t rows : {2, 7, 16, 17, 64, 65, 300}) {
+    for (int64_t rows : {2, 7, 16, 17, 32, 33, 64, 65, 300}) {
       auto x = random_bf16(static_cast<std::size_t>(rows * k), 1.0f, 100 + rows);
       const int64_t at = (rows * 5) / 7; // somewhere inside, in a different row block each time
       std::copy(row.begin(), row.end(), x.begin() + at * k);

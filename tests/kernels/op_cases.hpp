@@ -332,6 +332,7 @@ inline std::vector<op_case> op_cases() {
     out.push_back(gemm_bf16_invariant_case(16, 128, 2048, f32));  // the router at 16 rows
     out.push_back(gemm_bf16_invariant_case(70, 48, 80, f32));     // k not a multiple of the 64 staged
     out.push_back(gemm_bf16_invariant_case(20, 60, 128, f32));    // n % 16: a partial column group
+    out.push_back(gemm_bf16_invariant_case(64, 60, 80, f32));     // the ring's 4 row blocks, both tails
   }
   return out;
 }

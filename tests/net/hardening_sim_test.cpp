@@ -208,7 +208,14 @@ BOOST_AUTO_TEST_CASE(a_rid_is_taken_while_its_prompt_is_tokenized) {
     BOOST_REQUIRE(busy->send_with_id("w" + std::to_string(i), "generate", to_json(w)));
   }
   BOOST_REQUIRE(busy->call("ping", json::object()).has_value());
-  auto victim = s.connect();
+  // The victim's 5100-token prompt is prefilled by the CPU model: tens of seconds under the
+  // sanitizers (quadratic attention), more when other tests share the cores, so its connection
+  // waits longer than the usual minute before it calls the server hung.
+  auto victim_opts = s.client_opts();
+  victim_opts.timeout = std::chrono::minutes(5);
+  auto victim_conn = net::client::connect(victim_opts);
+  BOOST_REQUIRE_MESSAGE(victim_conn.has_value(), victim_conn.error());
+  auto victim = std::move(*victim_conn);
   GenerateReqInput v;
   v.rid = "long-prompt";
   v.text = std::string();

@@ -33,14 +33,15 @@ test: build
 test-gpu: build
 	ctest --test-dir $(BUILD_DIR) --label-regex gpu --output-on-failure
 
-# The checking build (docs/testing.md): clang, CUDA off, -O1 with line tables, ASan + UBSan
+# The checking build (docs/testing.md): clang, CUDA off, -O1 with line tables (-O0 outside
+# kernels/ and model/: RLSERVE_LEAN_CXX_FLAGS in CMakeLists.txt says why), ASan + UBSan
 # (float-cast-overflow included) on every C++ file, libFuzzer's coverage instrumentation, and
 # both the test suite and the fuzz targets of fuzz/, so one configuration serves both.
 check-configure: setup
 	cmake -S . -B $(CHECK_BUILD_DIR) -DCMAKE_CXX_COMPILER=clang++ -DRLSERVE_CUDA=OFF \
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
 	  -DRLSERVE_FUZZ=ON -DRLSERVE_SANITIZE=address,undefined,float-cast-overflow \
-	  -DRLSERVE_BENCHMARKS=OFF $(CMAKE_FLAGS)
+	  -DRLSERVE_LEAN_CXX_FLAGS=-O0 -DRLSERVE_BENCHMARKS=OFF $(CMAKE_FLAGS)
 
 check-build: check-configure
 	cmake --build $(CHECK_BUILD_DIR) -j $(JOBS)

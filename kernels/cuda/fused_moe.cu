@@ -343,7 +343,7 @@ __device__ __forceinline__ void gemv_tile(const int32_t* __restrict__ w, const u
         uint32_t d[4];
         w4a16::dequant_word(words[j], nz[2 * j], sc[2 * j], nz[2 * j + 1], sc[2 * j + 1], d);
         const uint32_t a[4] = {d[0], d[2], d[1], d[3]}; // A: (n, k) (n + 8, k) (n, k + 8) (n + 8, k + 8)
-        w4a16::mma_bf16(acc[j], a, b0, b1);
+        mma_bf16(acc[j], a, b0, b1);
       }
     }
   }

@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/ptx_helpers.cuh"
 #include "kernels/gemm_bf16_invariant.hpp"
 
 namespace rlserve::kernels {
@@ -52,15 +53,6 @@ __device__ __forceinline__ void store_out(uint16_t* y, float v) { *y = __bfloat1
 // ---- up to 64 rows: one warp per 16 columns, a cp.async ring --------------------------------------
 
 constexpr int k_small_rs = k_kc + 8; // shared row stride (elements): 144 B, conflict-free fragment reads
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  // src-size 0 zero-fills the 16 bytes (columns past n, k past the end).
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // Stages per ring: all three fit the 48 KB of static shared memory.
 template <int RF>

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/gemm_w4a16_problem.cuh"
+#include "kernels/cuda/ptx_helpers.cuh"
 #include "kernels/int4_format.hpp"
 
 namespace rlserve::kernels::w4a16 {
@@ -72,21 +73,6 @@ struct cfg {
 
 // ---- PTX helpers ---------------------------------------------------------------------------------
 
-// 16-byte global->shared copy that bypasses L1 (.cg: weights and activations are read once per
-// stage); src_size 0 writes 16 zero bytes without reading, which pads missing rows and k.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
-}
-// Closes the group of copies issued for one stage.
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most N stage groups are still in flight (the oldest stage has landed).
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // Four 8x8 b16 matrices from shared memory in mma fragment order: with lane l pointing at row
 // (l % 16), k chunk (l / 16) of an m16 x k16 block, registers 0..3 are exactly the A fragment
 // a0..a3 of mma.m16n8k16 (rows g / g+8, k 2q.. / 2q+8..).
@@ -102,14 +88,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) 
 // publishes them all; cheaper than a sequentially consistent membar in every thread).
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 
-__device__ __forceinline__ float bf16_round(float x) {
-  return __bfloat162float(__float2bfloat16_rn(x));
-}
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const uint32_t l = __bfloat16_as_ushort(__float2bfloat16_rn(lo));
-  const uint32_t h = __bfloat16_as_ushort(__float2bfloat16_rn(hi));
-  return l | (h << 16);
-}
 
 // ---- the CTA's view of the problem, loads, inner loops, epilogue ------------------------------------
 

@@ -22,6 +22,7 @@
 #include "kernels/kernel_status.hpp"
 #if defined(__CUDACC__)
 #include "kernels/cuda/programmatic_launch.cuh"
+#include "kernels/cuda/ptx_helpers.cuh" // mma_bf16
 #endif
 
 using cudaStream_t = struct CUstream_st*;
@@ -116,14 +117,6 @@ kernel_status run(const problem& p, int block_rows, int grid, int* counters, flo
 #endif
 #if defined(__CUDACC__)
 // ---- serving-tile arithmetic shared by the GEMM core and the MoE's GEMV path -------------------
-
-// D = A * B + D on the tensor cores: A 16x16 bf16 (row), B 16x8 bf16 (col), FP32 accumulators.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-               "{%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // (a & b) | c in one instruction (lookup table 0xEA = (0xF0 & 0xCC) | 0xAA): masks two nibbles
 // and ORs the bf16 exponent in.

@@ -29,6 +29,7 @@
 
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/programmatic_launch.cuh"
+#include "kernels/cuda/ptx_helpers.cuh"
 #include "kernels/paged_attention.hpp"
 
 namespace rlserve::kernels {
@@ -64,15 +65,6 @@ int64_t static_splits(const paged_attention_args& a) {
   const int64_t n = (c + k_split_base - 1) / k_split_base;
   return n < k_max_splits ? n : k_max_splits;
 }
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  // src-size 0 zero-fills the 16 bytes: masked tokens read as 0, never as stale NaN.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ uint16_t to_bf(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
 __device__ __forceinline__ uint4 pack8(const float* f) {
@@ -111,18 +103,6 @@ __device__ __forceinline__ void merge_splits(const float* part_o, const float* p
 }
 
 __device__ __forceinline__ uint32_t lds32(const uint16_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  return static_cast<uint32_t>(to_bf(lo)) | (static_cast<uint32_t>(to_bf(hi)) << 16);
-}
-__device__ __forceinline__ float bf_round(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
-
-// D += A B on the tensor cores: m16n8k16, bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma_16816(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-               "{%8, %9}, {%0, %1, %2, %3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Four 8 x 8 bf16 matrices from shared memory, transposed: lane l gives the address of row
 // (l % 8) of matrix l / 8 and receives, of each matrix, the pair (rows 2 (l % 4), +1; column l / 4).
@@ -239,7 +219,7 @@ paged_attention_kernel(const uint16_t* __restrict__ q,        // [tokens, q_head
     float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int s = 0; s < KS; ++s)
-      mma_16816(sc, qa[s], lds32(&ks[buf][8 * warp + gq][16 * s + 2 * qq]),
+      mma_bf16(sc, qa[s], lds32(&ks[buf][8 * warp + gq][16 * s + 2 * qq]),
                 lds32(&ks[buf][8 * warp + gq][16 * s + 8 + 2 * qq]));
     float tmax[2];
 #pragma unroll
@@ -275,7 +255,7 @@ paged_attention_kernel(const uint16_t* __restrict__ q,        // [tokens, q_head
       l_part[r] = l_part[r] * alpha[r] + (p0 + p1);
       // P in two bf16 parts: P V with them carries about 16 bits of P, near the fp32 of the
       // CUDA-core kernel this replaced.
-      const float h0 = bf_round(p0), h1 = bf_round(p1);
+      const float h0 = bf16_round(p0), h1 = bf16_round(p1);
       *reinterpret_cast<uint32_t*>(&p_hi[h][8 * warp + 2 * qq]) = pack_bf16x2(h0, h1);
       *reinterpret_cast<uint32_t*>(&p_lo[h][8 * warp + 2 * qq]) = pack_bf16x2(p0 - h0, p1 - h1);
     }
@@ -298,10 +278,10 @@ paged_attention_kernel(const uint16_t* __restrict__ q,        // [tokens, q_head
         uint32_t b[4]; // b0, b1 of dims d0 .. d0 + 7, then of d0 + 8 .. d0 + 15
         const int d0 = DW * warp + 16 * pair;
         ldmatrix_x4_trans(b, &vs[buf][16 * kk + (lane & 7) + ((lane >> 3) & 1) * 8][d0 + (lane >> 4) * 8]);
-        mma_16816(o[2 * pair], ah, b[0], b[1]);
-        mma_16816(o[2 * pair], al, b[0], b[1]);
-        mma_16816(o[2 * pair + 1], ah, b[2], b[3]);
-        mma_16816(o[2 * pair + 1], al, b[2], b[3]);
+        mma_bf16(o[2 * pair], ah, b[0], b[1]);
+        mma_bf16(o[2 * pair], al, b[0], b[1]);
+        mma_bf16(o[2 * pair + 1], ah, b[2], b[3]);
+        mma_bf16(o[2 * pair + 1], al, b[2], b[3]);
       }
     }
   }

@@ -246,7 +246,7 @@ json sglang_server_info(const GetServerInfoReqOutput& info, const launch_args& l
   const bool draft = !info.draft_model_path.empty();
   // ServerArgs: one engine process on one device.
   j["tokenizer_path"] = info.model_path;
-  j["served_model_name"] = launch.served_model_name.empty() ? info.model_path : launch.served_model_name;
+  j["served_model_name"] = launch.served_model_name;
   j["dtype"] = "auto"; // the checkpoint's own, as SGLang's default
   j["context_length"] = info.max_context_length;
   for (auto key : {"tp_size", "dp_size", "pp_size", "ep_size", "moe_dp_size", "nnodes", "gpu_id_step"})

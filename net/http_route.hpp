@@ -91,7 +91,7 @@ struct launch_args {
   bool enable_memory_saver = false;
   bool enable_return_routed_experts = false;
   bool enable_deterministic_inference = false;
-  std::string served_model_name; // empty: the model path
+  std::string served_model_name; // the name the server gives the model (shared_state::model_name)
 };
 nlohmann::json sglang_server_info(const GetServerInfoReqOutput& info, const launch_args& launch);
 

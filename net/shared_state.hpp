@@ -42,7 +42,8 @@ struct shared_state {
   // Most input_ids a request is read with (the model's context length; parse_request_json).
   std::size_t max_input_ids = SIZE_MAX;
   // The OpenAI routes (net/openai_call_actor.cpp): the model's name in replies and /v1/models
-  // (its path), its context length, tokenizer (token texts of logprobs; null without
+  // (server_options::served_model_name, else its path; /server_info's served_model_name too),
+  // its context length, tokenizer (token texts of logprobs; null without
   // tokenizer.json) and chat template (none: chat_template_error says why).
   std::string model_name;
   int64_t max_context_length = 0;

@@ -148,11 +148,12 @@ GetServerInfoReqOutput sample_info() {
 } // namespace
 
 BOOST_AUTO_TEST_CASE(server_info_carries_the_server_args_trainers_read) {
-  auto j = sglang_server_info(sample_info(), launch_args{"10.0.0.5", 30007, false, true});
+  auto j = sglang_server_info(sample_info(), launch_args{"10.0.0.5", 30007, false, true, false, "policy-7b"});
   // slime's external-engine discovery and sanity check, miles' get_server_info.
   for (const char* one : {"tp_size", "dp_size", "pp_size", "ep_size", "moe_dp_size", "nnodes"})
     BOOST_TEST(j[one] == 1, one);
   BOOST_TEST(j["model_path"] == "/models/qwen3");
+  BOOST_TEST(j["served_model_name"] == "policy-7b");
   BOOST_TEST(j["base_gpu_id"] == 3);
   BOOST_TEST(j["disaggregation_mode"] == "null");
   BOOST_TEST(j["enable_memory_saver"] == false);

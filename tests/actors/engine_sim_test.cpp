@@ -26,6 +26,7 @@
 #include "model/make_model.hpp"
 #include "model/qwen3.hpp"
 #include "tests/support/engine_support.hpp"
+#include "tests/support/fused_experts.hpp"
 
 using namespace rlserve;
 namespace fs = std::filesystem;
@@ -626,35 +627,7 @@ BOOST_AUTO_TEST_CASE(disk_updates_take_fused_expert_checkpoints) {
   auto dir = tiny_moe_model("moe-fused-disk", 5);
   auto e = start(dir);
   const auto update = perturbed(dir, 21);
-  std::map<std::string, const HostTensor*> by_name;
-  for (const auto& t : update)
-    by_name[t.name] = &t.tensor;
-  // Per layer: the experts' count and [I, H] from their gate tensors; everything else as it is.
-  std::vector<NamedTensor> fused;
-  std::map<std::string, std::vector<int64_t>> dims; // "...mlp.experts." -> {E, I, H}
-  for (const auto& t : update) {
-    const auto at = t.name.find(".mlp.experts.");
-    if (at == std::string::npos) {
-      fused.push_back(t);
-    } else if (t.name.ends_with(".gate_proj.weight")) {
-      auto& d = dims[t.name.substr(0, at + 13)];
-      d = {d.empty() ? 1 : d[0] + 1, t.tensor.shape[0], t.tensor.shape[1]};
-    }
-  }
-  for (const auto& [prefix, d] : dims) { // experts in id order, gate rows then up rows
-    std::vector<std::byte> gate_up, down;
-    for (int64_t x = 0; x < d[0]; ++x) {
-      const std::string ex = prefix + std::to_string(x) + ".";
-      for (const char* part : {"gate_proj.weight", "up_proj.weight"}) {
-        const auto b = by_name.at(ex + part)->bytes();
-        gate_up.insert(gate_up.end(), b.begin(), b.end());
-      }
-      const auto b = by_name.at(ex + "down_proj.weight")->bytes();
-      down.insert(down.end(), b.begin(), b.end());
-    }
-    fused.push_back({prefix + "gate_up_proj", HostTensor::adopt(dtype::bf16, {d[0], 2 * d[1], d[2]}, std::move(gate_up))});
-    fused.push_back({prefix + "down_proj", HostTensor::adopt(dtype::bf16, {d[0], d[2], d[1]}, std::move(down))});
-  }
+  const auto fused = with_fused_experts(update);
   auto out_dir = scratch_dir("disk-fused");
   fs::remove_all(out_dir);
   BOOST_REQUIRE(model::write_checkpoint(out_dir, fused).has_value());

@@ -5,6 +5,7 @@
 // parity with an independent numpy Qwen3-MoE is tests/python/test_qwen3_parity.py.
 #include <boost/test/unit_test.hpp>
 
+#include "tests/support/fused_experts.hpp"
 #include "tests/support/test_support.hpp"
 
 #include <xxhash.h>
@@ -196,28 +197,7 @@ BOOST_AUTO_TEST_CASE(parameters_are_per_expert_hf_names) {
 BOOST_AUTO_TEST_CASE(fused_expert_checkpoints_load_as_per_expert_ones) {
   const auto c = tiny_moe_config();
   const auto params = random_parameters(c, 5, dtype::bf16);
-  const int64_t E = c.num_experts, I = c.moe_intermediate_size, H = c.hidden_size;
-  std::map<std::string, const HostTensor*> by_name;
-  for (const auto& t : params)
-    by_name[t.name] = &t.tensor;
-  std::vector<NamedTensor> fused;
-  for (const auto& t : params)
-    if (t.name.find(".mlp.experts.") == std::string::npos)
-      fused.push_back(t);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
-    std::vector<std::byte> gate_up, down;
-    for (int64_t e = 0; e < E; ++e) {
-      for (const char* part : {"gate_proj", "up_proj"}) {
-        const auto& t = *by_name.at(p + std::to_string(e) + "." + part + ".weight");
-        gate_up.insert(gate_up.end(), t.bytes().begin(), t.bytes().end());
-      }
-      const auto& d = *by_name.at(p + std::to_string(e) + ".down_proj.weight");
-      down.insert(down.end(), d.bytes().begin(), d.bytes().end());
-    }
-    fused.push_back({p + "gate_up_proj", HostTensor::adopt(dtype::bf16, {E, 2 * I, H}, std::move(gate_up))});
-    fused.push_back({p + "down_proj", HostTensor::adopt(dtype::bf16, {E, H, I}, std::move(down))});
-  }
+  const auto fused = rlserve::test::with_fused_experts(params);
   rlserve::test::temp_dir hub, v5;
   BOOST_REQUIRE(write_checkpoint(hub.path, params));
   BOOST_REQUIRE(write_checkpoint(v5.path, fused, 1 << 16)); // sharded, too

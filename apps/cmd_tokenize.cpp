@@ -7,6 +7,9 @@
 //   rlserve tokenize --tokenizer DIR --decode 9707,1879                       -> Hello world
 //   rlserve tokenize --tokenizer DIR --text-file prompts.jsonl --json-lines --json
 //   rlserve tokenize --write-tiny DIR --vocab-size 1024
+//   rlserve tokenize --tokenizer DIR --text-file corpus.jsonl --json-lines --time-repeats 5
+//     (encode throughput alone, for benchmarks/tokenizer_bench.py)
+#include <chrono>
 #include <charconv>
 #include <cstdio>
 #include <fstream>
@@ -37,6 +40,7 @@ struct tokenize_options {
   bool json = false;
   bool json_lines = false;
   bool keep_special = false;
+  int32_t time_repeats = 0;
 };
 
 std::vector<int32_t> parse_ids(const std::string& list) {
@@ -74,6 +78,27 @@ nlohmann::json result_json(const model::bpe_tokenizer& tok, const std::vector<in
   if (auto rest = dec.finish(); !rest.empty())
     stream.push_back(rest);
   return {{"ids", ids}, {"text", tok.decode(ids, skip_special)}, {"stream", std::move(stream)}};
+}
+
+// Encodes every text `repeats` times on this thread and prints one JSON line: the bytes encoded,
+// the seconds the encoding took (reading the file not counted) and MB/s.
+void print_throughput(const model::bpe_tokenizer& tok, const std::vector<std::string>& texts,
+                      int32_t repeats) {
+  std::size_t bytes = 0, ids = 0;
+  for (const auto& t : texts)
+    bytes += t.size();
+  const auto start = std::chrono::steady_clock::now();
+  for (int32_t r = 0; r < repeats; ++r)
+    for (const auto& t : texts)
+      ids += tok.encode(t).size();
+  const double seconds =
+    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double total = double(bytes) * repeats;
+  std::cout << nlohmann::json{{"strings", texts.size()}, {"bytes", bytes},   {"repeats", repeats},
+                              {"ids", ids / std::size_t(repeats)},          {"seconds", seconds},
+                              {"mb_per_s", seconds > 0 ? total / seconds / 1e6 : 0.0}}
+                 .dump()
+            << '\n';
 }
 
 model::bpe_tokenizer load(const std::string& path) {
@@ -130,24 +155,32 @@ void run(const tokenize_options& o) {
     std::ifstream in(o.text_file, std::ios::binary);
     if (!in)
       throw command_failed(o.text_file + ": cannot open");
+    std::vector<std::string> timed; // the texts, when only the throughput is printed
     std::string line;
     for (std::size_t n = 1; std::getline(in, line); ++n) {
+      std::string text;
       if (!o.json_lines) {
-        emit_encode(line);
-        continue;
+        text = std::move(line);
+      } else {
+        if (line.empty())
+          continue;
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(line);
+        } catch (const nlohmann::json::exception& e) {
+          throw command_failed(fmt::format("{}:{}: not a JSON string: {}", o.text_file, n, e.what()));
+        }
+        if (!j.is_string())
+          throw command_failed(fmt::format("{}:{}: expected a JSON string", o.text_file, n));
+        text = j.get<std::string>();
       }
-      if (line.empty())
-        continue;
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        throw command_failed(fmt::format("{}:{}: not a JSON string: {}", o.text_file, n, e.what()));
-      }
-      if (!j.is_string())
-        throw command_failed(fmt::format("{}:{}: expected a JSON string", o.text_file, n));
-      emit_encode(j.get<std::string>());
+      if (o.time_repeats > 0)
+        timed.push_back(std::move(text));
+      else
+        emit_encode(text);
     }
+    if (o.time_repeats > 0)
+      print_throughput(tok, timed, o.time_repeats);
   } else {
     emit_encode(o.text);
   }
@@ -171,6 +204,11 @@ void add_tokenize(CLI::App& app) {
   cmd->add_flag("--json-lines", o->json_lines,
                 "each line of --text-file is a JSON string (so texts may hold newlines)");
   cmd->add_flag("--keep-special", o->keep_special, "decode special tokens instead of skipping them");
+  auto* timing = cmd->add_option("--time-repeats", o->time_repeats,
+                                 "encode every line of --text-file N times and print the throughput "
+                                 "(JSON) instead of ids")
+                   ->check(CLI::PositiveNumber);
+  timing->needs(file);
   text->excludes(file)->excludes(dec)->excludes(dec_file)->excludes(tiny);
   file->excludes(dec)->excludes(dec_file)->excludes(tiny);
   dec->excludes(dec_file)->excludes(tiny);

@@ -11,12 +11,10 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <fmt/format.h>
 
 #include "model/bpe_tokenizer_state.hpp"
+#include "model/unicode_data.hpp"
 
 namespace rlserve::model {
 
@@ -427,95 +425,23 @@ std::string utf8_lossy(std::string_view bytes) {
   return out;
 }
 
-// ---- regex (PCRE2) ----
-
-struct regex::code {
-  pcre2_code* re = nullptr;
-  ~code() { pcre2_code_free(re); }
-};
-
-expected<regex> regex::compile(std::string_view pattern, bool literal) {
-  // UTF + UCP: \p{L}, \s, \w and (?i) work on Unicode properties as in Oniguruma. MULTILINE:
-  // Oniguruma's default (Ruby) syntax makes ^ and $ line anchors.
-  uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE;
-  if (literal)
-    options |= PCRE2_LITERAL;
-  int err = 0;
-  PCRE2_SIZE offset = 0;
-  pcre2_code* re = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                 options, &err, &offset, nullptr);
-  if (re == nullptr) {
-    PCRE2_UCHAR msg[256];
-    pcre2_get_error_message(err, msg, sizeof msg);
-    return fail(fmt::format("PCRE2 cannot compile the pattern at offset {}: {}", offset,
-                            reinterpret_cast<const char*>(msg)));
-  }
-  // JIT is an optimisation only: pcre2_match falls back to the interpreter when it is absent.
-  pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
-  regex r;
-  auto c = std::make_shared<code>();
-  c->re = re;
-  r.code_ = std::move(c);
-  return r;
-}
-
-namespace {
-struct match_data_deleter {
-  void operator()(pcre2_match_data* m) const { pcre2_match_data_free(m); }
-};
-// One ovector pair is all we read; PCRE2 fills what fits and reports success either way.
-pcre2_match_data* thread_match_data() {
-  thread_local std::unique_ptr<pcre2_match_data, match_data_deleter> md(
-    pcre2_match_data_create(1, nullptr));
-  return md.get();
-}
-} // namespace
-
-// Iterates like onig's find_iter (what `tokenizers` uses): after an empty match the next search
-// starts at the same place, and an empty match right at the previous match's end is skipped by
-// one character.
-std::vector<std::pair<std::size_t, std::size_t>> regex::find_all(std::string_view text) const {
-  std::vector<std::pair<std::size_t, std::size_t>> out;
-  pcre2_match_data* md = thread_match_data();
-  const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  std::size_t pos = 0;
-  std::optional<std::size_t> last_end;
-  while (pos <= text.size()) {
-    int rc = pcre2_match(code_->re, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
-    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH)
-      // JIT stack exhausted (or similar): the interpreter keeps its backtracking on the heap.
-      rc = pcre2_match(code_->re, subject, text.size(), pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT,
-                       md, nullptr);
-    if (rc < 0)
-      break; // no match (a resource limit here leaves the rest as one unmatched piece)
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    const std::size_t b = ov[0], e = ov[1];
-    if (b == e && last_end && *last_end == e) {
-      if (e >= text.size())
-        break;
-      pos = e + utf8_char_len(text, e);
-      continue;
-    }
-    out.emplace_back(b, e);
-    last_end = e;
-    pos = e;
-  }
-  return out;
-}
-
 } // namespace bpe_detail
 
 namespace bpe_internal {
 
 bool is_word_char_at(std::string_view text, std::size_t i) {
-  static const auto word = bpe_detail::regex::compile(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])");
-  if (i >= text.size() || !word)
+  // Rust's regex \w: Alphabetic, marks, decimal digits, connector punctuation and the joiners.
+  using g = unicode::general_category;
+  static constexpr unicode::property_mask word =
+    unicode::category_bit(g::Lu) | unicode::category_bit(g::Ll) | unicode::category_bit(g::Lt) |
+    unicode::category_bit(g::Lm) | unicode::category_bit(g::Lo) | unicode::category_bit(g::Nl) |
+    unicode::category_bit(g::Mn) | unicode::category_bit(g::Mc) | unicode::category_bit(g::Me) |
+    unicode::category_bit(g::Nd) | unicode::category_bit(g::Pc) | unicode::k_alphabetic_extra_bit;
+  if (i >= text.size())
     return false;
-  // Anchored single-character match at i.
   std::size_t j = i;
-  utf8_decode(text, j);
-  auto m = word->find_all(text.substr(i, j - i));
-  return !m.empty() && m.front().first == 0 && m.front().second == j - i;
+  const char32_t c = utf8_decode(text, j);
+  return c == 0x200C || c == 0x200D || (unicode::atoms(c) & word) != 0;
 }
 
 } // namespace bpe_internal

@@ -7,8 +7,9 @@
 //   1. added tokens with normalized=false are cut out of the raw text (leftmost-longest),
 //   2. each remaining piece is normalized (nothing, or NFC) and tokens with normalized=true are
 //      cut out of it,
-//   3. each remaining piece goes through the pre-tokenizer: Split steps (PCRE2 regex) and a final
-//      ByteLevel step (optional prefix space, optional GPT-2 regex, bytes -> printable symbols),
+//   3. each remaining piece goes through the pre-tokenizer: Split steps (regex or literal) and a
+//      final ByteLevel step (optional prefix space, optional GPT-2 regex, bytes -> printable
+//      symbols),
 //   4. each pre-token is merged by BPE, lowest merge rank first (cached per pre-token).
 // Decoding maps every token back to its bytes and replaces broken UTF-8 with U+FFFD, as the
 // ByteLevel decoder does. Everything `tokenizers` could do differently from this (other models,
@@ -108,8 +109,18 @@ std::string nfc(std::string_view utf8);
 // Python's bytes.decode("utf-8", errors="replace") / Rust's from_utf8_lossy.
 std::string utf8_lossy(std::string_view bytes);
 
-// A compiled PCRE2 pattern (UTF + UCP, JIT when available) with the match semantics of the
-// Oniguruma regexes `tokenizers` uses: `^`/`$` are line anchors.
+// A compiled Split pattern, matched as `tokenizers`' Oniguruma matches it (bpe_regex.cpp), with
+// the Unicode 16.0 classes of the project's own table (unicode_data.hpp): the same pieces on any
+// host. The subset of Oniguruma's syntax it reads (anything else is refused at compile, naming it):
+//   literals, escapes \t \n \r \f \v \a \e \xHH \x{H..} \uHHHH and escaped punctuation;
+//   . (not \n); classes [...] with ranges, ^ negation and the escapes below inside;
+//   \s \S (White_Space), \d \D (Nd), \w \W (Oniguruma's word), \h (hex digit),
+//   \p{..} \P{..} \p{^..} with general categories by short or long name, and White_Space;
+//   groups (...) (?:...), lookahead (?=...) (?!...), the i flag as (?i:...) (?i) (?-i:...)
+//   for ASCII letters; quantifiers ? * + {n} {n,} {n,m} {,m}, lazy with a trailing ?;
+//   alternation |; anchors ^ $ (lines) \A \z \Z.
+// Not supported: backreferences, lookbehind, possessive quantifiers, nested classes and &&,
+// scripts and binary properties other than White_Space, \b, \G, flags other than i.
 class regex {
 public:
   static expected<regex> compile(std::string_view pattern, bool literal = false);

@@ -97,20 +97,6 @@ void load_normalizer(const json& j, const std::string& path, bpe_tokenizer::stat
   }
 }
 
-// Oniguruma (what `tokenizers` compiles patterns with) reads `\h` as a hex digit, PCRE2 as
-// horizontal space; refuse rather than split differently. Everything else the known
-// tokenizer.json patterns use means the same in both.
-void check_pattern_portable(std::string_view pattern, const std::string& path) {
-  for (std::size_t i = 0; i + 1 < pattern.size(); ++i) {
-    if (pattern[i] != '\\')
-      continue;
-    if (pattern[i + 1] == 'h' || pattern[i + 1] == 'H')
-      reject(path, "\\h/\\H mean hex digits in Oniguruma (tokenizers) but spaces in PCRE2; "
-                   "write [0-9a-fA-F] instead");
-    ++i;
-  }
-}
-
 void load_pre_tokenizer(const json& j, const std::string& path, bpe_tokenizer::state& st,
                         int& byte_level_steps, bool& byte_level_last) {
   if (!j.is_object())
@@ -138,8 +124,6 @@ void load_pre_tokenizer(const json& j, const std::string& path, bpe_tokenizer::s
     if (!p.is_string())
       reject(ppath, "expected a string, found " + type_name(p));
     const std::string pattern = p.get<std::string>();
-    if (rx)
-      check_pattern_portable(pattern, ppath);
     auto re = bpe_detail::regex::compile(pattern, lit != nullptr);
     if (!re)
       reject(ppath, re.error());

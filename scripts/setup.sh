@@ -7,10 +7,13 @@ debian_packages=(
   build-essential cmake pkg-config
   libcaf-dev                       # CAF 0.17.6: actors (we write its 0.17 API)
   libboost1.74-dev libboost-test1.74-dev libboost-system1.74-dev  # Asio, Beast, Test
-  nlohmann-json3-dev libxxhash-dev libspdlog-dev libfmt-dev libcli11-dev libpcre2-dev
+  nlohmann-json3-dev libxxhash-dev libspdlog-dev libfmt-dev libcli11-dev
   clang libclang-rt-14-dev llvm    # libFuzzer targets (make fuzz-smoke); llvm-symbolizer for reports
 )
-python_packages=(numpy safetensors tokenizers xxhash websockets jinja2)
+# tokenizers is pinned: the tokenizer's Unicode tables (model/unicode_data.cpp) follow the Unicode
+# version of its regex engine (docs/formats.md, section 8), and the parity tests compare with it.
+tokenizers_version=0.23.3
+python_packages=(numpy safetensors "tokenizers==$tokenizers_version" xxhash websockets jinja2)
 
 missing=()
 for p in "${debian_packages[@]}"; do
@@ -25,7 +28,8 @@ if ((${#missing[@]})); then
 fi
 
 python=${PYTHON:-python3}
-if ! "$python" -c "import numpy, safetensors, tokenizers, xxhash, websockets, jinja2" 2>/dev/null; then
+if ! "$python" -c "import numpy, safetensors, tokenizers, xxhash, websockets, jinja2
+assert tokenizers.__version__ == '$tokenizers_version'" 2>/dev/null; then
   echo "setup: installing Python packages: ${python_packages[*]}"
   "$python" -m pip install -q "${python_packages[@]}"
 fi

@@ -273,6 +273,64 @@ BOOST_AUTO_TEST_CASE(qwen2_regex_splits_like_oniguruma) {
   BOOST_TEST(pieces("...\n") == (v{"...\n"}), boost::test_tools::per_element());
 }
 
+// The engine's matching rules, each against what Oniguruma (tokenizers) gives for the same
+// pattern and text (worked out with the `tokenizers` package's Split pre-tokenizer).
+BOOST_AUTO_TEST_CASE(regex_engine_matches_like_oniguruma) {
+  auto pieces = [](std::string_view pattern, std::string_view s) {
+    auto re = detail::regex::compile(pattern);
+    BOOST_TEST_REQUIRE(re.has_value(), (re ? "" : re.error()));
+    std::vector<std::string> out;
+    for (auto [b, e] : re->find_all(s))
+      out.emplace_back(s.substr(b, e - b));
+    return out;
+  };
+  using v = std::vector<std::string>;
+  // Leftmost-first alternation, not longest: "a" wins over "ab".
+  BOOST_TEST(pieces("a|ab", "ab") == (v{"a"}), boost::test_tools::per_element());
+  // Greedy and lazy repeats, counted repeats.
+  BOOST_TEST(pieces("\\p{N}{1,3}", "1234567") == (v{"123", "456", "7"}), boost::test_tools::per_element());
+  BOOST_TEST(pieces("a+?", "aaa") == (v{"a", "a", "a"}), boost::test_tools::per_element());
+  BOOST_TEST(pieces("a{2,}?b", "aaab") == (v{"aaab"}), boost::test_tools::per_element());
+  BOOST_TEST(pieces("(?:ab){2}", "ababab") == (v{"abab"}), boost::test_tools::per_element());
+  // A repeat gives characters back for what follows it; a negative lookahead after \s+.
+  BOOST_TEST(pieces("\\s+(?!\\S)|\\s+", "a   b") == (v{"  ", " "}), boost::test_tools::per_element());
+  BOOST_TEST(pieces("[a-z]+c", "abcabc") == (v{"abcabc"}), boost::test_tools::per_element());
+  // Lookahead with a class inside a repeated group (the o200k / Tekken style).
+  BOOST_TEST(pieces("((?=[\\p{L}])([^a-z]))+", "ABcD") == (v{"AB", "D"}), boost::test_tools::per_element());
+  // (?i) folds ASCII letters and the long s (U+017F) onto s; (?i) inline lasts to the group end.
+  BOOST_TEST(pieces("(?i:'s)", "'S 's '\u017F") == (v{"'S", "'s", "'\u017F"}), boost::test_tools::per_element());
+  BOOST_TEST(pieces("(?:(?i)x)y", "XyXY") == (v{"Xy"}), boost::test_tools::per_element());
+  // Classes: escapes, ranges, negation, properties inside brackets, a literal '-' at the end.
+  BOOST_TEST(pieces("[\\-a-c]+", "-abcd") == (v{"-abc"}), boost::test_tools::per_element());
+  BOOST_TEST(pieces("[^\\s\\p{L}]+", "ab..12 x") == (v{"..12"}), boost::test_tools::per_element());
+  BOOST_TEST(pieces("[\\S]", " x") == (v{"x"}), boost::test_tools::per_element());
+  BOOST_TEST(pieces("[a-]+", "a-a") == (v{"a-a"}), boost::test_tools::per_element());
+  // Hex escapes and literal non-ASCII ranges (DeepSeek-V3's CJK split).
+  BOOST_TEST(pieces("[\\x{4e00}-\\x{9fa5}]+", "ab\u4E2D\u6587cd") == (v{"\u4E2D\u6587"}),
+             boost::test_tools::per_element());
+  BOOST_TEST(pieces("[\u4E00-\u9FA5]+", "\u4E2D\u6587") == (v{"\u4E2D\u6587"}), boost::test_tools::per_element());
+  // A brace that is not a quantifier is a literal.
+  BOOST_TEST(pieces("a{,", "a{,") == (v{"a{,"}), boost::test_tools::per_element());
+  // Line anchors, and . stops at a newline.
+  BOOST_TEST(pieces("^.", "ab\ncd") == (v{"a", "c"}), boost::test_tools::per_element());
+  BOOST_TEST(pieces("\\s+$", "a  \nb ") == (v{"  ", " "}), boost::test_tools::per_element());
+  // Empty matches: reported, then skipped right after a match, as onig's find_iter (Split drops
+  // the empty pieces).
+  BOOST_TEST(pieces("a*", "baa") == (v{"", "aa"}), boost::test_tools::per_element());
+  // Unicode 16 letters and digits are \p{L} / \p{N}; U+180E is not \s.
+  BOOST_TEST(pieces("\\p{L}+", "a\U00031350\U00010D50\u1C89b") == (v{"a\U00031350\U00010D50\u1C89b"}),
+             boost::test_tools::per_element());
+  BOOST_TEST(pieces("\\p{N}+", "1\U00010D40") == (v{"1\U00010D40"}), boost::test_tools::per_element());
+  BOOST_TEST(pieces("\\s+", "  \u180E ") == (v{"  ", " "}), boost::test_tools::per_element());
+  // A long run stays linear: one stack entry for the whole repeat.
+  const std::string spaces(200000, ' ');
+  BOOST_TEST(pieces("\\s+(?!\\S)|\\s+", spaces + "x").size() == 2u);
+  // Catastrophic backtracking stops at Oniguruma's retry limit and leaves the rest unmatched.
+  BOOST_TEST(pieces("(a|a)*b", std::string(40, 'a')).empty());
+  BOOST_TEST(pieces("x|(a|a)*b", "x" + std::string(40, 'a') + "x") == (v{"x"}),
+             boost::test_tools::per_element());
+}
+
 BOOST_AUTO_TEST_CASE(load_errors_name_the_json_path) {
   auto error_contains = [](const json& j, const std::string& what) {
     const std::string e = load_error(j);
@@ -330,13 +388,33 @@ BOOST_AUTO_TEST_CASE(load_errors_name_the_json_path) {
                    s["pattern"] = {{"Regex", "(unclosed"}};
                    j["pre_tokenizer"] = seq(s, bl);
                  }),
-                 "pre_tokenizer.pretokenizers[0].pattern.Regex: PCRE2 cannot compile");
-  error_contains(edit([&](json& j) {
-                   json s = split;
-                   s["pattern"] = {{"Regex", "\\h+"}};
-                   j["pre_tokenizer"] = seq(s, bl);
-                 }),
-                 "pre_tokenizer.pretokenizers[0].pattern.Regex: \\h");
+                 "pre_tokenizer.pretokenizers[0].pattern.Regex: the pattern is not supported: "
+                 "missing ')'");
+  // Every construct outside the supported subset is refused, naming it.
+  for (auto [pattern, what] : std::vector<std::pair<std::string, std::string>>{
+         {"(a)\\1", "escape \\1"},
+         {"(?<=a)b", "lookbehind"},
+         {"a++", "possessive"},
+         {"[a[b]]", "nested classes"},
+         {"[a&&b]", "intersection"},
+         {"\\p{Han}", "\\p{Han}"},
+         {"(?m:a)", "the group (?m"},
+         {"(?i-x:a)", "only the i flag"},
+         {"(?i:\u00E9)", "non-ASCII letters"},
+         {"(a*)*", "empty string"},
+         {"a{2000}", "above 1000"},
+         {"*a", "nothing to repeat"},
+         {"\\x{D800}", "not a Unicode scalar"},
+         {"a)", "unmatched ')'"},
+         {"[a", "missing ']'"},
+       }) {
+    error_contains(edit([&](json& j) {
+                     json s = split;
+                     s["pattern"] = {{"Regex", pattern}};
+                     j["pre_tokenizer"] = seq(s, bl);
+                   }),
+                   what);
+  }
   error_contains(edit([&](json& j) {
                    json s = split;
                    s.erase("invert");

@@ -260,13 +260,64 @@ std::string python_repr(const value& x) {
   return to_str(x);
 }
 
-// json.dumps(x, ensure_ascii=False, indent=indent, sort_keys=sort_keys): HF's `tojson`.
-void dump_json(std::string& out, const value& x, int indent, bool sort_keys, int level) {
+// HF's `tojson` is json.dumps(x, ensure_ascii=False, indent=None, separators=None,
+// sort_keys=False) with those four as its arguments, in that order; json_style holds them.
+struct json_style {
+  std::optional<std::string> indent; // per level; nullopt: all on one line
+  std::string item_sep, key_sep;
+  bool sort_keys = false;
+  bool ensure_ascii = false;
+};
+
+// A string as json.dumps writes it: ensure_ascii escapes everything outside ' '..'~' as
+// \uXXXX (UTF-16, so surrogate pairs above U+FFFF); without it only quotes, backslashes and
+// control characters are escaped and the rest is copied.
+void dump_json_string(std::string& out, std::string_view s, bool ensure_ascii) {
+  out += '"';
+  for (std::size_t i = 0; i < s.size();) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    switch (c) {
+      case '"': out += "\\\""; ++i; continue;
+      case '\\': out += "\\\\"; ++i; continue;
+      case '\n': out += "\\n"; ++i; continue;
+      case '\r': out += "\\r"; ++i; continue;
+      case '\t': out += "\\t"; ++i; continue;
+      case '\b': out += "\\b"; ++i; continue;
+      case '\f': out += "\\f"; ++i; continue;
+      default: break;
+    }
+    if (c < 0x20 || (ensure_ascii && c == 0x7f)) {
+      out += fmt::format("\\u{:04x}", c);
+      ++i;
+    } else if (c < 0x80 || !ensure_ascii) {
+      out += char(c);
+      ++i;
+    } else {
+      // A UTF-8 sequence (the engine's strings are valid UTF-8: JSON input and literals).
+      int n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : 2;
+      uint32_t cp = c & (0x7f >> n);
+      for (int k = 1; k < n && i + k < s.size(); ++k)
+        cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+      i += n;
+      if (cp >= 0x10000) {
+        cp -= 0x10000;
+        out += fmt::format("\\u{:04x}\\u{:04x}", 0xd800 + (cp >> 10), 0xdc00 + (cp & 0x3ff));
+      } else {
+        out += fmt::format("\\u{:04x}", cp);
+      }
+    }
+  }
+  out += '"';
+}
+
+void dump_json(std::string& out, const value& x, const json_style& style, int level) {
   auto newline = [&](int at) {
-    if (indent >= 0)
-      out += "\n" + std::string(std::size_t(indent * at), ' ');
+    if (style.indent) {
+      out += '\n';
+      for (int k = 0; k < at; ++k)
+        out += *style.indent;
+    }
   };
-  const char* item_sep = indent >= 0 ? "," : ", ";
   if (x.is_none()) {
     out += "null";
   } else if (x.is_bool()) {
@@ -277,24 +328,7 @@ void dump_json(std::string& out, const value& x, int indent, bool sort_keys, int
     double d = std::get<double>(x.v);
     out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d < 0 ? "-Infinity" : "Infinity") : python_float(d);
   } else if (x.is_string()) {
-    out += '"';
-    for (unsigned char c : x.str()) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
-        default:
-          if (c < 0x20)
-            out += fmt::format("\\u{:04x}", c);
-          else
-            out += char(c);
-      }
-    }
-    out += '"';
+    dump_json_string(out, x.str(), style.ensure_ascii);
   } else if (x.is_list()) {
     if (x.list().empty()) {
       out += "[]";
@@ -303,9 +337,9 @@ void dump_json(std::string& out, const value& x, int indent, bool sort_keys, int
     out += '[';
     for (std::size_t i = 0; i < x.list().size(); ++i) {
       if (i)
-        out += item_sep;
+        out += style.item_sep;
       newline(level + 1);
-      dump_json(out, x.list()[i], indent, sort_keys, level + 1);
+      dump_json(out, x.list()[i], style, level + 1);
     }
     newline(level);
     out += ']';
@@ -318,16 +352,16 @@ void dump_json(std::string& out, const value& x, int indent, bool sort_keys, int
     std::vector<const std::pair<std::string, value>*> items;
     for (const auto& kv : d)
       items.push_back(&kv);
-    if (sort_keys)
+    if (style.sort_keys) // byte order of UTF-8 is code-point order, as Python sorts str
       std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
     out += '{';
     for (std::size_t i = 0; i < items.size(); ++i) {
       if (i)
-        out += item_sep;
+        out += style.item_sep;
       newline(level + 1);
-      dump_json(out, value(items[i]->first), indent, sort_keys, level + 1);
-      out += ": ";
-      dump_json(out, items[i]->second, indent, sort_keys, level + 1);
+      dump_json_string(out, items[i]->first, style.ensure_ascii);
+      out += style.key_sep;
+      dump_json(out, items[i]->second, style, level + 1);
     }
     newline(level);
     out += '}';
@@ -1679,15 +1713,47 @@ value select_items(const value& x, call_args& a, bool by_attr, bool keep) {
   return out;
 }
 
+// HF's tojson filter: json.dumps(x, ensure_ascii=False, indent=None, separators=None,
+// sort_keys=False), arguments by position in that order or by name. As in json.dumps, an
+// indent puts items on their own lines and drops the space after ',' unless separators say
+// otherwise; an integer indent is that many spaces, a string is used as it is.
+value tojson(const value& x, const call_args& a) {
+  static constexpr std::string_view names[] = {"ensure_ascii", "indent", "separators", "sort_keys"};
+  if (a.positional.size() > std::size(names))
+    raise(fmt::format("tojson takes at most {} arguments", std::size(names)));
+  for (const auto& [k, v] : a.keyword)
+    if (std::find(std::begin(names), std::end(names), k) == std::end(names))
+      raise(fmt::format("tojson got an unexpected keyword argument '{}'", k));
+  json_style style;
+  style.ensure_ascii = truthy(arg(a, 0, "ensure_ascii", false));
+  const value indent = arg(a, 1, "indent", none_t{});
+  if (indent.is_int() || indent.is_bool())
+    style.indent = std::string(std::size_t(std::max<int64_t>(indent.integer(), 0)), ' ');
+  else if (indent.is_string())
+    style.indent = indent.str();
+  else if (!indent.is_none() && !indent.is_undefined())
+    raise(fmt::format("tojson: indent must be an integer or a string, not {}", type_name(indent)));
+  style.item_sep = style.indent ? "," : ", ";
+  style.key_sep = ": ";
+  const value separators = arg(a, 2, "separators", none_t{});
+  if (!separators.is_none() && !separators.is_undefined()) {
+    if (!separators.is_list() || separators.list().size() != 2 || !separators.list()[0].is_string() ||
+        !separators.list()[1].is_string())
+      raise("tojson: separators must be a pair of strings (item separator, key separator)");
+    style.item_sep = separators.list()[0].str();
+    style.key_sep = separators.list()[1].str();
+  }
+  style.sort_keys = truthy(arg(a, 3, "sort_keys", false));
+  std::string out;
+  dump_json(out, x, style, 0);
+  return out;
+}
+
 value apply_filter(const std::string& name, const value& x, call_args& a, scope& s, render_state& st) {
   if (name == "length" || name == "count")
     return length(x);
-  if (name == "tojson") {
-    std::string out;
-    auto indent = arg(a, 0, "indent", none_t{});
-    dump_json(out, x, indent.is_none() ? -1 : int(indent.integer()), truthy(arg(a, 99, "sort_keys", false)), 0);
-    return out;
-  }
+  if (name == "tojson")
+    return tojson(x, a);
   if (name == "safe")
     return x;
   if (name == "string")

@@ -1,7 +1,9 @@
 // A Jinja subset for chat templates (tokenizer_config.json's `chat_template`), rendering what
 // Python's jinja2 renders in the environment Hugging Face's apply_chat_template sets up:
 // trim_blocks and lstrip_blocks on, loop controls (break / continue), no autoescaping, the
-// default Undefined, and HF's `tojson` (json.dumps with ensure_ascii=False).
+// default Undefined, and HF's `tojson` (json.dumps with ensure_ascii=False). The published
+// templates of tests/data/chat_templates/ (Qwen3, GLM-4.6, DeepSeek-V3.1, DeepSeek-R1) render
+// byte-identically to jinja2 (tests/python/test_chat_template_parity.py).
 //
 //   auto t = rlserve::model::jinja::template_program::parse(source);
 //   if (!t) ...t.error()...                      // "line 3: expected 'endfor', got 'endif'"
@@ -23,7 +25,8 @@
 // - Filters: abs, capitalize, count, d / default, dictsort, first, float, indent, int, items,
 //   join, last, length, list, lower, map (attribute= or a filter name), reject, rejectattr,
 //   replace, reverse, round, safe, select, selectattr, sort, string, title, tojson, trim, unique,
-//   upper, wordcount.
+//   upper, wordcount. tojson takes HF's arguments: ensure_ascii, indent (spaces or a string),
+//   separators, sort_keys, by position in that order or by name.
 // - Tests: boolean, callable, defined, divisibleby, eq / equalto / ==, even, false, float, ge,
 //   gt, in, integer, iterable, le, lower, lt, mapping, ne, none, number, odd, sameas, sequence,
 //   string, true, undefined, upper.

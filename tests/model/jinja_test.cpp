@@ -74,6 +74,11 @@ BOOST_AUTO_TEST_CASE(strings_methods_and_filters) {
   BOOST_TEST(render("{{ d|tojson }} {{ 'é\"'|tojson }}", {{"d", {{"b", {1, 2.5}}, {"a", nullptr}}}}) ==
              "{\"b\": [1, 2.5], \"a\": null} \"é\\\"\"");
   BOOST_TEST(render("{{ d|tojson(indent=2) }}", {{"d", {{"a", {1}}}}}) == "{\n  \"a\": [\n    1\n  ]\n}");
+  // HF's tojson arguments: ensure_ascii first (UTF-16 escapes, surrogate pairs), then indent,
+  // separators, sort_keys.
+  BOOST_TEST(render("{{ 'é😀'|tojson(true) }} {{ d|tojson(separators=(',', ':'), sort_keys=true) }}",
+                    {{"d", {{"b", 1}, {"a", {1, 2}}}}}) == "\"\\u00e9\\ud83d\\ude00\" {\"a\":[1,2],\"b\":1}");
+  BOOST_TEST(render("{{ d|tojson(indent='\\t') }}", {{"d", {{"a", 1}}}}) == "{\n\t\"a\": 1\n}");
   BOOST_TEST(render("{{ -3|abs }} {{ x|default('d') }} {{ ''|default('e', true) }}") == "3 d e");
 }
 
@@ -92,6 +97,7 @@ BOOST_AUTO_TEST_CASE(errors_name_the_line_and_the_cause) {
   BOOST_TEST(render_error("{{ m.content.strip() }}", {{"m", ojson::object()}}).find("'content' is undefined") !=
              std::string::npos);
   BOOST_TEST(render_error("{{ x|nosuchfilter }}").find("unknown filter 'nosuchfilter'") != std::string::npos);
+  BOOST_TEST(render_error("{{ x|tojson(indnet=2) }}").find("unexpected keyword argument 'indnet'") != std::string::npos);
   BOOST_TEST(render_error("{{ 'a' + 1 }}").find("unsupported operand types for '+': string and int") !=
              std::string::npos);
 }

@@ -150,6 +150,11 @@ SNIPPETS = [
     ("{%- for message in messages %}{{ message.content is string }}{% endfor %}",
      {"messages": [{"role": "user"}, {"role": "user", "content": None}, {"content": [{"type": "text", "text": "x"}]}]}),
     ("{{ true }}{{ True }}{{ none }}{{ False }}", {}),
+    # tojson's arguments are HF's: ensure_ascii, indent, separators, sort_keys (positional too).
+    ("{{ d | tojson(ensure_ascii=True) }}|{{ d | tojson(separators=(',', ':')) }}|{{ d | tojson(indent='\\t', sort_keys=true) }}|"
+     "{{ d | tojson(true, 1) }}|{{ d | tojson(indent=0) }}|{{ d | tojson(indent=2, separators=(', ', ' = ')) }}|{{ d | tojson(2) }}",
+     {"d": {"z": "é😀\u007f\u0001\u2028", "a": [1, {"b": None, "c": 1.5, "f": 1e-7}], "é": True}}),
+    ("{{ d | tojson(bogus=1) }}", {"d": {}}),
     ("{{ bos_token }}{% for m in messages %}{{ m['role'] | upper }}: {{ m['content'] | trim }}\n{% endfor %}", {}),
 ]
 

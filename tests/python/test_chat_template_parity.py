@@ -170,6 +170,14 @@ TEMPLATES = {
         "tokens": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
         "kwargs": [{}, {"thinking": True}, {"thinking": False}, {"enable_thinking": True}],
     },
+    "qwen3-coder.jinja": {
+        "tokens": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+        "kwargs": [{}],
+    },
+    "kimi-k2-thinking.jinja": {  # reads no special token
+        "tokens": {},
+        "kwargs": [{}],
+    },
     "deepseek-r1-distill.jinja": {
         "tokens": {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"},
         "kwargs": [{}],
@@ -199,9 +207,38 @@ def model_dir(tmp, template_name, spec):
     return path, source
 
 
+def bad_templates(tmp):
+    """A template's own failure comes back as an error that says what failed, never a crash:
+    raise_exception's message and an unknown filter per request, a template that does not
+    parse as the command's failure naming the line."""
+    cases = {
+        "raises": ("{% if messages[0].role != 'user' %}{{ raise_exception('Conversation roles must start with user') }}"
+                   "{% endif %}ok", "Conversation roles must start with user"),
+        "unknown filter": ("{{ messages | nosuchfilter }}", "unknown filter 'nosuchfilter'"),
+    }
+    for name, (source, message) in cases.items():
+        path = os.path.join(tmp, name.replace(" ", "_"))
+        os.makedirs(path)
+        with open(os.path.join(path, "chat_template.jinja"), "w") as f:
+            f.write(source)
+        lines = os.path.join(path, "requests.jsonl")
+        with open(lines, "w") as f:
+            f.write(json.dumps({"messages": [SYSTEM, USER]}) + "\n")
+        got = t.run_json_lines("chat-template", "--model", path, "--requests", lines)
+        t.check(len(got) == 1 and message in got[0].get("error", ""), f"{name}: expected an error naming {message!r}, got {got}")
+    path = os.path.join(tmp, "unparsable")
+    os.makedirs(path)
+    with open(os.path.join(path, "chat_template.jinja"), "w") as f:
+        f.write("{% for m in messages %}\n{{ m.content }}\n{% endif %}")
+    proc = t.run("chat-template", "--model", path, "--messages", json.dumps([USER]), check=False)
+    t.check(proc.returncode == 1 and "line 3" in proc.stderr and "endfor" in proc.stderr,
+            f"an unparsable template: expected exit 1 naming line 3, got {proc.returncode}: {proc.stderr!r}")
+
+
 def main():
     total_rendered = 0
     with t.temp_dir() as tmp:
+        bad_templates(tmp)
         for template_name, spec in TEMPLATES.items():
             path, source = model_dir(tmp, template_name, spec)
             requests = requests_for(spec)

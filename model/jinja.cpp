@@ -5,10 +5,12 @@
 // evaluation nests as deep as its expressions, and every step can fail on a value of the wrong
 // type, so unwinding is what keeps each step one line. Nothing else in rlserve sees them.
 #include "model/jinja.hpp"
+#include "model/python_text.hpp"
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <ctime>
 #include <functional>
 #include <limits>
@@ -222,19 +224,24 @@ std::string python_repr(const value& x) {
     const auto& s = x.str();
     char quote = (s.find('\'') != std::string::npos && s.find('"') == std::string::npos) ? '"' : '\'';
     std::string out(1, quote);
-    for (unsigned char c : s) {
-      if (c == '\\' || c == static_cast<unsigned char>(quote))
-        out += '\\', out += char(c);
-      else if (c == '\n')
-        out += "\\n";
-      else if (c == '\r')
-        out += "\\r";
-      else if (c == '\t')
-        out += "\\t";
-      else if (c < 0x20 || c == 0x7f)
-        out += fmt::format("\\x{:02x}", c);
-      else
-        out += char(c);
+    for (std::size_t i = 0; i < s.size();) {
+      unsigned char c = static_cast<unsigned char>(s[i]);
+      if (c == '\\' || c == static_cast<unsigned char>(quote)) {
+        out += '\\', out += char(c), ++i;
+      } else if (c == '\n' || c == '\r' || c == '\t') {
+        out += c == '\n' ? "\\n" : c == '\r' ? "\\r" : "\\t", ++i;
+      } else {
+        // One UTF-8 sequence: copied when Python counts it printable, else escaped as repr does.
+        std::size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+        char32_t cp = n == 1 ? c : char32_t(c & (0x7F >> n));
+        for (std::size_t k = 1; k < n && i + k < s.size(); ++k)
+          cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+        if (python_printable(cp))
+          out.append(s, i, n);
+        else
+          append_python_escape(out, cp);
+        i += n;
+      }
     }
     return out + quote;
   }
@@ -1864,9 +1871,27 @@ value apply_filter(const std::string& name, const value& x, call_args& a, scope&
     return std::fabs(x.number());
   }
   if (name == "round") {
+    // jinja2: round(x, precision) for 'common' (an int stays an int), else floor/ceil of
+    // x * 10**precision, divided back, as a float.
     int64_t precision = arg(a, 0, "precision", int64_t(0)).integer();
+    std::string method = to_str(arg(a, 1, "method", std::string("common")));
+    if (method != "common" && method != "floor" && method != "ceil")
+      raise("round: method must be common, ceil or floor");
     double scale = std::pow(10.0, double(precision));
-    return std::nearbyint(x.number() * scale) / scale;
+    if (method != "common")
+      return (method == "floor" ? std::floor(x.number() * scale) : std::ceil(x.number() * scale)) / scale;
+    if (precision < 0) { // to tens, hundreds...: half to even, an int stays an int
+      double r = std::nearbyint(x.number() * scale) / scale;
+      return x.is_float() ? value(r) : value(int64_t(r));
+    }
+    if (!x.is_float())
+      return x.integer();
+    // Python rounds the exact binary value half to even at `precision` digits, as glibc's
+    // printf does; the decimal is then read back to the nearest double.
+    int digits = int(std::min<int64_t>(precision, 400)); // past ~340 digits a double is exact
+    std::string text(std::size_t(std::snprintf(nullptr, 0, "%.*f", digits, x.number())) + 1, '\0');
+    std::snprintf(text.data(), text.size(), "%.*f", digits, x.number());
+    return std::strtod(text.c_str(), nullptr);
   }
   if (name == "wordcount")
     return int64_t(split(to_str(x), none_t{}, -1, false).size());

@@ -155,6 +155,11 @@ SNIPPETS = [
      "{{ d | tojson(true, 1) }}|{{ d | tojson(indent=0) }}|{{ d | tojson(indent=2, separators=(', ', ' = ')) }}|{{ d | tojson(2) }}",
      {"d": {"z": "é😀\u007f\u0001\u2028", "a": [1, {"b": None, "c": 1.5, "f": 1e-7}], "é": True}}),
     ("{{ d | tojson(bogus=1) }}", {"d": {}}),
+    # repr escapes what str.isprintable rejects (controls, format characters, separators).
+    ("{{ d }}|{{ d | string }}|{{ [d.b] }}", {"d": {"b": "é\u00a0\u2028\u200b\u00ad\x7f\x85😀", "c": [1, 2.0]}}),
+    # round: half to even on the exact binary value; an int stays an int; floor and ceil.
+    ("{{ 2.675 | round(2) }} {{ 2.5 | round }} {{ 3.5 | round }} {{ -0.5 | round }} {{ 1 | round }} {{ 1250 | round(-2) }} "
+     "{{ 3.14159 | round(2, 'floor') }} {{ 3.1 | round(0, 'ceil') }} {{ 0.125 | round(2) }} {{ 1e-70 | round(80) }}", {}),
     ("{{ bos_token }}{% for m in messages %}{{ m['role'] | upper }}: {{ m['content'] | trim }}\n{% endfor %}", {}),
 ]
 

@@ -95,7 +95,9 @@ TOOLS = [
 ]
 
 WEATHER_ARGS = {"city": "Zürich", "days": 2, "units": "metric", "threshold": 0.5}
-SCHEDULE_ARGS = {"events": [{"title": "Lunch 🍜", "when": {"start": "2025-01-02T12:00", "hours": [12, 13]},
+# Qwen3-Coder prints a non-string argument with Python's str(): the no-break space and the
+# line separator must come out escaped, as repr escapes them.
+SCHEDULE_ARGS = {"events": [{"title": "Lunch\u00a0🍜 at noon\u2028sharp", "when": {"start": "2025-01-02T12:00", "hours": [12, 13]},
                              "tags": ["food"]}], "dry_run": True, "note": None}
 
 

@@ -182,6 +182,11 @@ struct scheduler_state {
   bool step_scheduled = false;
   bool paused = false;
   pause_mode mode = pause_mode::abort;
+  // Paused in abort mode: the front door aborts and holds the requests, and batches of those
+  // already here run out (paused stays false); updates outside begin/end still wait for
+  // continue_generation, as in the other modes, so a bucket's weight_version is not published
+  // before the last bucket has landed.
+  bool updates_wait = false;
   // Control operations (weight ops, pause) run one at a time, only between batches.
   std::deque<std::function<void()>> control_queue;
   bool control_busy = false;
@@ -1222,7 +1227,7 @@ void forward_as_control(scheduler_pointer self, typename Op::input req,
             // Outside begin/end and while generation runs, a tensor update commits at once
             // (SGLang applies each call as it comes); while paused it waits for
             // continue_generation.
-            if (out.success && !self->state.paused) {
+            if (out.success && !self->state.paused && !self->state.updates_wait) {
               self->state.waits.template request<EndWeightUpdateReqOutput>(
                 self, self->state.updater, settle_atom_v,
                 [finish, out](EndWeightUpdateReqOutput& e) mutable {
@@ -1538,8 +1543,13 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
                             static_cast<int32_t>(targets.size())};
     },
     [self](PauseGenerationReqInput& req) -> caf::result<PauseGenerationReqOutput> {
+      if (req.mode == pause_mode::abort) { // the front door's; see updates_wait
+        self->state.updates_wait = true;
+        return PauseGenerationReqOutput{true, "updates wait for continue_generation"};
+      }
       auto rp = self->make_response_promise<PauseGenerationReqOutput>();
       self->state.paused = true; // no new batch from now on
+      self->state.updates_wait = true;
       self->state.mode = req.mode;
       auto mode = req.mode;
       enqueue_control(self, [self, rp, mode]() mutable {
@@ -1561,6 +1571,7 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self, scheduler_optio
         auto resume = [self, rp](bool ok, std::string settled) mutable {
           refresh_version(self, [self, rp, ok, settled]() mutable {
             self->state.paused = false;
+            self->state.updates_wait = false;
             schedule_step(self);
             rp.deliver(ContinueGenerationReqOutput{
               ok, settled.empty() ? "generation continues" : settled + "; generation continues"});

@@ -700,6 +700,8 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
         auto rp = self->make_response_promise<PauseGenerationReqOutput>();
         st.pause_abort_waiters.push_back(rp);
         caf::anon_send(st.scheduler, AbortReq{"", true, "aborted: generation paused (mode abort)"});
+        // The scheduler keeps running out what it holds, but holds updates for the continue.
+        caf::anon_send(st.scheduler, req);
         check_pause_abort(self);
         pump(self); // a writer waiting for the running requests may go now
         return rp;

@@ -116,7 +116,9 @@ session_plan update_session::end(bool abort, std::optional<std::string> version,
   if (abort) {
     p.steps = {session_step::discard};
     p.message = "session aborted: " + std::to_string(staged_) +
-                " staged tensors dropped, the weights are unchanged (version " + version_ + ")";
+                " staged tensors dropped" +
+                (label_ ? ", and the version named for them (" + *label_ + ")" : std::string()) +
+                "; the weights are unchanged (version " + version_ + ")";
     close();
     return p;
   }
@@ -205,6 +207,19 @@ std::optional<std::string> update_session::update_refusal(runner_selector sel, r
 session_verdict update_session::relabel(const std::string& new_version) {
   if (new_version.empty())
     return {true, false, "new_version must not be empty", false};
+  if (open()) {
+    // Publishing the name now would stamp it on outputs of the old weights, and the commit
+    // would then move it again (miles' staleness accounting reads both as other policies).
+    auto replaced = label_ && *label_ != new_version ? " (replacing " + *label_ + ")" : "";
+    label_ = new_version;
+    return {true, true,
+            "weight version " + new_version + replaced +
+              " is published when the staged update commits" +
+              (kind_ == kind::implicit ? std::string(" (") + implicit_commit_points + ")"
+                                       : std::string()) +
+              "; outputs report " + version_ + " until then",
+            false};
+  }
   auto before = version_;
   version_ = new_version;
   return {true, true, "weight version " + before + " -> " + new_version, false};
@@ -279,16 +294,19 @@ session_verdict update_session::committed(session_op, const std::optional<std::s
   if (error)
     return {true, false, *error, false};
   auto before = version_;
+  // A named version is published as named; only an unnamed change of weights counts up.
   if (label)
     version_ = *label;
   else if (loaded)
     version_ = next_weight_version(version_);
-  if (loaded || label)
+  if (loaded) // the commit count is the prefix cache's epoch: only new weights move it
     ++commits_;
   return {true, true,
-          loaded ? "committed " + std::to_string(staged) + " tensors; weight version " + before +
-                     " -> " + version_
-                 : "session closed with nothing staged; weights unchanged (version " + version_ + ")",
+          loaded  ? "committed " + std::to_string(staged) + " tensors; weight version " + before +
+                      " -> " + version_
+          : label ? "session closed with nothing staged; weights unchanged, weight version " +
+                      before + " -> " + version_
+                  : "session closed with nothing staged; weights unchanged (version " + version_ + ")",
           false};
 }
 

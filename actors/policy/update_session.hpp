@@ -92,7 +92,12 @@ public:
   // Why update(sel, who) would be refused now, or nothing; changes nothing. An NCCL update asks
   // before it receives, so that a refused one still takes (and drops) the trainer's broadcast.
   std::optional<std::string> update_refusal(runner_selector sel, requester_id who) const;
-  // update_weight_version: relabels the serving weights.
+  // update_weight_version. With no session open it relabels the serving weights at once, as
+  // SGLang does (nothing is staged, so the label is all that changes). While a session is open
+  // the weights the trainer is naming are the staged ones, which do not serve yet: the name
+  // becomes the version the commit publishes, the serving version stays until then, and an
+  // abort or a failed commit drops it. Whichever name comes last before the commit wins: this
+  // one, a later update's weight_version, or end_weight_update's.
   session_verdict relabel(const std::string& new_version);
 
   // ---- outcomes of steps ----
@@ -109,6 +114,8 @@ public:
   requester_id owner() const { return owner_; }
   std::size_t staged_tensors() const { return staged_; }
   const std::string& version() const { return version_; }
+  // The version the open session's commit will publish when a request named one.
+  const std::optional<std::string>& pending_version() const { return label_; }
   uint64_t commits() const { return commits_; }
 
 private:

@@ -5,10 +5,13 @@
 // An event is a line of words: a request ("begin 1" = begin_weight_update from connection 1,
 // "update 0", "end 2", "abort 1", "settle", "disk", "pp restore" / "pp quant" / "pp both",
 // "relabel v9", "distributed 2") or a step's outcome ("prepared", "prepared fail", "staged 3",
-// "staged fail" (intact), "staged broken" (some runner staged part), "committed",
-// "committed fail"). What it must give: a plan ("refused", "nothing", or its steps
-// "prepare stage commit discard"), or a verdict ("ok", "fail", "go on"; "+discard" when the
-// session's runners must drop what they staged). `text`: a part of the answer's message.
+// "staged 3 v9" (the update named weight_version v9), "staged fail" (intact), "staged broken"
+// (some runner staged part), "committed", "committed fail"), or a look at the state
+// ("serving 7": the version outputs report now; "pending v9" / "pending none": what the commit
+// will publish). What it must give: a plan ("refused", "nothing", or its steps
+// "prepare stage commit discard"), a verdict ("ok", "fail", "go on"; "+discard" when the
+// session's runners must drop what they staged), or "yes" for a look that holds. `text`: a part
+// of the answer's message.
 #include <boost/test/unit_test.hpp>
 
 #include <sstream>
@@ -136,11 +139,19 @@ void run(const scenario& sc) {
         o.intact = w[1] == "fail";
       } else {
         o.tensors = std::stoull(w[1]);
+        if (w.size() > 2)
+          o.version = w[2];
       }
       verdict(s.staged(stage_op, o));
     } else if (w[0] == "committed") {
       verdict(s.committed(commit_op, w.size() > 1 ? std::optional<std::string>{"target runner failed to commit"}
                                             : std::nullopt));
+    } else if (w[0] == "serving") {
+      got = s.version() == w[1] ? "yes" : "no";
+      message = "serving " + s.version();
+    } else if (w[0] == "pending") {
+      got = s.pending_version().value_or("none") == w[1] ? "yes" : "no";
+      message = "pending " + s.pending_version().value_or("none");
     } else {
       BOOST_FAIL("unknown event " + e.what);
     }
@@ -285,6 +296,85 @@ const std::vector<scenario> scenarios = {
   {"relabel changes the serving label and refuses an empty one",
    {{"relabel v2", "ok", "7 -> v2"}, {"relabel", "fail", "must not be empty"}},
    "closed", "v2"},
+  // The orders in which a trainer names the new weights' version. The named version is what
+  // the commit publishes, never counted up; the old one serves until the commit.
+  {"order 1: the update names it; published at the commit, as named",
+   {{"update 0", "prepare stage"}, {"prepared", "go on"}, {"staged 3 v9", "ok"},
+    {"serving 7", "yes"}, {"pending v9", "yes"}, {"settle", "commit"},
+    {"committed", "ok", "weight version 7 -> v9"}},
+   "closed", "v9"},
+  {"order 2, implicit: update_weight_version after the last bucket waits for the commit",
+   {{"update 0", "prepare stage"}, {"prepared", "go on"}, {"staged 3", "ok"},
+    {"update 0", "stage"}, {"staged 2", "ok"},
+    {"relabel v9", "ok", "published when the staged update commits (continue_generation"},
+    {"serving 7", "yes"}, {"pending v9", "yes"}, {"settle", "commit"}, {"serving 7", "yes"},
+    {"committed", "ok", "committed 5 tensors; weight version 7 -> v9"}},
+   "closed", "v9"},
+  {"order 2, begun (miles): update_weight_version before end_weight_update",
+   {{"begin 1", "prepare"}, {"prepared", "ok"}, {"update 1", "stage"}, {"staged 3", "ok"},
+    {"relabel v9", "ok", "outputs report 7 until then"}, {"serving 7", "yes"},
+    {"end 1", "commit"}, {"serving 7", "yes"},
+    {"committed", "ok", "weight version 7 -> v9"}},
+   "closed", "v9"},
+  {"order 2, begun: named while the begin is still preparing",
+   {{"begin 0", "prepare"}, {"relabel v9", "ok", "published when"}, {"prepared", "ok"},
+    {"update 0", "stage"}, {"staged 3", "ok"}, {"end 0", "commit"}, {"committed", "ok", "7 -> v9"}},
+   "closed", "v9"},
+  {"order 3: named after an update committed while generation runs (that commit counted up)",
+   {{"update 0", "prepare stage"}, {"prepared", "go on"}, {"staged 3", "ok"},
+    {"settle", "commit"}, {"committed", "ok", "7 -> 8"}, {"serving 8", "yes"},
+    {"relabel v9", "ok", "weight version 8 -> v9"}},
+   "closed", "v9"},
+  {"order 4: end_weight_update names it",
+   {{"begin 1", "prepare"}, {"prepared", "ok"}, {"update 1", "stage"}, {"staged 3", "ok"},
+    {"end-as v9 1", "commit"}, {"serving 7", "yes"}, {"committed", "ok", "7 -> v9"}},
+   "closed", "v9"},
+  {"named twice before the commit: the last name wins (relabel after relabel)",
+   {{"begin 0", "prepare"}, {"prepared", "ok"}, {"update 0", "stage"}, {"staged 3", "ok"},
+    {"relabel v9", "ok"}, {"relabel v10", "ok", "v10 (replacing v9)"}, {"pending v10", "yes"},
+    {"end 0", "commit"}, {"committed", "ok", "7 -> v10"}},
+   "closed", "v10"},
+  {"named twice: end_weight_update's version comes last and wins",
+   {{"begin 0", "prepare"}, {"prepared", "ok"}, {"update 0", "stage"}, {"staged 3 v8", "ok"},
+    {"relabel v9", "ok", "replacing v8"}, {"end-as v11 0", "commit"},
+    {"committed", "ok", "7 -> v11"}},
+   "closed", "v11"},
+  {"named twice: a later bucket's weight_version wins over update_weight_version",
+   {{"update 0", "prepare stage"}, {"prepared", "go on"}, {"staged 3", "ok"},
+    {"relabel v9", "ok"}, {"update 0", "stage"}, {"staged 2 v12", "ok"}, {"pending v12", "yes"},
+    {"settle", "commit"}, {"committed", "ok", "7 -> v12"}},
+   "closed", "v12"},
+  {"named with no session open and nothing staged: applies at once, as SGLang",
+   {{"pending none", "yes"}, {"relabel v9", "ok", "7 -> v9"}, {"serving v9", "yes"},
+    {"settle", "nothing"}},
+   "closed", "v9"},
+  {"named in a begun session that stages nothing: published at its end, weights unchanged",
+   {{"begin 0", "prepare"}, {"prepared", "ok"}, {"relabel v9", "ok"}, {"serving 7", "yes"},
+    {"end 0", "commit"}, {"committed", "ok", "weights unchanged, weight version 7 -> v9"}},
+   "closed", "v9"},
+  {"a begun session aborted after a version was named drops it",
+   {{"begin 1", "prepare"}, {"prepared", "ok"}, {"update 1", "stage"}, {"staged 3", "ok"},
+    {"relabel v9", "ok"}, {"abort 1", "discard", "the version named for them (v9)"},
+    {"pending none", "yes"}, {"serving 7", "yes"}, {"end 1", "refused"}},
+   "closed", "7"},
+  {"an implicit session aborted after a version was named drops it",
+   {{"update 0", "prepare stage"}, {"prepared", "go on"}, {"staged 3", "ok"},
+    {"relabel v9", "ok"}, {"abort 0", "discard", "unchanged (version 7)"}, {"settle", "nothing"}},
+   "closed", "7"},
+  {"a failed commit drops the named version",
+   {{"update 0", "prepare stage"}, {"prepared", "go on"}, {"staged 3", "ok"},
+    {"relabel v9", "ok"}, {"settle", "commit"}, {"committed fail", "fail"}, {"pending none", "yes"}},
+   "closed", "7"},
+  {"a session that broke while staging drops the named version; a later name applies at once",
+   {{"begin 0", "prepare"}, {"prepared", "ok"}, {"update 0", "stage"}, {"staged 3 v9", "ok"},
+    {"update 0", "stage"}, {"staged broken", "fail +discard"}, {"serving 7", "yes"},
+    {"relabel v10", "ok", "7 -> v10"}},
+   "closed", "v10"},
+  {"an empty name is refused inside a session and changes nothing",
+   {{"begin 0", "prepare"}, {"prepared", "ok"}, {"relabel v9", "ok"},
+    {"relabel", "fail", "must not be empty"}, {"pending v9", "yes"}, {"end 0", "commit"},
+    {"committed", "ok"}},
+   "closed", "v9"},
 };
 
 } // namespace
@@ -319,6 +409,14 @@ BOOST_AUTO_TEST_CASE(commits_count_only_changes) {
   BOOST_TEST(v.success);
   BOOST_TEST(s.commits() == 1u);
   BOOST_TEST(s.version() == "v5"); // the update named the version
+  // A name with no new weights is no change of weights: the prefix cache's epoch stays.
+  (void)s.begin(runner_selector::all, 0);
+  (void)s.prepared(session_op::begin, std::nullopt, 1);
+  (void)s.relabel("v6");
+  (void)s.end(false, std::nullopt, 0);
+  (void)s.committed(session_op::end, std::nullopt);
+  BOOST_TEST(s.version() == "v6");
+  BOOST_TEST(s.commits() == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(a_draft_only_session_refuses_target_updates) {

@@ -242,9 +242,36 @@ def main():
             gpu_ranks = {role["rank"] for role in ranks[0]["parallelism_info"]}
             t.check(gpu_ranks == {0}, ranks[0]["parallelism_info"])
             t.check(ranks[0]["checksums"] == r.checkpoint_checksums(model_b), "the update did not land")
+
+            # A second step naming its version the other way miles does: update_weight_version
+            # after the last bucket, before end_weight_update, around an in-place pause. The
+            # name is published with the weights, exactly: the old one until end_weight_update.
+            replies.clear()
+            held = threading.Thread(target=generate_in_background, args=("held", 400))
+            held.start()
+            engine.post("/pause_generation", {"mode": "in_place"}).raise_for_status("pause_generation")
+            admin(engine, "begin_weight_update", {"selector": "all"})
+            for bucket in r.inline_buckets(model_a):
+                admin(engine, "update_weights_from_tensor",
+                      {"named_tensors": bucket, "flush_cache": False, "selector": "all"})
+            named = admin(engine, "update_weight_version", {"new_version": "step-2", "abort_all_requests": False})
+            t.check("published when the staged update commits" in named["message"], named)
+            t.check(get_weight_version(engine) == "step-1", "the name was reported before its weights served")
+            ended = admin(engine, "end_weight_update", {})
+            t.check(ended["weight_version"] == "step-2", ended)
+            t.check(get_weight_version(engine) == "step-2", "weight version after end_weight_update")
+            engine.post("/continue_generation", {}).raise_for_status("continue_generation")
+            held.join(timeout=300)
+            meta = replies["held"].raise_for_status("generate").json()["meta_info"]
+            t.check(meta["weight_version"] in ("step-1", "step-2"), meta)  # never a counted-up "step-3"
+            output = engine.post("/generate", generate_payload(6)).raise_for_status("generate").json()
+            t.check(read_response(output, 6)["weight_version"] == "step-2", output["meta_info"])
+            body = admin(engine, "weights_checker", {"action": "checksum", "selector": "all"})
+            t.check(body["ranks"][0]["checksums"] == r.checkpoint_checksums(model_a), "the second update did not land")
         finally:
             r.stop(proc)
-    print("ok: miles' step (retract pause, begin/end session, checksum audit) against rlserve serve")
+    print("ok: miles' steps (retract pause, begin/end session, checksum audit; in-place pause, "
+          "update_weight_version before end_weight_update) against rlserve serve")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,112 @@ std::string peek_type(std::string_view text) {
   return type != j.end() && type->is_string() ? type->get<std::string>() : std::string();
 }
 
+namespace {
+
+// The SAX events of a frame, reduced to its top-level "id" and "type". Scanning stops at the
+// first lexer or parser error (nlohmann calls parse_error, and a number beyond double's range
+// is one of those in SAX mode), so only keys before the failure point are ever seen; values
+// after them cannot change what was read.
+class id_scanner {
+public:
+  using number_integer_t = json::number_integer_t;
+  using number_unsigned_t = json::number_unsigned_t;
+  using number_float_t = json::number_float_t;
+  using string_t = json::string_t;
+  using binary_t = json::binary_t;
+
+  bool null() { return value(nullptr); }
+  bool boolean(bool b) { return value(b); }
+  bool number_integer(number_integer_t x) { return value(x); }
+  bool number_unsigned(number_unsigned_t x) { return value(x); }
+  bool number_float(number_float_t x, const string_t&) { return value(x); }
+  bool string(string_t& s) { return value(s); }
+  bool binary(binary_t&) { return value(nullptr); }
+  bool start_object(std::size_t) { return open(true); }
+  bool start_array(std::size_t) { return open(false); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(string_t& k) {
+    slot_ = depth_ != 1 ? slot::none : k == "id" ? slot::id : k == "type" ? slot::type : slot::none;
+    return true;
+  }
+  template <class Exception>
+  bool parse_error(std::size_t, const std::string&, const Exception&) {
+    return false;
+  }
+
+  recovered_ids result() const {
+    recovered_ids out;
+    out.type = type_;
+    if (!top_object_)
+      out.why_no_id = "the text does not start as a JSON object, so it has no \"id\"";
+    else if (slot_ == slot::id)
+      out.why_no_id = "the text goes wrong in the value of its \"id\"";
+    else if (ids_ > 1)
+      out.why_no_id = "the object has more than one \"id\" key before that point";
+    else if (ids_ == 1 && id_.is_null())
+      out.why_no_id = "its \"id\" is not a string or an integer";
+    else if (ids_ == 0)
+      out.why_no_id = "no top-level \"id\" key comes before that point";
+    else
+      out.id = id_;
+    return out;
+  }
+
+private:
+  enum class slot : uint8_t { none, id, type };
+
+  bool open(bool object) {
+    if (depth_ == 0)
+      top_object_ = object;
+    if (slot_ == slot::id) { // an id that is an object or array
+      ++ids_;
+      id_ = nullptr;
+    }
+    slot_ = slot::none;
+    ++depth_;
+    return true;
+  }
+  bool close() {
+    --depth_;
+    return true;
+  }
+  template <class T>
+  bool value(T&& v) {
+    if (slot_ == slot::id) {
+      ++ids_;
+      json j(std::forward<T>(v));
+      id_ = j.is_string() || j.is_number_integer() ? std::move(j) : json(nullptr);
+    } else if (slot_ == slot::type) {
+      json j(std::forward<T>(v));
+      type_ = j.is_string() ? j.get<std::string>() : std::string();
+    }
+    slot_ = slot::none;
+    return true;
+  }
+
+  std::size_t depth_ = 0;
+  bool top_object_ = false;
+  slot slot_ = slot::none;
+  int ids_ = 0;
+  json id_;
+  std::string type_;
+};
+
+} // namespace
+
+recovered_ids recover_ids(std::string_view text) {
+  id_scanner scan;
+  try {
+    // Strict: the same grammar as the parse that failed. Nesting costs no memory here (the
+    // scanner keeps no values and nlohmann's SAX parser keeps one bit per level).
+    json::sax_parse(text.begin(), text.end(), &scan, json::input_format_t::json, true);
+  } catch (...) { // bad_alloc; every parse error comes to parse_error() instead
+    return recovered_ids{nullptr, "", "the frame could not be scanned"};
+  }
+  return scan.result();
+}
+
 std::string reply_text(const json& id, std::string_view type, bool ok, const json& body) {
   json j = json::object();
   j["id"] = id;
@@ -138,8 +244,12 @@ expected<binary_request> read_binary_frame(const shared_bytes& frame, json& id_o
                 std::to_string(f.size()) + " bytes");
   std::string_view header_text(reinterpret_cast<const char*>(f.data()) + 4, h);
   auto header = parse_json(header_text);
-  if (!header)
-    return fail("binary frame header: " + header.error());
+  if (!header) {
+    auto ids = recover_ids(header_text); // the error still answers the request when it can
+    id_out = ids.id;
+    return fail("binary frame header: " + header.error() +
+                (ids.id.is_null() ? "; this reply carries no id: " + ids.why_no_id : ""));
+  }
   binary_request out;
   auto env = read_envelope(*header, id_out);
   if (!env)

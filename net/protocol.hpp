@@ -73,6 +73,18 @@ std::size_t generate_bytes_limit(int64_t context_length);
 // when the frame is not an object with a string "type".
 std::string peek_type(std::string_view text);
 
+// What a tolerant scan of a frame that failed to parse could still read, so that its error
+// reply answers the request: the top-level "id" (and "type") read before the point where the
+// text stops being valid JSON. `id` is null when none could be taken, and `why_no_id` then says
+// why (no "id" before the failure point, an id that is not a string or integer, two top-level
+// "id" keys, not an object), for the error message. Nothing is built below the top level.
+struct recovered_ids {
+  json id;                // null, a string or an integer
+  std::string type;       // empty when not read
+  std::string why_no_id;  // empty when `id` was read
+};
+recovered_ids recover_ids(std::string_view text);
+
 std::string reply_text(const json& id, std::string_view type, bool ok, const json& body);
 std::string chunk_text(const json& id, std::string_view type, const json& body); // type + ".chunk"
 std::string error_text(const json& id, std::string_view type, error_code code,

@@ -331,13 +331,19 @@ void on_text(ws_actor* self, const shared_bytes& frame) {
   auto t0 = clock::now();
   const auto limit = self->state.st->max_generate_bytes;
   if (frame.size > limit && peek_type(frame.text()) == "generate")
-    return send_error(self, nullptr, "generate", error_code::too_large,
+    return send_error(self, recover_ids(frame.text()).id, "generate", error_code::too_large,
                       fmt::format("a generate request of {} bytes is larger than any this model "
                                   "can serve ({} bytes for its context length); it was not read",
                                   frame.size, limit));
   auto j = parse_request_json(frame.text(), self->state.st->max_input_ids);
-  if (!j)
-    return send_error(self, nullptr, "", error_code::bad_json, j.error());
+  if (!j) {
+    // The reply answers the request whenever its id was read before the text went wrong: a
+    // client waiting on that id would otherwise wait forever.
+    auto ids = recover_ids(frame.text());
+    return send_error(self, ids.id, ids.type, error_code::bad_json,
+                      ids.id.is_null() ? j.error() + "; this reply carries no id: " + ids.why_no_id
+                                       : j.error());
+  }
   json id;
   auto env = read_envelope(*j, id);
   if (!env)

@@ -504,6 +504,7 @@ BOOST_AUTO_TEST_CASE(generate_requests_are_bounded_by_the_context_length) {
   auto m = c->receive();
   BOOST_REQUIRE(m.has_value());
   BOOST_TEST(m->code == "too_large");
+  BOOST_TEST(m->id == json(1)); // the refusal answers the request
   // A large frame of another route is still read (and refused for what it is).
   std::string other = R"({"id": 2, "type": "pause_generation", "body": {"mode": )" + ids + "}}";
   BOOST_REQUIRE(c->send_raw(as_bytes(other), false));

@@ -58,6 +58,54 @@ BOOST_AUTO_TEST_CASE(envelopes) {
   BOOST_TEST(dump(json("\xe2\x82")).size() > 0u);
 }
 
+// A frame that is not valid JSON still has its id read when the id comes before the point
+// where the text goes wrong, and only then; every case is first checked to fail the full parse.
+BOOST_AUTO_TEST_CASE(the_id_of_a_broken_frame_is_recovered_when_read_before_the_failure) {
+  const std::string big_int = std::string(400, '7');
+  struct id_case {
+    std::string name, text;
+    json id;            // null: none may be taken
+    std::string why;    // a part of why_no_id when id is null
+  };
+  const std::vector<id_case> cases = {
+    {"1e400 after the id", R"({"id": 7, "type": "generate", "body": {"x": 1e400}})", 7, ""},
+    {"a 400-digit integer after the id", R"({"id": "r-1", "type": "generate", "body": {"x": )" + big_int + "}}",
+     "r-1", ""},
+    {"a bad escape after the id", R"({"id": 8, "type": "generate", "body": {"text": "a\xb"}})", 8, ""},
+    {"a lone surrogate after the id", R"({"id": "s", "type": "generate", "body": {"text": "\ud800"}})",
+     "s", ""},
+    {"truncated after the id", R"({"id": 9, "type": "generate", "body": {"text": "ab)", 9, ""},
+    {"invalid UTF-8 after the id", "{\"id\": 10, \"body\": {\"text\": \"\xff\xfe\"}}", 10, ""},
+    {"a negative integer id", R"({"id": -3, "body": {"x": 1e400}})", -3, ""},
+    {"the id after the broken part", R"({"type": "generate", "body": {"x": 1e400}, "id": 11})", nullptr,
+     "no top-level \"id\" key comes before"},
+    {"an id nested in the body only", R"({"body": {"id": 12, "x": 1e400}})", nullptr, "no top-level"},
+    {"two ids before the failure", R"({"id": 1, "id": 2, "body": {"x": 1e400}})", nullptr,
+     "more than one"},
+    {"a float id", R"({"id": 1.5, "body": {"x": 1e400}})", nullptr, "not a string or an integer"},
+    {"an object id", R"({"id": {"a": 1}, "body": {"x": 1e400}})", nullptr, "not a string or an integer"},
+    {"the id itself beyond double", R"({"id": 1e400})", nullptr, "in the value of its"},
+    {"the id string broken", R"({"id": "a\x", "type": "x"})", nullptr, "in the value of its"},
+    {"an array", R"([{"id": 1}, 1e400])", nullptr, "not start as a JSON object"},
+    {"empty text", "", nullptr, "not start as a JSON object"},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.name) {
+      BOOST_TEST(!parse_request_json(c.text, 1000).has_value());
+      auto r = recover_ids(c.text);
+      BOOST_TEST(r.id == c.id, r.id.dump());
+      if (c.id.is_null())
+        BOOST_TEST(r.why_no_id.find(c.why) != std::string::npos, r.why_no_id);
+      else
+        BOOST_TEST(r.why_no_id.empty());
+    }
+  }
+  BOOST_TEST(recover_ids(R"({"id": 1, "type": "generate", "body": {"x": 1e400}})").type == "generate");
+  BOOST_TEST(recover_ids(R"({"id": 1, "body": {"type": "t", "x": 1e400}})").type.empty());
+  // Deep nesting after the id costs the scan nothing and does not hide the id.
+  BOOST_TEST(recover_ids(R"({"id": 4, "body": )" + std::string(100000, '[')).id == json(4));
+}
+
 BOOST_AUTO_TEST_CASE(binary_frames_round_trip_and_alias_the_payload) {
   std::vector<NamedTensor> tensors = {f32_tensor("a", {1, 2, 3}), f32_tensor("b", {4, 5})};
   auto bytes = make_binary_frame(11, "update_weights_from_tensor", {{"weight_version", "v2"}}, tensors);

@@ -35,6 +35,12 @@ def _check(name: str, t) -> None:
                          f"{getattr(t, 'device', type(t).__name__)} (send it with update_weights)")
 
 
+def check_device_tensors(named: Named) -> None:
+    """ValueError naming the first tensor that is not a CUDA tensor (before anything is sent)."""
+    for name, t in _items(named):
+        _check(name, t)
+
+
 def share_bucket(named: Sequence[Tuple[str, Any]]):
     """(the flat allocation, the `device_tensors` entries) of one bucket: the tensors copied into
     one new uint8 allocation on their GPU, 256-byte aligned, each entry naming its view. Keep the
@@ -103,8 +109,7 @@ def push_device_tensors(send: Callable[[Dict[str, Any]], Any], named: Named,
     (weight_version, selector, flush_cache). Returns the replies; stops at the first refusal
     (RlserveError from `send`), whose bucket staged nothing."""
     items = _items(named)
-    for name, t in items:  # every tensor checked before the first bucket leaves
-        _check(name, t)
+    check_device_tensors(items)  # every tensor checked before the first bucket leaves
     replies = []
     for bucket in buckets(items, bucket_bytes):
         flat, entries = share_bucket(bucket)

@@ -35,7 +35,10 @@ class WebSocketClient:
     the engine aborts the session and the old weights keep serving."""
 
     def __init__(self, url: str, api_key: Optional[str] = None, open_timeout: float = 30.0,
-                 max_size: int = 1 << 30):
+                 max_size: int = 1 << 30, timeout: Optional[float] = None):
+        """`timeout`: seconds to wait for each reply (None: no limit). A reply that does not come
+        in time raises RlserveError; the connection is closed then, since a late reply would be
+        read as the answer to the next request."""
         try:
             from websockets.sync.client import connect
         except ImportError as e:  # pragma: no cover - depends on the environment
@@ -47,6 +50,7 @@ class WebSocketClient:
         except Exception as e:
             status = getattr(getattr(e, "response", None), "status_code", None)
             raise RlserveError(f"cannot open {url}: {e}", status=status) from None
+        self.url, self.timeout = url, timeout
         self._ids = itertools.count(1)
 
     def close(self):
@@ -60,9 +64,23 @@ class WebSocketClient:
 
     # ---- transport ---------------------------------------------------------------------------
 
+    def _send(self, message) -> None:
+        try:
+            self._ws.send(message)
+        except Exception as e:  # websockets.ConnectionClosed and socket errors
+            raise RlserveError(f"connection to {self.url} lost: {e}") from None
+
     def _wait(self, req_id, on_chunk: Optional[Callable[[Dict], None]]) -> Any:
         while True:
-            msg = json.loads(self._ws.recv())
+            try:
+                raw = self._ws.recv(timeout=self.timeout)
+            except TimeoutError:
+                self._ws.close()
+                raise RlserveError(f"no reply from {self.url} within {self.timeout:g} s "
+                                   "(the connection is closed)") from None
+            except Exception as e:  # websockets.ConnectionClosed and socket errors
+                raise RlserveError(f"connection to {self.url} lost: {e}") from None
+            msg = json.loads(raw)
             if msg.get("id") != req_id:
                 continue  # a late message about an earlier request
             if "error" in msg:
@@ -82,7 +100,7 @@ class WebSocketClient:
                 on_chunk: Optional[Callable[[Dict], None]] = None) -> Any:
         """One request; its reply body. RlserveError on an error message or ok = false."""
         req_id = next(self._ids)
-        self._ws.send(json.dumps({"id": req_id, "type": route, "body": dict(body or {})}))
+        self._send(json.dumps({"id": req_id, "type": route, "body": dict(body or {})}))
         return self._wait(req_id, on_chunk)
 
     # ---- routes ------------------------------------------------------------------------------
@@ -106,7 +124,7 @@ class WebSocketClient:
         if weight_version is not None:
             body["weight_version"] = weight_version
         req_id = next(self._ids)
-        self._ws.send(binary_frame(req_id, body, tensors))
+        self._send(binary_frame(req_id, body, tensors))
         return self._wait(req_id, None)
 
     def update_weights_from_device(self, tensors, weight_version: Optional[str] = None,

@@ -259,6 +259,7 @@ void start_info(http_actor* self, http_call call) {
         const char* name = kind == http_call::model_info       ? "model_info"
                            : kind == http_call::weight_version ? "get_weight_version"
                            : kind == http_call::loads          ? "v1/loads"
+                           : kind == http_call::load           ? "get_load"
                                                                : "get_server_info";
         s.st->stats.request_done("http", name, info.success ? request_result::ok : request_result::failed,
                                  seconds_since(s.info.t0));
@@ -270,6 +271,8 @@ void start_info(http_actor* self, http_call call) {
                                           dump(json{{"weight_version", info.weight_version}}), false});
           case http_call::loads:
             return reply(self, sglang_loads(info, loads, utc_timestamp()));
+          case http_call::load:
+            return reply(self, http_reply{200, "application/json", dump(sglang_legacy_load(info)), false});
           default:
             return reply(self, http_reply{info.success ? 200u : 400u, "application/json",
                                           dump(sglang_server_info(info, launch_of(*s.st))), false});
@@ -380,6 +383,7 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
         case http_call::model_info:
         case http_call::weight_version:
         case http_call::loads:
+        case http_call::load:
         case http_call::server_info: start_info(self, std::move(call)); break;
         case http_call::start_profile:
         case http_call::stop_profile: start_profile_call(self, call); break;

@@ -47,6 +47,7 @@ struct http_call {
     server_info,
     weight_version,
     loads,
+    load,               // GET /get_load (SGLang's older per-rank load list)
     start_profile,
     stop_profile,
     health,

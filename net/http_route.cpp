@@ -98,6 +98,7 @@ std::variant<http_routed, http_refusal> route_http_request(http::verb method,
     {"/get_model_info", http_call::model_info},
     {"/get_weight_version", http_call::weight_version},
     {"/v1/loads", http_call::loads},
+    {"/get_load", http_call::load},
   };
   if (path == "/v1/models" || path == "/v1/completions" || path == "/v1/chat/completions") {
     // OpenAI's routes (net/openai_call_actor.cpp), at the level of /generate.
@@ -327,6 +328,13 @@ expected<loads_query> parse_loads_query(const std::map<std::string, std::string>
     // Other parameters change nothing here, as FastAPI ignores parameters a route does not name.
   }
   return q;
+}
+
+json sglang_legacy_load(const GetServerInfoReqOutput& info) {
+  return json::array({{{"dp_rank", 0},
+                       {"num_reqs", info.running_requests + info.waiting_requests},
+                       {"num_waiting_reqs", info.waiting_requests},
+                       {"num_tokens", info.num_used_tokens}}});
 }
 
 http_reply sglang_loads(const GetServerInfoReqOutput& info, const loads_query& q,

@@ -58,7 +58,7 @@ struct http_routed {
 };
 
 // GET /health, /health_generate, /metrics, /model_info (and SGLang's older /get_model_info),
-// /get_weight_version, /v1/loads, /v1/models; GET or POST /start_profile, /stop_profile (admin);
+// /get_weight_version, /v1/loads, /get_load, /v1/models; GET or POST /start_profile, /stop_profile (admin);
 // POST /v1/completions and /v1/chat/completions (OpenAI's, net/openai_call_actor.hpp); POST
 // /<route> for every codec_registry route, GET too where get_allowed (/server_info is
 // get_server_info). `body` moves into the call; `body_is_json` is json_media_type of the
@@ -113,6 +113,11 @@ expected<loads_query> parse_loads_query(const std::map<std::string, std::string>
 // queues) is left out, as SGLang leaves out what it does not have. `timestamp` is ISO 8601.
 http_reply sglang_loads(const GetServerInfoReqOutput& info, const loads_query& q,
                         std::string_view timestamp);
+
+// GET /get_load, SGLang's older load report, which sglang-router 0.3 polls for its loads
+// (/get_loads, power_of_two): one element per data-parallel rank, {dp_rank, num_reqs (running +
+// waiting), num_waiting_reqs, num_tokens (KV tokens in use)}; the router sums num_tokens.
+nlohmann::json sglang_legacy_load(const GetServerInfoReqOutput& info);
 
 // /start_profile's body (SGLang's ProfileReqInput) with the query filling missing fields.
 // Checked by type, naming the field; activities other than CPU and GPU and a start_step other

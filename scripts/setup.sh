@@ -13,7 +13,11 @@ debian_packages=(
 # tokenizers is pinned: the tokenizer's Unicode tables (model/unicode_data.cpp) follow the Unicode
 # version of its regex engine (docs/formats.md, section 8), and the parity tests compare with it.
 tokenizers_version=0.23.3
-python_packages=(numpy safetensors "tokenizers==$tokenizers_version" xxhash websockets jinja2)
+# sglang-router is pinned: tests/python/test_router_fleet.py runs engines behind the Rust router
+# that slime and miles launch, and checks the worker routes that version calls.
+router_version=0.3.2
+python_packages=(numpy safetensors "tokenizers==$tokenizers_version" xxhash websockets jinja2
+                 "sglang-router==$router_version")
 
 missing=()
 for p in "${debian_packages[@]}"; do
@@ -29,7 +33,9 @@ fi
 
 python=${PYTHON:-python3}
 if ! "$python" -c "import numpy, safetensors, tokenizers, xxhash, websockets, jinja2
-assert tokenizers.__version__ == '$tokenizers_version'" 2>/dev/null; then
+import sglang_router.version
+assert tokenizers.__version__ == '$tokenizers_version'
+assert sglang_router.version.__version__ == '$router_version'" 2>/dev/null; then
   echo "setup: installing Python packages: ${python_packages[*]}"
   "$python" -m pip install -q "${python_packages[@]}"
 fi

@@ -110,13 +110,14 @@ BOOST_AUTO_TEST_CASE(body_and_query_make_the_decoded_object) {
 }
 
 BOOST_AUTO_TEST_CASE(sglang_reads_route_by_path_and_level) {
-  for (const char* path : {"/get_weight_version", "/v1/loads?include=core", "/get_model_info"}) {
+  for (const char* path : {"/get_weight_version", "/v1/loads?include=core", "/get_model_info", "/get_load"}) {
     auto r = routed(route_http_request(http::verb::get, path, ""));
     BOOST_TEST((r.level == route_auth::normal), path);
     BOOST_TEST(refusal_status(route_http_request(http::verb::post, path, "{}")) == 405u, path);
   }
   BOOST_TEST(routed(route_http_request(http::verb::get, "/get_weight_version", "")).call.kind ==
              http_call::weight_version);
+  BOOST_TEST(routed(route_http_request(http::verb::get, "/get_load", "")).call.kind == http_call::load);
   auto loads = routed(route_http_request(http::verb::get, "/v1/loads?include=core", ""));
   BOOST_TEST(loads.call.kind == http_call::loads);
   BOOST_TEST(loads.call.query.at("include") == "core");
@@ -194,6 +195,14 @@ BOOST_AUTO_TEST_CASE(loads_in_sglang_shape_and_bad_queries_named) {
   BOOST_TEST(load["token_usage"].get<double>() == 0.25);
   BOOST_TEST(j["aggregate"]["total_reqs"] == 5);
   BOOST_TEST(!load.contains("speculative")); // no draft
+
+  // sglang-router 0.3 polls /get_load and sums num_tokens over the list.
+  auto legacy = sglang_legacy_load(sample_info());
+  BOOST_REQUIRE(legacy.is_array() && legacy.size() == 1u);
+  BOOST_TEST(legacy[0]["dp_rank"] == 0);
+  BOOST_TEST(legacy[0]["num_reqs"] == 5);
+  BOOST_TEST(legacy[0]["num_waiting_reqs"] == 3);
+  BOOST_TEST(legacy[0]["num_tokens"] == sample_info().num_used_tokens);
 
   auto prom = sglang_loads(sample_info(), *parse_loads_query({{"format", "prometheus"}}), "t");
   BOOST_TEST(prom.content_type.starts_with("text/plain"));

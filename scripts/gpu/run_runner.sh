@@ -9,6 +9,9 @@
 #             "qwen3_gpu_gpu_test/graph_replay_equals_eager_bit_for_bit", picks cases instead:
 #             names joined by ':' may name cases of any of the three binaries)
 #     parity  tests/gpu/test_transformers_parity.py (engine cuda and cpu vs transformers)
+#     py      the Python tests PY_TESTS names (paths, space-separated; each under PY_TIMEOUT,
+#             default 600 s), e.g. "tests/gpu/test_trainer_replays_gpu.py
+#             tests/gpu/test_chat_template_transformers.py"; logs py_<name>.log
 #     bench   benchmarks/gpu/decode_bench (Qwen3-30B-A3B shape, INT4 and BF16 experts)
 #     moe     benchmarks/gpu/kernels_bench --only moe (fused MoE, both paths at decode sizes)
 #     gemv    benchmarks/gpu/kernels_bench --only gemv (BF16 GEMV vs cuBLAS at decode sizes)
@@ -119,6 +122,17 @@ for what in "$@"; do
       tail -40 "$OUT/parity.log"
       echo "parity: exit $st"
       [ $st -eq 0 ] || rc=1
+      ;;&
+    py)
+      for test in ${PY_TESTS:-}; do
+        name=$(basename "$test" .py)
+        echo "=== $name"
+        PYTHONUNBUFFERED=1 timeout "${PY_TIMEOUT:-600}" python3 "$test" > "$OUT/py_$name.log" 2>&1
+        st=$?
+        tail -12 "$OUT/py_$name.log"
+        echo "$name: exit $st"
+        [ $st -eq 0 ] || rc=1
+      done
       ;;&
     bench|all)
       echo "=== decode_bench"

@@ -130,6 +130,17 @@ BOOST_AUTO_TEST_CASE(traces_refuse_fifos_and_links_at_their_name) {
       }
     }
   };
+  // Planting 2001 names takes long on a loaded machine; a window that start could miss is planted
+  // again under a fresh prefix, so start always falls inside the window it is tested against.
+  auto plant_window = [&](planted kind, const std::string& base) {
+    for (int attempt = 0;; ++attempt) {
+      const std::string prefix = base + "t" + std::to_string(attempt);
+      const int64_t from = now_ms();
+      plant(kind, prefix, from);
+      if (now_ms() < from + 1000 || attempt == 9)
+        return prefix;
+    }
+  };
   const std::pair<planted, const char*> cases[] = {
     {planted::fifo, "a FIFO"},
     {planted::symlink, "a symbolic link"},
@@ -138,8 +149,7 @@ BOOST_AUTO_TEST_CASE(traces_refuse_fifos_and_links_at_their_name) {
   };
   int i = 0;
   for (auto [kind, words] : cases) {
-    const std::string prefix = "p" + std::to_string(i++);
-    plant(kind, prefix, now_ms());
+    const std::string prefix = plant_window(kind, "p" + std::to_string(i++));
     profiler p;
     auto started = p.start({dir, 1, prefix}); // within the 2 s planted: the test takes far less
     BOOST_REQUIRE(!started.has_value());
@@ -153,11 +163,17 @@ BOOST_AUTO_TEST_CASE(traces_refuse_fifos_and_links_at_their_name) {
   BOOST_TEST(text == "keep me"); // neither truncated nor written through a link
 
   // A regular file left at the name is simply replaced by the trace.
-  const auto from = now_ms();
-  for (int64_t ms = from; ms <= from + 2000; ++ms)
-    std::ofstream(dir / ("plain-" + std::to_string(ms) + ".trace.json")) << "old text";
+  std::string plain;
+  for (int attempt = 0;; ++attempt) {
+    plain = "plain" + std::to_string(attempt);
+    const auto from = now_ms();
+    for (int64_t ms = from; ms <= from + 2000; ++ms)
+      std::ofstream(dir / (plain + "-" + std::to_string(ms) + ".trace.json")) << "old text";
+    if (now_ms() < from + 1000 || attempt == 9)
+      break;
+  }
   profiler p;
-  BOOST_REQUIRE(p.start({dir, std::nullopt, "plain"}).has_value());
+  BOOST_REQUIRE(p.start({dir, std::nullopt, plain}).has_value());
   auto path = p.stop();
   BOOST_REQUIRE(path.has_value());
   BOOST_TEST(read_json(*path)["otherData"]["producer"] == "rlserve");

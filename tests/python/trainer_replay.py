@@ -73,8 +73,11 @@ def make_models(tmp):
 
 
 def start(tmp, model, *extra):
+    """`rlserve serve` on the CPU, or on the device RLSERVE_REPLAY_DEVICE names (the GPU machine
+    replays the same trainers' calls against a GPU runner: tests/gpu/test_trainer_replays_gpu.py)."""
     env = dict(os.environ, RLSERVE_CACHE_DIR=os.path.join(tmp, "cache"))
-    proc, port = t.start_server(env, "--model", model, "--device", "cpu", *extra)
+    device = os.environ.get("RLSERVE_REPLAY_DEVICE", "cpu")
+    proc, port = t.start_server(env, "--model", model, "--device", device, *extra)
     return proc, Engine(port)
 
 

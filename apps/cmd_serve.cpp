@@ -202,6 +202,12 @@ void add_serve(CLI::App& app) {
   cmd->add_option("--base-gpu-id", o->base_gpu_id, "The GPU to run on (as --device cuda:N)");
   cmd->add_option("--served-model-name", o->server.served_model_name,
                   "The model's name in OpenAI replies, /v1/models and /server_info (default: its path)");
+  cmd->add_option("--tool-call-parser", o->server.tool_call_parser,
+                  "Split tool calls out of chat replies (message.tool_calls), SGLang's names: "
+                  "qwen25 (or qwen), qwen3_coder, glm45 (or glm)");
+  cmd->add_option("--reasoning-parser", o->server.reasoning_parser,
+                  "Split <think> reasoning out of chat replies (message.reasoning_content), SGLang's "
+                  "names: qwen3, glm45, qwen3-thinking, deepseek-r1");
   cmd->add_flag("--trust-remote-code", o->trust_remote_code,
                 "Accepted for SGLang launch lines; rlserve runs no code from a checkpoint");
   cmd->add_flag("--enable-memory-saver", o->server.enable_memory_saver,

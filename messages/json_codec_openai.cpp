@@ -3,6 +3,8 @@
 // as SGLang's OpenAI server takes them.
 #include "messages/openai.hpp"
 
+#include <algorithm>
+
 #include "messages/json_codec.hpp"
 #include "messages/json_codec_detail.hpp"
 #include "messages/validate.hpp"
@@ -168,6 +170,88 @@ void read_messages(context& cx, nlohmann::ordered_json& messages) {
   }
 }
 
+// tools: a list of {"type": "function", "function": {"name", "description"?, "parameters"?,
+// "strict"?}}. Every fault names its field ("tools[1].function.name: ..."): a schema the parser
+// would misread must not reach it.
+void read_tools(context& cx, const nlohmann::ordered_json& tools, nlohmann::ordered_json& out) {
+  const path root;
+  const path p = root.key("tools");
+  if (tools.is_null())
+    return;
+  if (!tools.is_array()) {
+    cx.fail(p, "expected a list of tools [{\"type\": \"function\", \"function\": {\"name\": ...}}]");
+    return;
+  }
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < tools.size(); ++i) {
+    const auto& t = tools[i];
+    const path pt = p.index(i);
+    if (!t.is_object()) {
+      cx.fail(pt, "expected a tool object {\"type\": \"function\", \"function\": {...}}");
+      return;
+    }
+    for (auto it = t.begin(); it != t.end(); ++it)
+      if (it.key() != "type" && it.key() != "function") {
+        cx.fail(pt.key(it.key()), "unknown field of a tool (expected type and function)");
+        return;
+      }
+    if (!t.contains("type") || t["type"] != "function") {
+      cx.fail(pt.key("type"), t.contains("type") ? "expected \"function\" (the only tool type)"
+                                                 : "required field is missing (\"function\")");
+      return;
+    }
+    const path pf = pt.key("function");
+    if (!t.contains("function")) {
+      cx.fail(pf, "required field is missing");
+      return;
+    }
+    const auto& f = t["function"];
+    if (!f.is_object()) {
+      cx.fail(pf, "expected an object {\"name\": ..., \"parameters\": {...}}");
+      return;
+    }
+    for (auto it = f.begin(); it != f.end(); ++it) {
+      const auto& k = it.key();
+      const auto& v = it.value();
+      if (k == "name") {
+        if (!v.is_string() || v.get_ref<const std::string&>().empty()) {
+          cx.fail(pf.key("name"), "expected a non-empty string");
+          return;
+        }
+      } else if (k == "description") {
+        if (!v.is_string() && !v.is_null()) {
+          cx.fail(pf.key("description"), "expected a string");
+          return;
+        }
+      } else if (k == "parameters") {
+        if (!v.is_object() && !v.is_null()) {
+          cx.fail(pf.key("parameters"), "expected a JSON schema object");
+          return;
+        }
+      } else if (k == "strict") {
+        if (!v.is_boolean() && !v.is_null()) {
+          cx.fail(pf.key("strict"), "expected a boolean");
+          return;
+        }
+      } else {
+        cx.fail(pf.key(k), "unknown field of a function (expected name, description, parameters, strict)");
+        return;
+      }
+    }
+    if (!f.contains("name")) {
+      cx.fail(pf.key("name"), "required field is missing");
+      return;
+    }
+    auto name = f["name"].get<std::string>();
+    if (std::find(names.begin(), names.end(), name) != names.end()) {
+      cx.fail(pf.key("name"), "\"" + name + "\" is offered twice (a call names its function)");
+      return;
+    }
+    names.push_back(std::move(name));
+  }
+  out = tools;
+}
+
 } // namespace
 
 expected<OpenAICompletionRequest> parse_openai_completion_request(std::string_view body,
@@ -232,13 +316,23 @@ expected<OpenAIChatRequest> parse_openai_chat_request(std::string_view body, std
       if (!v->is_object())
         r.cx().expected_but_got(r.at("chat_template_kwargs"), "an object", *v);
     }
-    // A template renders tool definitions into the prompt, but the reply's text is not parsed
-    // back into tool_calls: a client asking for tools would get calls as plain text.
-    r.unsupported("tools", nullptr, "tool calling is not implemented; render tools into the messages yourself");
-    r.unsupported("functions", nullptr, "tool calling is not implemented");
-    for (auto key : {"tool_choice", "function_call"})
-      if (auto v = r.get(key); v && !(v->is_string() && (*v == "none" || *v == "auto")))
-        r.fail(key, "not supported by rlserve (tool calling is not implemented)");
+    r.ignore("tools"); // read below, in the sender's key order
+    // OpenAI's deprecated forms of tools.
+    r.unsupported("functions", nullptr, "send tools instead (OpenAI's deprecated form is not taken)");
+    r.unsupported("function_call", nullptr, "send tool_choice instead (OpenAI's deprecated form is not taken)");
+    if (auto v = r.get("tool_choice")) {
+      if (v->is_string() && (*v == "none" || *v == "auto"))
+        x.tool_choice_none = *v == "none";
+      else if (v->is_string() && *v == "required")
+        r.fail("tool_choice", "\"required\" is not supported: rlserve has no constrained decoding to force a "
+                              "call; send \"auto\" and check finish_reason == \"tool_calls\"");
+      else if (v->is_object())
+        r.fail("tool_choice", "a named function is not supported: rlserve has no constrained decoding to force a "
+                              "call; send \"auto\" (with only that tool) and check message.tool_calls");
+      else
+        r.cx().expected_but_got(r.at("tool_choice"), "\"auto\" or \"none\"", *v);
+    }
+    r.field("separate_reasoning", x.separate_reasoning);
     // The prompt as token ids (SGLang's extension): the chat template is not rendered; messages
     // are still required and checked, as SGLang requires them.
     r.field("input_ids", x.generate.input_ids, list_rule<int_rule<int32_t>>{.elem = k_token_id, .non_empty = true});
@@ -251,7 +345,7 @@ expected<OpenAIChatRequest> parse_openai_chat_request(std::string_view body, std
     r.unsupported("continue_final_message", false);
     r.unsupported("audio");
     r.unsupported("prediction");
-    for (auto key : {"separate_reasoning", "stream_reasoning", "parallel_tool_calls", "reasoning_effort",
+    for (auto key : {"stream_reasoning", "parallel_tool_calls", "reasoning_effort",
                      "modalities", "web_search_options"})
       r.ignore(key);
     if (!r.ok())
@@ -287,6 +381,8 @@ expected<OpenAIChatRequest> parse_openai_chat_request(std::string_view body, std
                               : nlohmann::ordered_json::object();
   context cx;
   read_messages(cx, x->messages);
+  if (cx.ok() && ordered.is_object() && ordered.contains("tools"))
+    read_tools(cx, ordered["tools"], x->tools);
   if (!cx.ok())
     return fail(cx.take_error());
   return x;

@@ -42,6 +42,17 @@ struct OpenAIChatRequest {
   bool return_meta_info = false;        // choices[i].meta_info: /generate's meta_info
   bool return_token_ids = false;        // choices[i].token_ids: the output token ids
   bool return_prompt_token_ids = false; // choices[i].prompt_token_ids: the prompt's token ids
+  // OpenAI's tools, checked ({type: "function", function: {name, description?, parameters?,
+  // strict?}} each), as sent; null when none were sent. The template is given their `function`
+  // objects (SGLang's choice) and the server's --tool-call-parser reads calls of them back.
+  nlohmann::ordered_json tools;
+  // tool_choice: "auto" (the default with tools) or "none" (the default without; the tools are
+  // then neither rendered nor parsed). "required" and a named function need constrained
+  // decoding, which rlserve does not have: refused.
+  bool tool_choice_none = false;
+  // SGLang's separate_reasoning (default true): with --reasoning-parser, the thinking goes to
+  // message.reasoning_content; false leaves it in content.
+  bool separate_reasoning = true;
 };
 
 // The body of POST /v1/completions. `max_input_ids` bounds a token-id prompt as

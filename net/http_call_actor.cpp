@@ -71,7 +71,8 @@ void event(http_actor* self, std::string data) {
 // The reply of a route in SGLang's HTTP shape (docs/sglang-contract.md, 'Routes and auth levels').
 launch_args launch_of(const shared_state& st) {
   return {st.opts.host, st.port, st.opts.enable_memory_saver, st.opts.enable_return_routed_experts,
-          st.opts.enable_deterministic_inference, st.model_name};
+          st.opts.enable_deterministic_inference, st.model_name, st.opts.tool_call_parser,
+          st.opts.reasoning_parser};
 }
 
 http_reply shape_reply(std::string_view route, bool ok, const json& body, const launch_args& launch) {

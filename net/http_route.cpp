@@ -262,6 +262,8 @@ json sglang_server_info(const GetServerInfoReqOutput& info, const launch_args& l
   j["cache_hit_rate"] = cache_hit_rate(info);
   j["enable_return_routed_experts"] = launch.enable_return_routed_experts;
   j["enable_deterministic_inference"] = launch.enable_deterministic_inference;
+  j["tool_call_parser"] = launch.tool_call_parser.empty() ? json(nullptr) : json(launch.tool_call_parser);
+  j["reasoning_parser"] = launch.reasoning_parser.empty() ? json(nullptr) : json(launch.reasoning_parser);
   j["disaggregation_mode"] = "null";
   j["encoder_only"] = false;
   j["speculative_algorithm"] = draft ? json("STANDALONE") : json(nullptr);

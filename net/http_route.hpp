@@ -92,6 +92,8 @@ struct launch_args {
   bool enable_return_routed_experts = false;
   bool enable_deterministic_inference = false;
   std::string served_model_name; // the name the server gives the model (shared_state::model_name)
+  std::string tool_call_parser;  // SGLang's ServerArgs of the same names; empty: none
+  std::string reasoning_parser;
 };
 nlohmann::json sglang_server_info(const GetServerInfoReqOutput& info, const launch_args& launch);
 

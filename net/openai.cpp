@@ -165,11 +165,39 @@ ojson completion_chunk(const openai_reply_context& cx, const GenerateReqOutput& 
   return j;
 }
 
-ojson chat_response(const openai_reply_context& cx, const GenerateReqOutput& out, bool logprobs) {
+ojson tool_call_json(const tool_call& call, std::size_t index) {
+  return {{"id", call.id},
+          {"index", index},
+          {"type", "function"},
+          {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+}
+
+ojson chat_finish_reason(const GenerateReqOutput& out, bool made_calls) {
+  auto reason = finish_reason(out);
+  if (made_calls && reason == "stop")
+    return "tool_calls";
+  return reason;
+}
+
+ojson chat_response(const openai_reply_context& cx, const GenerateReqOutput& out, bool logprobs,
+                    const chat_message_parts* parts) {
+  ojson message = {{"role", "assistant"}, {"content", out.text}, {"tool_calls", nullptr}};
+  if (parts) {
+    // The answer was all calls: OpenAI's null content.
+    message["content"] = parts->content.empty() && !parts->calls.empty() ? ojson(nullptr) : ojson(parts->content);
+    if (parts->reasoning_parsed)
+      message["reasoning_content"] = parts->reasoning.empty() ? ojson(nullptr) : ojson(parts->reasoning);
+    if (!parts->calls.empty()) {
+      auto calls = ojson::array();
+      for (std::size_t i = 0; i < parts->calls.size(); ++i)
+        calls.push_back(tool_call_json(parts->calls[i], i));
+      message["tool_calls"] = std::move(calls);
+    }
+  }
   ojson choice = {{"index", 0},
-                  {"message", {{"role", "assistant"}, {"content", out.text}, {"tool_calls", nullptr}}},
+                  {"message", std::move(message)},
                   {"logprobs", logprobs ? chat_logprobs(cx, out) : ojson(nullptr)},
-                  {"finish_reason", finish_reason(out)},
+                  {"finish_reason", chat_finish_reason(out, parts && !parts->calls.empty())},
                   {"matched_stop", matched_stop(out)}};
   auto j = base(cx, "chat.completion");
   j["choices"] = ojson::array({choice});
@@ -203,8 +231,28 @@ ojson chat_content_chunk(const openai_reply_context& cx, const GenerateReqOutput
                     nullptr, include_usage);
 }
 
-ojson chat_finish_chunk(const openai_reply_context& cx, const GenerateReqOutput& last, bool include_usage) {
-  return chat_chunk(cx, ojson::object(), nullptr, finish_reason(last), matched_stop(last), include_usage);
+ojson chat_finish_chunk(const openai_reply_context& cx, const GenerateReqOutput& last, bool include_usage,
+                        bool made_calls) {
+  return chat_chunk(cx, ojson::object(), nullptr, chat_finish_reason(last, made_calls), matched_stop(last),
+                    include_usage);
+}
+
+std::vector<ojson> chat_delta_chunks(const openai_reply_context& cx, const chat_delta& delta,
+                                     std::size_t first_call, ojson logprobs, bool include_usage) {
+  std::vector<ojson> chunks;
+  auto add = [&](ojson d) {
+    chunks.push_back(chat_chunk(cx, std::move(d), chunks.empty() ? std::move(logprobs) : ojson(nullptr), nullptr,
+                                nullptr, include_usage));
+  };
+  if (!delta.reasoning.empty())
+    add({{"reasoning_content", delta.reasoning}});
+  if (!delta.content.empty())
+    add({{"content", delta.content}});
+  for (std::size_t k = 0; k < delta.calls.size(); ++k)
+    add({{"tool_calls", ojson::array({tool_call_json(delta.calls[k], first_call + k)})}});
+  if (chunks.empty() && !logprobs.is_null())
+    add({{"content", ""}});
+  return chunks;
 }
 
 ojson usage_chunk(const openai_reply_context& cx, std::string_view object, int32_t prompt_tokens,

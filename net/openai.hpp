@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "messages/generate.hpp"
+#include "net/chat_output.hpp"
 
 namespace rlserve::model {
 class bpe_tokenizer;
@@ -61,14 +63,39 @@ ojson completion_response(const openai_reply_context& cx, const GenerateReqOutpu
 ojson completion_chunk(const openai_reply_context& cx, const GenerateReqOutput& chunk, bool logprobs,
                        std::string_view prefix, int64_t& offset, bool include_usage);
 
-// POST /v1/chat/completions without streaming.
-ojson chat_response(const openai_reply_context& cx, const GenerateReqOutput& out, bool logprobs);
+// A chat message split by the server's parsers (net/chat_output.hpp): written as
+// message.reasoning_content (when a reasoning parser ran: the text, or null when there was none),
+// message.content (null when calls took the whole answer) and message.tool_calls.
+struct chat_message_parts {
+  bool reasoning_parsed = false;
+  std::string reasoning;
+  std::string content;
+  std::vector<tool_call> calls; // ids set
+};
+
+// OpenAI's tool call: {id, index, type: "function", function: {name, arguments}}.
+ojson tool_call_json(const tool_call& call, std::size_t index);
+// finish_reason "tool_calls" when calls were made and the model stopped by itself (SGLang's
+// rule: a reply cut by max_tokens keeps "length").
+ojson chat_finish_reason(const GenerateReqOutput& out, bool made_calls);
+
+// POST /v1/chat/completions without streaming. `parts`: the parsed message, or null (the text
+// as it is).
+ojson chat_response(const openai_reply_context& cx, const GenerateReqOutput& out, bool logprobs,
+                    const chat_message_parts* parts = nullptr);
 // Streamed chat chunks: the first (role "assistant", empty content), one per engine chunk with
 // new content, and the last (empty delta, finish reason).
 ojson chat_role_chunk(const openai_reply_context& cx, bool include_usage);
 ojson chat_content_chunk(const openai_reply_context& cx, const GenerateReqOutput& chunk, bool logprobs,
                          bool include_usage);
-ojson chat_finish_chunk(const openai_reply_context& cx, const GenerateReqOutput& last, bool include_usage);
+ojson chat_finish_chunk(const openai_reply_context& cx, const GenerateReqOutput& last, bool include_usage,
+                        bool made_calls = false);
+// The chunks of one parsed delta, as SGLang sends them: the reasoning ({reasoning_content}),
+// the content ({content}), then one chunk per call ({tool_calls: [call]}), call k having index
+// `first_call + k`. `logprobs` (the engine chunk's, or null) goes on the first; when the delta
+// is empty and logprobs are not null, one {content: ""} chunk carries them.
+std::vector<ojson> chat_delta_chunks(const openai_reply_context& cx, const chat_delta& delta,
+                                     std::size_t first_call, ojson logprobs, bool include_usage);
 // The chunk after the last when stream_options.include_usage: no choices, the usage.
 ojson usage_chunk(const openai_reply_context& cx, std::string_view object, int32_t prompt_tokens,
                   int32_t completion_tokens, int32_t cached_tokens);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <ctime>
 #include <optional>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -40,6 +41,10 @@ struct openai_state : call_state {
   bool return_meta_info = false;
   bool return_token_ids = false;
   std::optional<std::vector<int32_t>> prompt_token_ids; // set when return_prompt_token_ids
+  // Chats with --tool-call-parser / --reasoning-parser at work: how each choice's text is split,
+  // and, streamed, each choice's parser state and whether it made calls.
+  chat_parsing parsing;
+  std::vector<chat_output_stream> parsers;
   static inline const char* name = "openai_call";
 };
 
@@ -92,6 +97,46 @@ std::string_view chunk_object(http_call::kind_t kind) {
   return kind == http_call::openai_chat ? "chat.completion.chunk" : "text_completion";
 }
 
+// OpenAI's tool call ids: "call_" and 24 random hex digits (SGLang's form).
+std::string new_tool_call_id() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("call_{:016x}{:08x}", rng(), static_cast<uint32_t>(rng()));
+}
+
+void name_calls(std::vector<tool_call>& calls) {
+  for (auto& c : calls)
+    c.id = new_tool_call_id();
+}
+
+// The chat chunks of one streamed engine chunk of choice k (index 0 in each; the caller sets
+// it): its text as it is, or split by the parsers; the finish chunk on the last.
+std::vector<ojson> chat_chunks(openai_state& s, std::size_t k, const GenerateReqOutput& chunk) {
+  std::vector<ojson> out;
+  if (!s.parsing.any()) {
+    if (!chunk.text.empty() || !chunk.output_ids.empty())
+      out.push_back(chat_content_chunk(s.cx, chunk, s.logprobs, s.include_usage));
+    if (chunk.finished)
+      out.push_back(chat_finish_chunk(s.cx, chunk, s.include_usage));
+    return out;
+  }
+  auto& parser = s.parsers[k];
+  const std::size_t first_call = parser.calls();
+  auto delta = parser.feed(chunk.text);
+  if (chunk.finished) {
+    auto rest = parser.finish();
+    delta.reasoning += rest.reasoning;
+    delta.content += rest.content;
+    for (auto& c : rest.calls)
+      delta.calls.push_back(std::move(c));
+  }
+  name_calls(delta.calls);
+  ojson logprobs = s.logprobs && !chunk.output_ids.empty() ? chat_logprobs(s.cx, chunk) : ojson(nullptr);
+  out = chat_delta_chunks(s.cx, delta, first_call, std::move(logprobs), s.include_usage);
+  if (chunk.finished)
+    out.push_back(chat_finish_chunk(s.cx, chunk, s.include_usage, parser.calls() > 0));
+  return out;
+}
+
 // One streamed engine chunk of choice k of an n > 1 request: OpenAI's chunks with that index.
 void on_sample_chunk(openai_actor* self, std::size_t k, const GenerateReqOutput& chunk) {
   auto& s = self->state;
@@ -109,10 +154,8 @@ void on_sample_chunk(openai_actor* self, std::size_t k, const GenerateReqOutput&
   }
   if (first)
     indexed(chat_role_chunk(s.cx, s.include_usage));
-  if (!chunk.text.empty() || !chunk.output_ids.empty())
-    indexed(chat_content_chunk(s.cx, chunk, s.logprobs, s.include_usage));
-  if (chunk.finished)
-    indexed(chat_finish_chunk(s.cx, chunk, s.include_usage));
+  for (auto& j : chat_chunks(s, k, chunk))
+    indexed(std::move(j));
 }
 
 // One streamed engine chunk, as OpenAI's chunks.
@@ -138,16 +181,20 @@ void on_chunk(openai_actor* self, const GenerateReqOutput& chunk) {
   }
   if (!s.events_sent)
     event(self, chat_role_chunk(s.cx, s.include_usage));
-  if (!chunk.text.empty() || !chunk.output_ids.empty())
-    event(self, chat_content_chunk(s.cx, chunk, s.logprobs, s.include_usage));
-  if (chunk.finished)
-    event(self, chat_finish_chunk(s.cx, chunk, s.include_usage));
+  for (auto& j : chat_chunks(s, 0, chunk))
+    event(self, j);
 }
 
 // A chat choice of `out`, with SGLang's extensions the request asked for: meta_info (/generate's,
 // with the logprobs, weight version and routing rows), token_ids, prompt_token_ids.
 ojson chat_choice(const openai_state& s, const GenerateReqOutput& out) {
-  auto choice = chat_response(s.cx, out, s.logprobs)["choices"][0];
+  std::optional<chat_message_parts> parts;
+  if (s.parsing.any()) {
+    auto d = parse_chat_output(s.parsing, out.text);
+    name_calls(d.calls);
+    parts = chat_message_parts{s.parsing.reasoning, std::move(d.reasoning), std::move(d.content), std::move(d.calls)};
+  }
+  auto choice = chat_response(s.cx, out, s.logprobs, parts ? &*parts : nullptr)["choices"][0];
   if (s.return_meta_info)
     choice["meta_info"] = ojson::parse(to_json(out)["meta_info"].dump());
   if (s.return_token_ids)
@@ -299,11 +346,63 @@ void start_completion(openai_actor* self, const http_call& call) {
   send_generate(self, std::move(req->generate));
 }
 
+// The template's `tools`: the offered functions (SGLang gives templates the `function` objects),
+// or null.
+nlohmann::ordered_json template_tools(const OpenAIChatRequest& req) {
+  if (req.tools.is_null())
+    return nullptr;
+  auto functions = nlohmann::ordered_json::array();
+  for (const auto& t : req.tools)
+    functions.push_back(t["function"]);
+  return functions;
+}
+
+// Which parsers a chat's reply goes through: the server's tool-call parser when tools are
+// offered (and tool_choice is not "none"); its reasoning parser unless the request sets
+// separate_reasoning: false or, for qwen3 and glm45, chat_template_kwargs.enable_thinking: false
+// (SGLang's gate). The output starts inside thinking when the parser is forced or the prompt
+// ends with <think> (for input_ids, the prompt's last tokens decoded).
+chat_parsing chat_parsing_of(const shared_state& st, const OpenAIChatRequest& req, const std::string& prompt) {
+  chat_parsing p;
+  if (!req.tools.is_null() && st.tool_format) {
+    p.tool_format = st.tool_format;
+    for (const auto& t : req.tools) {
+      const auto& f = t["function"];
+      p.tools.functions.emplace_back(f["name"].get<std::string>(),
+                                     f.contains("parameters") ? f["parameters"] : nlohmann::ordered_json());
+    }
+  }
+  if (st.reasoning && req.separate_reasoning) {
+    const auto& kw = req.chat_template_kwargs;
+    const bool thinking_off = kw.is_object() && kw.contains("enable_thinking") && kw["enable_thinking"] == false;
+    if (!(st.reasoning->gated_by_enable_thinking && thinking_off)) {
+      p.reasoning = true;
+      std::string tail = prompt;
+      if (req.generate.input_ids && st.tokenizer) {
+        const auto& ids = *req.generate.input_ids;
+        const std::size_t n = std::min<std::size_t>(ids.size(), 8);
+        tail = st.tokenizer->decode(std::vector<int32_t>(ids.end() - static_cast<std::ptrdiff_t>(n), ids.end()),
+                                    /*skip_special_tokens=*/false);
+      }
+      p.starts_in_reasoning = st.reasoning->forced || prompt_opens_reasoning(tail);
+    }
+  }
+  return p;
+}
+
 void start_chat(openai_actor* self, const http_call& call) {
   auto& s = self->state;
   auto req = parse_openai_chat_request(call.body, s.st->max_input_ids);
   if (!req)
     return refuse(self, 400, req.error());
+  const bool tools_offered = req->tools.is_array() && !req->tools.empty() && !req->tool_choice_none;
+  // Tools the server could not read calls of back would reach the model and come back as text.
+  if (tools_offered && !s.st->tool_format)
+    return refuse(self, 400, "tools: this server parses no tool calls; start it with --tool-call-parser "
+                             "(" + tool_call_format_names() + ")");
+  if (!tools_offered)
+    req->tools = nullptr;
+  std::string prompt_text; // the rendered prompt (none with input_ids)
   // With input_ids (SGLang's extension) the client has rendered and tokenized the prompt
   // itself; the template is not run.
   if (!req->generate.input_ids) {
@@ -311,9 +410,11 @@ void start_chat(openai_actor* self, const http_call& call) {
       return refuse(self, 400, s.st->chat_template_error);
     model::chat_render_options options;
     options.kwargs = req->chat_template_kwargs;
+    options.tools = template_tools(*req);
     auto prompt = s.st->chat->render(req->messages, options);
     if (!prompt)
       return refuse(self, 400, "messages: rendering the chat template failed: " + prompt.error());
+    prompt_text = *prompt;
     req->generate.text = std::move(*prompt);
     // The prompt's token ids are wanted back: tokenize here, as the engine would (the same
     // tokenizer, the same call), and send the ids.
@@ -324,6 +425,9 @@ void start_chat(openai_actor* self, const http_call& call) {
       req->generate.text.reset();
     }
   }
+  s.parsing = chat_parsing_of(*s.st, *req, prompt_text);
+  s.parsers.assign(static_cast<std::size_t>(std::max(req->generate.sampling_params.n, 1)),
+                   chat_output_stream(s.parsing));
   s.cx.model = req->model.empty() ? s.st->model_name : req->model;
   s.logprobs = req->logprobs;
   s.include_usage = req->include_usage;

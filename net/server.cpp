@@ -112,6 +112,14 @@ expected<std::unique_ptr<server>> server::start(Engine& engine, server_options o
     return rlserve::fail("io_threads must be between 1 and 256, got " + std::to_string(options.io_threads));
   if (options.max_message_bytes < 1024)
     return rlserve::fail("max_message_bytes must be at least 1024");
+  std::optional<tool_call_format> tool_format;
+  if (!options.tool_call_parser.empty() && !(tool_format = find_tool_call_format(options.tool_call_parser)))
+    return rlserve::fail("--tool-call-parser: unknown parser \"" + options.tool_call_parser +
+                         "\"; rlserve has " + tool_call_format_names());
+  std::optional<reasoning_format> reasoning;
+  if (!options.reasoning_parser.empty() && !(reasoning = find_reasoning_format(options.reasoning_parser)))
+    return rlserve::fail("--reasoning-parser: unknown parser \"" + options.reasoning_parser +
+                         "\"; rlserve has " + reasoning_format_names());
   auto p = std::make_unique<impl>(options.io_threads);
   p->host = options.host;
   p->st = std::make_shared<detail::shared_state>(engine.system(), engine.front_door(), options);
@@ -122,6 +130,8 @@ expected<std::unique_ptr<server>> server::start(Engine& engine, server_options o
   p->st->model_name = options.served_model_name.empty() ? engine.model_path().string() : options.served_model_name;
   p->st->started_at = static_cast<int64_t>(std::time(nullptr));
   p->st->tokenizer = engine.tokenizer();
+  p->st->tool_format = tool_format;
+  p->st->reasoning = reasoning;
   p->st->profile = engine.profile();
   // A model without a usable chat template still serves every other route; chat completions
   // then answer with the reason.

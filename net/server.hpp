@@ -86,6 +86,11 @@ struct server_options {
   // The model's name in OpenAI replies, /v1/models and /server_info's served_model_name (SGLang's
   // --served-model-name); empty: the model path.
   std::string served_model_name;
+  // SGLang's --tool-call-parser and --reasoning-parser: how chat replies are split into
+  // tool_calls and reasoning_content (net/tool_call_parser.hpp, net/reasoning_parser.hpp). Empty:
+  // not parsed. An unknown name fails start, naming the accepted ones.
+  std::string tool_call_parser;
+  std::string reasoning_parser;
 };
 
 class server {

@@ -19,6 +19,8 @@
 #include "caf/actor.hpp"
 #include "caf/exit_reason.hpp"
 #include "model/chat_template.hpp"
+#include "net/reasoning_parser.hpp"
+#include "net/tool_call_parser.hpp"
 #include "net/metrics.hpp"
 #include "net/ownership.hpp"
 #include "net/server.hpp"
@@ -53,6 +55,9 @@ struct shared_state {
   std::shared_ptr<profiler> profile;
   std::optional<model::chat_template> chat;
   std::string chat_template_error;
+  // From server_options' parser names (checked at start); absent: not parsed.
+  std::optional<tool_call_format> tool_format;
+  std::optional<reasoning_format> reasoning;
 
   // Held shared by an actor while it posts to a session, exclusively by stop() when it turns
   // io_alive off: after that no actor touches the I/O side again.

@@ -141,8 +141,7 @@ BOOST_AUTO_TEST_CASE(chat_refusals_name_the_field) {
   BOOST_TEST(starts(chat_error(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
                     "messages[0].content[0].type: \"image_url\" parts are not supported"));
   const auto hi = std::string(R"("messages": [{"role": "user", "content": "x"}])");
-  BOOST_TEST(starts(chat_error("{" + hi + R"(, "tools": [{"type": "function"}]})"), "tools: not supported"));
-  BOOST_TEST(starts(chat_error("{" + hi + R"(, "tool_choice": "required"})"), "tool_choice: not supported"));
+  BOOST_TEST(starts(chat_error("{" + hi + R"(, "tool_choice": "required"})"), "tool_choice: \"required\" is not supported"));
   BOOST_TEST(starts(chat_error("{" + hi + R"(, "top_logprobs": 1})"), "top_logprobs: needs logprobs"));
   BOOST_TEST(starts(chat_error("{" + hi + R"(, "top_logprobs": 21, "logprobs": true})"), "top_logprobs: "));
   BOOST_TEST(starts(chat_error("{" + hi + R"(, "chat_template_kwargs": 1})"), "chat_template_kwargs: expected an object"));
@@ -164,6 +163,50 @@ BOOST_AUTO_TEST_CASE(chat_refusals_name_the_field) {
   BOOST_TEST(starts(chat_error("{" + hi + R"(, "return_indexer_topk": true})"), "return_indexer_topk: not supported"));
   BOOST_TEST(starts(completion_error(R"({"prompt": "x", "return_routed_experts": true})"),
                     "return_routed_experts: not supported"));
+}
+
+// tools: each {type: "function", function: {name, description?, parameters?, strict?}}, every
+// fault named by its path; tool_choice auto / none, required and named refused (no constrained
+// decoding).
+BOOST_AUTO_TEST_CASE(chat_tools_are_checked) {
+  const auto hi = std::string(R"({"messages": [{"role": "user", "content": "x"}], )");
+  auto r = parse_openai_chat_request(hi + R"("tools": [{"type": "function", "function": {"name": "f",
+      "description": "d", "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}},
+      {"type": "function", "function": {"name": "g"}}], "tool_choice": "auto", "separate_reasoning": false})");
+  BOOST_REQUIRE_MESSAGE(r, r.error());
+  BOOST_TEST(r->tools.size() == 2u);
+  BOOST_TEST(r->tools[0]["function"]["name"] == "f");
+  BOOST_TEST(!r->tool_choice_none);
+  BOOST_TEST(!r->separate_reasoning);
+  r = parse_openai_chat_request(hi + R"("tools": [], "tool_choice": "none"})");
+  BOOST_REQUIRE_MESSAGE(r, r.error());
+  BOOST_TEST(r->tool_choice_none);
+  auto tool = [&](std::string t) { return chat_error(hi + R"("tools": [{"type": "function", "function": {"name": "ok"}}, )" + t + "]}"); };
+  BOOST_TEST(starts(tool(R"({"type": "function", "function": {"name": ""}})"), "tools[1].function.name: expected a non-empty string"));
+  BOOST_TEST(starts(tool(R"({"type": "function", "function": {"name": 3}})"), "tools[1].function.name: expected a non-empty string"));
+  BOOST_TEST(starts(tool(R"({"type": "function", "function": {}})"), "tools[1].function.name: required field is missing"));
+  BOOST_TEST(starts(tool(R"({"type": "function"})"), "tools[1].function: required field is missing"));
+  BOOST_TEST(starts(tool(R"({"type": "function", "function": []})"), "tools[1].function: expected an object"));
+  BOOST_TEST(starts(tool(R"({"type": "retrieval", "function": {"name": "x"}})"), "tools[1].type: expected \"function\""));
+  BOOST_TEST(starts(tool(R"({"function": {"name": "x"}})"), "tools[1].type: required field is missing"));
+  BOOST_TEST(starts(tool(R"({"type": "function", "function": {"name": "x", "parameters": "{}"}})"),
+                    "tools[1].function.parameters: expected a JSON schema object"));
+  BOOST_TEST(starts(tool(R"({"type": "function", "function": {"name": "x", "description": 1}})"),
+                    "tools[1].function.description: expected a string"));
+  BOOST_TEST(starts(tool(R"({"type": "function", "function": {"name": "x", "strict": "yes"}})"),
+                    "tools[1].function.strict: expected a boolean"));
+  BOOST_TEST(starts(tool(R"({"type": "function", "function": {"name": "x", "parametres": {}}})"),
+                    "tools[1].function.parametres: unknown field"));
+  BOOST_TEST(starts(tool(R"({"type": "function", "function": {"name": "ok"}})"), "tools[1].function.name: \"ok\" is offered twice"));
+  BOOST_TEST(starts(tool(R"({"type": "function", "function": {"name": "x"}, "extra": 1})"), "tools[1].extra: unknown field"));
+  BOOST_TEST(starts(tool("7"), "tools[1]: expected a tool object"));
+  BOOST_TEST(starts(chat_error(hi + R"("tools": {"type": "function"}})"), "tools: expected a list"));
+  BOOST_TEST(starts(chat_error(hi + R"("tool_choice": {"type": "function", "function": {"name": "f"}}})"),
+                    "tool_choice: a named function is not supported"));
+  BOOST_TEST(starts(chat_error(hi + R"("tool_choice": 3})"), "tool_choice: expected \"auto\" or \"none\""));
+  BOOST_TEST(starts(chat_error(hi + R"("functions": [{"name": "f"}]})"), "functions: "));
+  BOOST_TEST(starts(chat_error(hi + R"("function_call": "auto"})"), "function_call: "));
+  BOOST_TEST(starts(chat_error(hi + R"("separate_reasoning": 1})"), "separate_reasoning: "));
 }
 
 // miles' session server (miles/rollout/session/core.py, prepare_chat_request, at commit

@@ -235,7 +235,7 @@ def error_checks(port):
     check_error(port, CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
                 "messages[0].content[0].type", ["text only"])
     check_error(port, CHAT, {"messages": hi, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
-                "tools", ["not supported by rlserve"])
+                "tools", ["parses no tool calls", "--tool-call-parser"])
     check_error(port, CHAT, {"messages": hi, "top_logprobs": 2}, 400, "top_logprobs", ["needs logprobs"])
     check_error(port, CHAT, {"messages": hi, "chat_template_kwargs": [1]}, 400, "chat_template_kwargs", ["an object"])
     check_error(port, CHAT, {"messages": hi, "chat_template_kwargs": {"messages": []}}, 400, "messages",

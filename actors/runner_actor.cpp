@@ -220,7 +220,7 @@ bool run_gpu_decodes(runner_state& st, ForwardBatch& batch, ForwardBatchOutput& 
     const auto& w = batch.work[i];
     if (w.new_sequence || w.tokens.size() != 1 || !w.sample || w.propose > 0 ||
         !w.draft_tokens.empty() || w.top_logprobs_num > 0 || w.kv_length >= 0 ||
-        !w.scored_tokens.empty())
+        !w.scored_tokens.empty() || w.return_top_p_token_ids)
       return false;
   }
   const bool routing = std::any_of(batch.work.begin(), batch.work.end(),
@@ -385,6 +385,7 @@ struct batch_run {
   std::vector<std::size_t> proposing; // work positions still proposing after a forward
   std::vector<float> probs;           // a draft's distribution (scratch)
   std::vector<float> penalized;       // sampling_row's scratch
+  std::vector<int32_t> kept;          // a sampled token's kept set (top-p replay; scratch)
   // On the device: items that run first in the forward, and what they draw and verify with.
   std::vector<model::forward_item> spec_items;
   std::vector<std::size_t> spec_owners;
@@ -698,7 +699,13 @@ struct batch_run {
   // Position i samples its next token from `logits_row` (a plain decode's or a work's last row).
   void sample(std::size_t i, std::span<const float> logits_row, sequence_state& seq) {
     auto row_used = sampling_row(seq, logits_row, penalized);
-    auto sampled = seq.sampler.sample(row_used, seq.sampling);
+    const bool replay = i < W && batch.work[i].return_top_p_token_ids;
+    auto sampled = seq.sampler.sample(row_used, seq.sampling, replay ? &kept : nullptr);
+    if (replay) {
+      auto& r = out.details[i];
+      r.top_p_token_ids.insert(r.top_p_token_ids.end(), kept.begin(), kept.end());
+      r.top_p_token_counts.push_back(static_cast<int32_t>(kept.size()));
+    }
     if (seq.sampling.uses_history())
       seq.history.add(sampled.token);
     out.tokens[i] = sampled.token;

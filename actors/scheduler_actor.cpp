@@ -328,6 +328,10 @@ void stream_progress(scheduler_pointer self, request_state& r) {
     c.output_token_logprobs = std::exchange(out.output_token_logprobs, {});
     c.output_top_logprobs = std::exchange(out.output_top_logprobs, {});
   }
+  if (out.top_p_token_counts) { // each chunk the kept sets of its own tokens
+    c.top_p_token_ids = std::exchange(out.top_p_token_ids, {});
+    c.top_p_token_counts = std::exchange(*out.top_p_token_counts, {});
+  }
   if (prompt_logprobs) {
     c.input_token_ids = std::exchange(out.input_token_ids, {});
     c.input_token_logprobs = std::exchange(out.input_token_logprobs, {});
@@ -656,6 +660,19 @@ void apply_result(scheduler_pointer self, uint64_t seq_id, int32_t token, float 
     finish(self, std::string(rid), FinishReason{"abort", std::nullopt, std::nullopt, m}, false, m);
     return;
   }
+  if (r.out.top_p_token_counts) { // top-p replay: the sampled token's kept set (no speculation)
+    const auto* counts = details ? &details->top_p_token_counts : nullptr;
+    if (!counts || counts->size() != 1 || proposals > 0 ||
+        static_cast<std::size_t>(counts->front()) != details->top_p_token_ids.size()) {
+      auto m = std::string("internal error: the runner returned no kept set (top-p replay) for a "
+                           "sampled token");
+      finish(self, std::string(rid), FinishReason{"abort", std::nullopt, std::nullopt, m}, false, m);
+      return;
+    }
+    auto& ids = r.out.top_p_token_ids;
+    ids.insert(ids.end(), details->top_p_token_ids.begin(), details->top_p_token_ids.end());
+    r.out.top_p_token_counts->push_back(counts->front());
+  }
   auto& spans = r.out.weight_version_spans;
   if (spans.empty() || spans.back().weight_version != st.version)
     spans.push_back({st.version, static_cast<int32_t>(r.out.output_ids.size())});
@@ -749,6 +766,8 @@ int64_t proposals_for(const scheduler_state& st, const request_state& r) {
   if (!st.draft || !st.draft_gone.empty() || st.options.speculative_num_draft_tokens <= 0 ||
       r.prefill_left > 0 || reads_generated_tokens(r.req.sampling_params) ||
       r.req.return_routed_experts || // the rows of rejected proposals would need undoing
+      // top-p replay: each accepted proposal would need its kept set from the verification
+      returns_top_p_token_ids(r.req.sampling_params) ||
       r.draft_failed || r.out.output_ids.empty())
     return 0;
   auto out_len = static_cast<int64_t>(r.out.output_ids.size());
@@ -1036,7 +1055,8 @@ void step(scheduler_pointer self) {
   for (const auto& w : plan.work) {
     auto& r = *st.by_seq.at(w.id);
     if (!w.admitted && r.prefill_left == 0 && w.tokens == 1 && w.new_blocks == 0 &&
-        !(r.req.return_logprob && r.req.top_logprobs_num > 0) && !r.req.return_routed_experts) {
+        !(r.req.return_logprob && r.req.top_logprobs_num > 0) && !r.req.return_routed_experts &&
+        !r.out.top_p_token_counts) { // (top-p replay: its kept sets come with the details)
       // A plain decode: flat arrays, no allocation per sequence.
       decodes.push_back(r.seq_id);
       batch.decode_tokens.push_back(r.out.output_ids.back());
@@ -1115,6 +1135,7 @@ void step(scheduler_pointer self) {
     }
     work.sample = w.samples;
     work.return_routed_experts = r.req.return_routed_experts;
+    work.return_top_p_token_ids = r.out.top_p_token_counts.has_value();
     work.top_logprobs_num = r.req.return_logprob ? r.req.top_logprobs_num : 0;
     if (w.samples && r.out.weight_version_start.empty())
       r.out.weight_version_start = st.version;
@@ -1423,6 +1444,8 @@ void accept_request(scheduler_pointer self, TokenizedGenerateReqInput& req, caf:
   r.out.rid = rid;
   r.out.prompt_tokens = static_cast<int32_t>(prompt);
   r.out.sampling_seed = r.req.sampling_seed;
+  if (returns_top_p_token_ids(r.req.sampling_params))
+    r.out.top_p_token_counts.emplace(); // the reply has the fields even with no token
   if (r.req.return_logprob) { // the first prompt token's entry: nothing before it was scored
     r.out.input_token_logprobs.push_back(std::numeric_limits<float>::quiet_NaN());
     if (r.req.top_logprobs_num > 0)

@@ -19,6 +19,11 @@ const std::string& assign_rid(GenerateReqInput& req) {
   return *req.rid;
 }
 
+bool returns_top_p_token_ids(const SamplingParams& p) {
+  return p.return_top_p_token_ids &&
+         (!(p.temperature >= 1e-6f) || p.top_k >= 1 || p.top_p < 1.0f || p.min_p > 0.0f);
+}
+
 std::string rid_in_flight_message(const std::string& rid) {
   return "rid: a request with rid \"" + rid + "\" is already in flight";
 }
@@ -37,6 +42,11 @@ void append_chunk(GenerateReqOutput& so_far, GenerateReqOutput chunk) {
   join(so_far.output_token_logprobs, chunk.output_token_logprobs);
   join(so_far.output_top_logprobs, chunk.output_top_logprobs);
   join(so_far.output_token_texts, chunk.output_token_texts);
+  join(so_far.top_p_token_ids, chunk.top_p_token_ids);
+  if (so_far.top_p_token_counts && chunk.top_p_token_counts)
+    join(*so_far.top_p_token_counts, *chunk.top_p_token_counts);
+  else if (!chunk.top_p_token_counts)
+    chunk.top_p_token_counts = std::move(so_far.top_p_token_counts);
   if (chunk.input_token_ids.empty()) { // prompt logprobs come once, in one chunk
     chunk.input_token_ids = std::move(so_far.input_token_ids);
     chunk.input_token_logprobs = std::move(so_far.input_token_logprobs);
@@ -63,6 +73,8 @@ void drop_output(GenerateReqOutput& chunk) {
   chunk.input_top_logprobs.clear();
   chunk.input_token_texts.clear();
   chunk.routed_experts.reset();
+  chunk.top_p_token_ids.clear();
+  chunk.top_p_token_counts.reset();
 }
 
 } // namespace rlserve

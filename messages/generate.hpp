@@ -37,7 +37,17 @@ struct SamplingParams {
   // end); none: the server's --stream-interval (SGLang's, default 1). Tokens, logprobs and text
   // are the same either way: a chunk carries everything since the previous one.
   std::optional<int32_t> stream_interval;
+  // slime's top-p replay (JSON: custom_params.return_top_p_token_ids, as slime's patched SGLang
+  // reads it): each output token's kept set goes to meta_info.top_p_token_ids /
+  // top_p_token_offsets and its logprob is renormalized over that set (returns_top_p_token_ids).
+  bool return_top_p_token_ids = false;
 };
+
+// Whether a request returns kept sets: it asked, and its sampling filters something (greedy,
+// top_k >= 1, top_p < 1 or min_p > 0). Without a filter the kept set would be the whole
+// vocabulary; slime's patched SGLang then returns no fields either, and the logprobs stay as
+// they are. The scheduler, the runners and the JSON writer all read this one rule.
+bool returns_top_p_token_ids(const SamplingParams& p);
 
 // What a caller sends: text or token ids (exactly one), one request per message.
 struct GenerateReqInput {
@@ -143,6 +153,13 @@ struct GenerateReqOutput {
   // meta_info.routed_experts, there as base64 of little-endian int32.
   std::optional<std::vector<int32_t>> routed_experts;
   int32_t routed_experts_start_len = 0;
+  // Top-p replay (returns_top_p_token_ids): the kept set of every output token, in output order,
+  // flattened (top_p_token_ids) with one count per output token (top_p_token_counts, as long
+  // as output_ids); none when the request does not return them. SGLang's meta_info.top_p_token_ids
+  // and top_p_token_offsets (offsets = 0 then the running sums of the counts), base64 of
+  // little-endian int32. Chunks carry the sets of their own tokens.
+  std::vector<int32_t> top_p_token_ids;
+  std::optional<std::vector<int32_t>> top_p_token_counts;
   bool finished = false;
   std::optional<FinishReason> finish_reason;
   int32_t prompt_tokens = 0;
@@ -201,7 +218,8 @@ typename Inspector::result_type inspect(Inspector& f, SamplingParams& x) {
   return f(caf::meta::type_name("SamplingParams"), x.max_new_tokens, x.stop, x.stop_token_ids,
            x.temperature, x.top_p, x.top_k, x.min_p, x.frequency_penalty, x.presence_penalty,
            x.repetition_penalty, x.min_new_tokens, x.n, x.ignore_eos, x.skip_special_tokens,
-           x.spaces_between_special_tokens, x.no_stop_trim, x.sampling_seed, x.stream_interval);
+           x.spaces_between_special_tokens, x.no_stop_trim, x.sampling_seed, x.stream_interval,
+           x.return_top_p_token_ids);
 }
 
 template <class Inspector>
@@ -241,7 +259,8 @@ typename Inspector::result_type inspect(Inspector& f, GenerateReqOutput& x) {
   return f(caf::meta::type_name("GenerateReqOutput"), x.success, x.message, x.rid, x.text,
            x.output_ids, x.output_token_logprobs, x.output_top_logprobs, x.input_token_ids,
            x.input_token_logprobs, x.input_top_logprobs, x.output_token_texts,
-           x.input_token_texts, x.routed_experts, x.routed_experts_start_len, x.finished,
+           x.input_token_texts, x.routed_experts, x.routed_experts_start_len, x.top_p_token_ids,
+           x.top_p_token_counts, x.finished,
            x.finish_reason, x.prompt_tokens,
            x.completion_tokens, x.cached_tokens, x.weight_version_start, x.weight_version,
            x.weight_version_spans, x.sampling_seed, x.spec_verify_ct, x.spec_accepted_tokens,

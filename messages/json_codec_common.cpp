@@ -429,7 +429,7 @@ void read_stop(object_reader& r, std::vector<std::string>& out) {
   }
 }
 
-void read_custom_params(object_reader& r) {
+void read_custom_params(object_reader& r, bool* top_p_replay) {
   auto v = r.get("custom_params");
   if (v == nullptr)
     return;
@@ -438,14 +438,22 @@ void read_custom_params(object_reader& r) {
     return;
   }
   auto it = v->find("return_top_p_token_ids");
-  if (it == v->end() || it->is_null() || (it->is_boolean() && !it->get<bool>()))
+  if (it == v->end() || it->is_null())
     return;
   const path params = r.at("custom_params");
-  r.cx().fail(params.key("return_top_p_token_ids"),
-              "not supported by rlserve (got " + describe(*it) +
-                "): top-p replay (meta_info.top_p_token_ids / top_p_token_offsets and logprobs "
-                "renormalized over the nucleus) is not implemented; sample with top_p 1.0 "
-                "(slime: --rollout-top-p 1.0)");
+  const path field = params.key("return_top_p_token_ids");
+  if (!it->is_boolean()) {
+    // SGLang's patch takes any truthy value; a string "false" would then ask for it.
+    r.cx().expected_but_got(field, "true, false or null", *it);
+    return;
+  }
+  if (top_p_replay) {
+    *top_p_replay = it->get<bool>();
+    return;
+  }
+  if (it->get<bool>())
+    r.cx().fail(field, "not supported by rlserve on this route (got true): the kept sets of top-p "
+                       "replay are returned in /generate's meta_info only");
 }
 
 } // namespace json_codec_detail

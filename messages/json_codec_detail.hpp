@@ -418,11 +418,11 @@ void read_stop(object_reader& r, std::vector<std::string>& out);
 
 // `custom_params` (SGLang's SamplingParams and OpenAI requests): an object, or null, whose keys
 // reach a custom logit processor (refused elsewhere), so they are ignored, except
-// `return_top_p_token_ids`: slime's patched SGLang then returns the kept nucleus of every output
-// token (meta_info.top_p_token_ids / top_p_token_offsets) and logprobs renormalized over it, and
-// slime's loss refuses a rollout without them. rlserve does neither, so a true value is refused
-// here, before the rollout, rather than failing the training step after it.
-void read_custom_params(object_reader& r);
+// `return_top_p_token_ids`, slime's top-p replay switch (a bool or null). With `top_p_replay`
+// (/generate's SamplingParams) it is read into it; without (OpenAI's routes, whose replies have no
+// place for the kept sets) a true value is refused, before the rollout rather than failing
+// slime's training step after it.
+void read_custom_params(object_reader& r, bool* top_p_replay = nullptr);
 
 // Numbers of elements and bytes of a shape that passed shape_rule, or nullopt when the byte
 // count overflows int64.

@@ -124,6 +124,66 @@ json top_rows(const std::vector<std::vector<TopLogprob>>& rows, bool first_is_no
   return out;
 }
 
+// SGLang's int32 payloads (routed_experts, top_p_token_ids / top_p_token_offsets): base64 of the
+// little-endian int32 array.
+std::string base64_int32(const std::vector<int32_t>& values) {
+  std::vector<std::byte> bytes(values.size() * 4);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    auto v = static_cast<uint32_t>(values[i]);
+    for (int b = 0; b < 4; ++b)
+      bytes[i * 4 + b] = static_cast<std::byte>((v >> (8 * b)) & 0xff);
+  }
+  return base64_encode(bytes);
+}
+
+std::optional<std::vector<int32_t>> read_base64_int32(object_reader& m, std::string_view key) {
+  auto v = m.get(key);
+  if (!v)
+    return std::nullopt;
+  std::string text;
+  if (!parse(m.cx(), *v, m.at(key), text, text_rule{}))
+    return std::nullopt;
+  auto bytes = base64_decode(text);
+  if (!bytes || bytes->size() % 4 != 0) {
+    m.fail(key, bytes ? "is not a whole number of int32 values" : "is not base64: " + bytes.error());
+    return std::nullopt;
+  }
+  std::vector<int32_t> ids(bytes->size() / 4);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    uint32_t u = 0;
+    for (int b = 0; b < 4; ++b)
+      u |= static_cast<uint32_t>((*bytes)[i * 4 + b]) << (8 * b);
+    ids[i] = static_cast<int32_t>(u);
+  }
+  return ids;
+}
+
+// Top-p replay's pair: the flat kept ids and offsets (0, then one running end per output token),
+// as counts per token here. Both or neither; the offsets must start at 0, not decrease and end
+// at the number of ids.
+void read_top_p_token_ids(object_reader& m, GenerateReqOutput& x) {
+  auto ids = read_base64_int32(m, "top_p_token_ids");
+  auto offsets = read_base64_int32(m, "top_p_token_offsets");
+  if (!m.ok() || (!ids && !offsets))
+    return;
+  if (!ids || !offsets) {
+    m.fail(ids ? "top_p_token_offsets" : "top_p_token_ids", "missing (the two come together)");
+    return;
+  }
+  if (offsets->empty() || offsets->front() != 0 ||
+      offsets->back() != static_cast<int32_t>(ids->size()) ||
+      !std::is_sorted(offsets->begin(), offsets->end())) {
+    m.fail("top_p_token_offsets", "expected 0, then non-decreasing ends up to the " +
+                                    std::to_string(ids->size()) + " top_p_token_ids");
+    return;
+  }
+  std::vector<int32_t> counts(offsets->size() - 1);
+  for (std::size_t i = 0; i + 1 < offsets->size(); ++i)
+    counts[i] = (*offsets)[i + 1] - (*offsets)[i];
+  x.top_p_token_ids = std::move(*ids);
+  x.top_p_token_counts = std::move(counts);
+}
+
 void read_fields(object_reader& r, SamplingParams& x) {
   r.field("max_new_tokens", x.max_new_tokens, k_count);
   read_stop(r, x.stop);
@@ -152,11 +212,11 @@ void read_fields(object_reader& r, SamplingParams& x) {
   r.field("sampling_seed", x.sampling_seed);
   // SGLang features rlserve does not implement and that would change the tokens (constrained
   // decoding, logit biases) are refused when set. custom_params reach a custom logit processor
-  // (refused at the top level) and are ignored, but for slime's top-p replay switch, which is
-  // refused (read_custom_params).
+  // (refused at the top level) and are ignored, but for slime's top-p replay switch
+  // (read_custom_params).
   for (auto key : {"json_schema", "regex", "ebnf", "structural_tag", "stop_regex", "logit_bias"})
     r.unsupported(key);
-  read_custom_params(r);
+  read_custom_params(r, &x.return_top_p_token_ids);
   r.field("stream_interval", x.stream_interval, int_rule<int32_t>{.lo = 1});
 }
 
@@ -263,25 +323,9 @@ void read_fields(object_reader& r, GenerateReqOutput& x) {
                       x.input_token_texts);
     read_top_rows(m, "input_top_logprobs", x.input_top_logprobs);
     m.field("routed_experts_start_len", x.routed_experts_start_len, k_count);
-    if (auto v = m.get("routed_experts")) {
-      std::string text;
-      if (parse(m.cx(), *v, m.at("routed_experts"), text, text_rule{})) {
-        auto bytes = base64_decode(text);
-        if (!bytes || bytes->size() % 4 != 0) {
-          m.fail("routed_experts", bytes ? "is not a whole number of int32 values"
-                                         : "is not base64: " + bytes.error());
-        } else {
-          std::vector<int32_t> ids(bytes->size() / 4);
-          for (std::size_t i = 0; i < ids.size(); ++i) {
-            uint32_t u = 0;
-            for (int b = 0; b < 4; ++b)
-              u |= static_cast<uint32_t>((*bytes)[i * 4 + b]) << (8 * b);
-            ids[i] = static_cast<int32_t>(u);
-          }
-          x.routed_experts = std::move(ids);
-        }
-      }
-    }
+    if (auto ids = read_base64_int32(m, "routed_experts"))
+      x.routed_experts = std::move(*ids);
+    read_top_p_token_ids(m, x);
     if (!m.ok() || logprob_ids.empty())
       return;
     if (logprob_ids.size() != x.output_ids.size()) {
@@ -339,6 +383,7 @@ json to_json(const SamplingParams& x) {
     {"no_stop_trim", x.no_stop_trim},
     {"sampling_seed", optional_value(x.sampling_seed)},
     {"stream_interval", optional_value(x.stream_interval)},
+    {"custom_params", x.return_top_p_token_ids ? json{{"return_top_p_token_ids", true}} : json(nullptr)},
   };
 }
 
@@ -435,16 +480,16 @@ json to_json(const GenerateReqOutput& x) {
     meta["input_token_logprobs"] =
       logprob_list(x.input_token_logprobs, x.input_token_ids, x.input_token_texts);
   }
-  if (x.routed_experts) {
-    // SGLang's routing replay payload: base64 of the little-endian int32 array.
-    std::vector<std::byte> bytes(x.routed_experts->size() * 4);
-    for (std::size_t i = 0; i < x.routed_experts->size(); ++i) {
-      auto v = static_cast<uint32_t>((*x.routed_experts)[i]);
-      for (int b = 0; b < 4; ++b)
-        bytes[i * 4 + b] = static_cast<std::byte>((v >> (8 * b)) & 0xff);
-    }
-    meta["routed_experts"] = base64_encode(bytes);
+  if (x.routed_experts) { // SGLang's routing replay payload
+    meta["routed_experts"] = base64_int32(*x.routed_experts);
     meta["routed_experts_start_len"] = x.routed_experts_start_len;
+  }
+  if (x.top_p_token_counts) { // slime's top-p replay (its patched SGLang's names and encoding)
+    std::vector<int32_t> offsets(x.top_p_token_counts->size() + 1, 0);
+    for (std::size_t i = 0; i < x.top_p_token_counts->size(); ++i)
+      offsets[i + 1] = offsets[i] + (*x.top_p_token_counts)[i];
+    meta["top_p_token_ids"] = base64_int32(x.top_p_token_ids);
+    meta["top_p_token_offsets"] = base64_int32(offsets);
   }
   // Top logprobs only when asked for: output rows without alternatives are placeholders, and the
   // prompt rows exist only when top_logprobs_num > 0.

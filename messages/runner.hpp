@@ -55,6 +55,9 @@ struct SequenceWork {
   // Routing replay: return the router's top-k expert ids of every layer for every position of
   // `tokens` (WorkResult::routed_experts).
   bool return_routed_experts = false;
+  // Top-p replay (returns_top_p_token_ids): return the kept set of the sampled token
+  // (WorkResult::top_p_token_ids), whose logprob is then the one over that set (model::sampler).
+  bool return_top_p_token_ids = false;
   int32_t propose = 0;                // draft: tokens to propose after `tokens`
   std::vector<int32_t> draft_tokens;  // target: proposals to verify
   std::vector<float> draft_probs;     // target: [k, vocab] draft distributions (empty if greedy)
@@ -99,6 +102,10 @@ struct WorkResult {
   // return_routed_experts: [tokens run, num_hidden_layers, num_experts_per_tok] expert ids, -1
   // in dense layers (empty for a model without experts).
   std::vector<int32_t> routed_experts;
+  // return_top_p_token_ids: the kept sets of the new tokens, flattened, and one count per new
+  // token (the sampled one; speculation is off for such requests).
+  std::vector<int32_t> top_p_token_ids;
+  std::vector<int32_t> top_p_token_counts;
 };
 
 // The answer to a ForwardBatch, by its positions. Every position has its sampled token and that
@@ -262,7 +269,7 @@ typename Inspector::result_type inspect(Inspector& f, SequenceWork& x) {
   return f(caf::meta::type_name("SequenceWork"), x.new_sequence, x.new_blocks, x.cached_tokens,
            x.copy_from_block, x.kv_length, x.tokens, x.sample, x.sampling_params, x.sampling_seed,
            x.generated_tokens, x.top_logprobs_num, x.scored_tokens, x.return_routed_experts,
-           x.propose, x.draft_tokens, x.draft_probs, x.draft_probs_on_device);
+           x.return_top_p_token_ids, x.propose, x.draft_tokens, x.draft_probs, x.draft_probs_on_device);
 }
 
 template <class Inspector>
@@ -274,7 +281,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkResult& x) {
   return f(caf::meta::type_name("WorkResult"), x.accepted_tokens, x.accepted_logprobs,
            x.proposed_tokens, x.draft_probs, x.draft_probs_on_device, x.top_logprobs, x.scored_logprobs,
-           x.scored_top_logprobs, x.routed_experts);
+           x.scored_top_logprobs, x.routed_experts, x.top_p_token_ids, x.top_p_token_counts);
 }
 
 template <class Inspector>

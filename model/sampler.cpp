@@ -111,8 +111,11 @@ float rng::uniform() { return static_cast<float>(next() >> 40) * 0x1.0p-24f; }
 
 sampler::sampler(uint64_t seed) : rng_(seed) {}
 
-sampled_token sampler::sample(std::span<const float> logits, const sampling_config& cfg) {
+sampled_token sampler::sample(std::span<const float> logits, const sampling_config& cfg,
+                              std::vector<int32_t>* kept) {
   const auto V = static_cast<int64_t>(logits.size());
+  if (kept)
+    kept->clear();
   if (V == 0)
     return {-1, k_neg_inf};
   auto logit = [&](int64_t i) { return std::isnan(logits[i]) ? k_neg_inf : logits[i]; };
@@ -123,8 +126,12 @@ sampled_token sampler::sample(std::span<const float> logits, const sampling_conf
       if (logit(i) > logit(best)) // strict: the lowest id wins ties
         best = i;
     const double m = logit(best);
+    if (kept) // the kept set is the token alone: its logprob over it is log(1)
+      kept->push_back(static_cast<int32_t>(best));
     if (std::isinf(m))
       return {static_cast<int32_t>(best), m > 0 ? 0.0f : k_neg_inf};
+    if (kept)
+      return {static_cast<int32_t>(best), 0.0f};
     const double norm = kernels::row_log_norm(V, m, [&](int64_t i) { return double(logit(i)); });
     return {static_cast<int32_t>(best), kernels::scaled_logprob(m, m, norm)};
   }
@@ -134,8 +141,11 @@ sampled_token sampler::sample(std::span<const float> logits, const sampling_conf
   for (int64_t i = 0; i < V; ++i)
     m = std::max(m, double(logit(i)) * inv_t);
   const float u = rng_.uniform(); // drawn before any early return: one draw per call
-  if (!std::isfinite(m))
+  if (!std::isfinite(m)) {
+    if (kept)
+      kept->push_back(0);
     return {0, k_neg_inf};
+  }
   const double norm = scaled_softmax(logits, inv_t, m, probs_);
   const auto n = static_cast<int64_t>(keep_candidates(probs_, order_, cfg, static_cast<float>(std::exp(-norm))));
 
@@ -154,7 +164,15 @@ sampled_token sampler::sample(std::span<const float> logits, const sampling_conf
     if (target < acc)
       break;
   }
-  return {token, kernels::scaled_logprob(double(logit(token)) * inv_t, m, norm)};
+  const double z = double(logit(token)) * inv_t;
+  if (!kept)
+    return {token, kernels::scaled_logprob(z, m, norm)};
+  kept->assign(order_.begin(), order_.begin() + n);
+  // The same normalizer as the row's, over the kept ids only (m, the row's largest z, is the
+  // most probable token's, which every filter keeps).
+  const double kept_norm = kernels::row_log_norm(
+    n, m, [&](int64_t i) { return double(logit(order_[static_cast<std::size_t>(i)])) * inv_t; });
+  return {token, kernels::scaled_logprob(z, m, kept_norm)};
 }
 
 void sampler::distribution(std::span<const float> logits, const sampling_config& cfg,

@@ -11,6 +11,14 @@
 // filtering (SGLang's default: the policy's probability of the token, which is what the trainer
 // recomputes); for greedy it is log_softmax(logits)[token].
 //
+// Top-p replay (slime's --rollout-top-p; the caller passes `kept` when the request returns kept
+// sets, messages/generate.hpp returns_top_p_token_ids): sample() also writes the KEPT SET its
+// token was drawn from, the survivors of top-k / top-p / min-p above, in the order the draw walks
+// them (most probable first, ties to the lower id, when top-k or top-p is on; by id otherwise;
+// greedy: the token alone), so the token is always in it. The logprob is then the one over that
+// set: log_softmax of logits / T restricted to the kept ids, at the token (greedy: 0), which is
+// what slime's loss recomputes over the same set (its patched SGLang renormalizes the same way).
+//
 // The generator is xoshiro256** seeded through splitmix64, and uniforms are 24-bit floats: the
 // same seed gives the same tokens on every platform and compiler (std:: distributions do not).
 // Ties in the top-k / top-p ordering are broken by the lower id, so filtering is deterministic too.
@@ -89,7 +97,9 @@ public:
   // `logits` has one entry per vocabulary id (NaN counts as -inf). An empty span returns
   // {-1, -inf}. Draws exactly one uniform per non-greedy call, so a request's token stream
   // depends only on its seed and its logits.
-  sampled_token sample(std::span<const float> logits, const sampling_config& cfg);
+  // With `kept`: the kept set and the logprob over it (top-p replay, above).
+  sampled_token sample(std::span<const float> logits, const sampling_config& cfg,
+                       std::vector<int32_t>* kept = nullptr);
 
   // For speculative decoding, which needs the distributions themselves. `distribution` writes
   // the distribution sample() draws from: softmax(logits / T) after top-k / top-p / min-p,

@@ -389,12 +389,11 @@ std::vector<bad_case> bad_cases() {
      {"input_embeds: not supported by rlserve (got [[0.1]]); send text or input_ids"}},
     {"regex", gen, R"({"text": "a", "sampling_params": {"regex": "a+"}})",
      {R"(sampling_params.regex: not supported by rlserve (got "a+"))"}},
-    // slime's top-p replay switch (sglang_rollout.py sends it whenever --rollout-top-p < 1): its
-    // replies (kept nucleus ids, renormalized logprobs) are not produced, so it is refused.
-    {"top-p replay", gen,
-     R"({"input_ids": [1], "sampling_params": {"top_p": 0.9, "custom_params": {"return_top_p_token_ids": true}}})",
-     {"sampling_params.custom_params.return_top_p_token_ids: not supported by rlserve (got true)",
-      "--rollout-top-p 1.0"}},
+    // slime's top-p replay switch (sglang_rollout.py sends it whenever --rollout-top-p < 1): a
+    // bool or null; anything else is refused rather than read as SGLang's truthiness.
+    {"top-p replay not a bool", gen,
+     R"({"input_ids": [1], "sampling_params": {"top_p": 0.9, "custom_params": {"return_top_p_token_ids": "yes"}}})",
+     {R"(sampling_params.custom_params.return_top_p_token_ids: expected true, false or null, got "yes")"}},
     // miles' DSA indexer replay: no served model has an indexer (false is inert).
     {"indexer replay", gen, R"({"input_ids": [1], "return_indexer_topk": true})",
      {"return_indexer_topk: not supported by rlserve (got true); no model rlserve serves has a DSA indexer"}},
@@ -619,7 +618,9 @@ BOOST_AUTO_TEST_CASE(accepted_edges_and_sglang_forms) {
   BOOST_TEST(sp(R"({"stop": "###"})").stop == std::vector<std::string>{"###"});
   // Inert values of unsupported SGLang fields.
   sp(R"({"regex": null, "json_schema": "", "custom_params": {}, "logit_bias": {}})");
-  sp(R"({"custom_params": {"return_top_p_token_ids": false, "k": 1}})");
+  BOOST_TEST(!sp(R"({"custom_params": {"return_top_p_token_ids": false, "k": 1}})").return_top_p_token_ids);
+  BOOST_TEST(sp(R"({"custom_params": {"return_top_p_token_ids": true}})").return_top_p_token_ids);
+  BOOST_TEST(!sp(R"({"custom_params": {"return_top_p_token_ids": null}})").return_top_p_token_ids);
 
   auto gen = from_json<GenerateReqInput>(json::parse(
     R"({"text": "a", "input_ids": null, "lora_path": null, "return_hidden_states": false,

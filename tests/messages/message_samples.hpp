@@ -33,12 +33,12 @@ struct field_count; // no definition: a type without a count here is not compara
   struct field_count<rlserve::type> : std::integral_constant<std::size_t, n> {};
 
 // generate.hpp
-RLSERVE_FIELD_COUNT(SamplingParams, 18)
+RLSERVE_FIELD_COUNT(SamplingParams, 19)
 RLSERVE_FIELD_COUNT(GenerateReqInput, 12)
 RLSERVE_FIELD_COUNT(TokenizedGenerateReqInput, 12)
 RLSERVE_FIELD_COUNT(FinishReason, 4)
 RLSERVE_FIELD_COUNT(TopLogprob, 3)
-RLSERVE_FIELD_COUNT(GenerateReqOutput, 26)
+RLSERVE_FIELD_COUNT(GenerateReqOutput, 28)
 RLSERVE_FIELD_COUNT(TokenChunks, 1)
 RLSERVE_FIELD_COUNT(WeightVersionSpan, 2)
 RLSERVE_FIELD_COUNT(AbortReq, 3)
@@ -89,9 +89,9 @@ RLSERVE_FIELD_COUNT(GetServerInfoReqOutput, 36)
 RLSERVE_FIELD_COUNT(HealthCheckReqInput, 0)
 RLSERVE_FIELD_COUNT(HealthCheckReqOutput, 2)
 // runner.hpp
-RLSERVE_FIELD_COUNT(SequenceWork, 17)
+RLSERVE_FIELD_COUNT(SequenceWork, 18)
 RLSERVE_FIELD_COUNT(ForwardBatch, 4)
-RLSERVE_FIELD_COUNT(WorkResult, 9)
+RLSERVE_FIELD_COUNT(WorkResult, 11)
 RLSERVE_FIELD_COUNT(ForwardBatchOutput, 7)
 RLSERVE_FIELD_COUNT(ReleaseSequences, 1)
 RLSERVE_FIELD_COUNT(TensorSpec, 3)
@@ -392,6 +392,7 @@ struct samples<SamplingParams> : simple_samples<SamplingParams> {
     x.no_stop_trim = true;
     x.sampling_seed = UINT64_MAX;
     x.stream_interval = 8;
+    x.return_top_p_token_ids = true;
     return x;
   }
   static SamplingParams sparse() {
@@ -501,6 +502,8 @@ struct samples<GenerateReqOutput> : simple_samples<GenerateReqOutput> {
     x.input_top_logprobs = {{}, {{4, -0.75f, "x"}, {5, -1.25f, "y"}}};
     x.input_token_texts = {"a", "b"};
     x.routed_experts = std::vector<int32_t>{0, 3, -1, 2, 1, -1};
+    x.top_p_token_ids = {10, 40, 11, 12, 13, 7};
+    x.top_p_token_counts = std::vector<int32_t>{2, 1, 3};
     x.routed_experts_start_len = 1;
     x.finished = true;
     x.finish_reason = samples<FinishReason>::full();
@@ -959,8 +962,8 @@ struct samples<HealthCheckReqOutput> : status_samples<HealthCheckReqOutput> {};
 template <>
 struct samples<SequenceWork> : simple_samples<SequenceWork> {
   static SequenceWork full() {
-    return {true, {4, 9}, 32, 3, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, {6, 6}, 3, {5}, true, 4, {7, 8},
-            {0.25f, 0.75f}, true};
+    return {true, {4, 9}, 32, 3, 17, {1, 2}, false, samples<SamplingParams>::full(), 9, {6, 6}, 3, {5}, true, true, 4,
+            {7, 8}, {0.25f, 0.75f}, true};
   }
 };
 
@@ -975,7 +978,7 @@ template <>
 struct samples<WorkResult> : simple_samples<WorkResult> {
   static WorkResult full() {
     return {{42}, {-0.3f}, {8, 9}, {0.5f, 0.5f}, true, {{{42, -0.3f}, {43, -1.0f}}, {}}, {-2.0f},
-            {{{1, -2.0f}}}, {3, 1, -1, -1}};
+            {{{1, -2.0f}}}, {3, 1, -1, -1}, {42, 7, 3}, {3}};
   }
 };
 

@@ -39,8 +39,8 @@ Also read, at the same commit 624b824a898ab0ec1fcb4d373004c7f3852bf515:
                                                  meta_info.top_p_token_ids / top_p_token_offsets
                                                  (docker/patch/latest/sglang-top_p.patch), and
                                                  get_rollout_top_p_logprob_kwargs raises when a
-                                                 rollout lacks them: rlserve refuses the switch
-                                                 at /generate rather than let the step fail
+                                                 rollout lacks them (test_top_p_replay.py checks
+                                                 the kept sets against numpy)
   slime/rollout/sglang_streaming_rollout.py      generate_streaming: "stream": true; each data:
                                                  event is the result so far (text,
                                                  meta_info.output_token_logprobs), the terminal
@@ -64,8 +64,10 @@ What the replay leaves out, and why:
     update_weights_from_distributed (NCCL) need a GPU engine and a trainer process group:
     tests/gpu/test_nccl_update*.py.
 """
+import base64
 import json
 import os
+import struct
 import sys
 import threading
 
@@ -103,22 +105,27 @@ def generate(engine, max_new_tokens=6):
     return meta["weight_version"], tokens
 
 
-def top_p_replay_refused(engine):
-    """--rollout-top-p 0.9: GenerateState adds custom_params.return_top_p_token_ids, whose
-    replies slime's loss needs (top_p_token_ids / offsets, nucleus-renormalized logprobs). rlserve
-    does not produce them, so the request is refused at once, naming the field and the way out."""
+def top_p_replay(engine):
+    """--rollout-top-p 0.9: GenerateState adds custom_params.return_top_p_token_ids; the reply
+    carries meta_info.top_p_token_ids / top_p_token_offsets (base64 int32), which
+    Sample._apply_meta_info takes when len(offsets) == the new tokens + 1 (the kept sets
+    themselves are checked against numpy in test_top_p_replay.py)."""
     params = dict(slime_sampling_params(4), top_p=0.9, custom_params={"return_top_p_token_ids": True})
-    reply = engine.post("/generate", {"sampling_params": params, "return_logprob": True,
-                                      "input_ids": r.prompt_ids()})
-    t.check(reply.status == 400, f"top-p replay: HTTP {reply.status} {reply.text}")
-    t.check("sampling_params.custom_params.return_top_p_token_ids" in reply.text
-            and "--rollout-top-p 1.0" in reply.text, reply.text)
+    out = engine.post("/generate", {"sampling_params": params, "return_logprob": True,
+                                    "input_ids": r.prompt_ids()}).raise_for_status("top-p replay").json()
+    meta = out["meta_info"]
+    ids = base64.b64decode(meta["top_p_token_ids"])
+    offsets = struct.unpack(f"<{len(base64.b64decode(meta['top_p_token_offsets'])) // 4}i",
+                            base64.b64decode(meta["top_p_token_offsets"]))
+    t.check(len(offsets) == len(meta["output_token_logprobs"]) + 1 and offsets[0] == 0
+            and offsets[-1] * 4 == len(ids), meta)
     # Other custom_params (a custom logit processor's, which rlserve refuses separately) are
-    # still accepted and ignored, as is the switch when false.
+    # accepted and ignored, as is the switch when false: no top-p fields then.
     for custom in ({"return_top_p_token_ids": False}, {"some_processor_arg": 1}):
         params = dict(slime_sampling_params(2), top_p=0.9, custom_params=custom)
-        engine.post("/generate", {"sampling_params": params, "input_ids": r.prompt_ids()}).raise_for_status(
-            f"custom_params {custom}")
+        meta = engine.post("/generate", {"sampling_params": params, "input_ids": r.prompt_ids()}).raise_for_status(
+            f"custom_params {custom}").json()["meta_info"]
+        t.check("top_p_token_ids" not in meta and "top_p_token_offsets" not in meta, meta)
 
 
 def generate_streaming(engine, max_new_tokens=5):
@@ -186,7 +193,7 @@ def main():
             # Rollout on the initial weights (the reset ones: any tokens will do).
             version, _ = generate(engine)
             t.check(version == "0", version)
-            top_p_replay_refused(engine)
+            top_p_replay(engine)
             generate_streaming(engine)
             # The agent adapters' turn, and their abort of it by rid on a client cancel (the
             # request has finished by then: SGLang answers an unknown rid with success too).

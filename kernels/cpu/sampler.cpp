@@ -29,6 +29,9 @@ kernel_status sample_can_implement(const sample_args& a) {
                      a.top_p == nullptr || a.min_p == nullptr || a.uniform == nullptr || a.token == nullptr ||
                      a.logprob == nullptr))
     return kernel_status::invalid_problem;
+  if (a.want_kept && a.rows > 0 &&
+      (a.kept_ids == nullptr || a.kept_count == nullptr || a.kept_cap < 1 || a.kept_cap > k_kept_cap_max))
+    return kernel_status::invalid_problem;
   return kernel_status::ok;
 }
 
@@ -44,9 +47,20 @@ kernel_status sample_ref(const sample_args& a) {
     const float* logits = a.logits + r * V;
     auto logit = [&](int64_t i) { return std::isnan(logits[i]) ? k_neg_inf : logits[i]; };
     const float T = a.temperature[r];
+    const bool want = a.want_kept && a.want_kept[r] != 0 && T >= 0.0f;
+    // The row's kept set (top-p replay): count n of order's first ids, or -1 when it does not fit.
+    auto list = [&](const int32_t* ids, int64_t n) {
+      if (!a.want_kept)
+        return;
+      const bool fits = want && n <= a.kept_cap;
+      a.kept_count[r] = !want ? 0 : fits ? static_cast<int32_t>(n) : -1;
+      for (int64_t i = 0; i < a.kept_cap; ++i)
+        a.kept_ids[r * a.kept_cap + i] = fits && i < n ? ids[i] : -1;
+    };
     if (T < 0.0f) { // padding row
       a.token[r] = -1;
       a.logprob[r] = k_neg_inf;
+      list(nullptr, 0);
       continue;
     }
     if (!(T >= k_greedy_temperature)) {
@@ -56,11 +70,13 @@ kernel_status sample_ref(const sample_args& a) {
           best = i;
       const double m = logit(best);
       a.token[r] = static_cast<int32_t>(best);
+      list(&a.token[r], 1);
       if (std::isinf(m)) {
         a.logprob[r] = m > 0 ? 0.0f : k_neg_inf;
         continue;
       }
-      a.logprob[r] = scaled_logprob(m, m, row_log_norm(V, m, [&](int64_t i) { return double(logit(i)); }));
+      a.logprob[r] = want ? 0.0f // log(1): the token is its kept set
+                          : scaled_logprob(m, m, row_log_norm(V, m, [&](int64_t i) { return double(logit(i)); }));
       continue;
     }
     const double inv_t = 1.0 / double(T);
@@ -70,6 +86,7 @@ kernel_status sample_ref(const sample_args& a) {
     if (!std::isfinite(m)) {
       a.token[r] = 0;
       a.logprob[r] = k_neg_inf;
+      list(&a.token[r], 1);
       continue;
     }
     const double norm = row_log_norm(V, m, [&](int64_t i) { return double(logit(i)) * inv_t; });
@@ -94,7 +111,13 @@ kernel_status sample_ref(const sample_args& a) {
         break;
     }
     a.token[r] = token;
-    a.logprob[r] = scaled_logprob(double(logit(token)) * inv_t, m, norm);
+    list(order.data(), n);
+    // Listed: the logprob over the set (model::sampler::sample's kept normalizer).
+    const double kept_norm =
+      want && n <= a.kept_cap
+        ? row_log_norm(n, m, [&](int64_t i) { return double(logit(order[static_cast<std::size_t>(i)])) * inv_t; })
+        : norm;
+    a.logprob[r] = scaled_logprob(double(logit(token)) * inv_t, m, kept_norm);
   }
   return kernel_status::ok;
 }

@@ -14,6 +14,10 @@
 //            gives the top-p cut, the min-p cut, the kept mass and the walk, exactly as the CPU does.
 //   fallback when more than 8192 candidates: the same cuts by bisection on the 62-bit key over the
 //            whole row (one pass per bit; slow, only for very flat distributions with wide filters).
+// Top-p replay (want_kept): the sorted path lists the kept set from the sorted keys (their first n,
+// already in the CPU's order) and reports the logprob over it (one more block sum, in double);
+// greedy rows list the token. The id-order walk and the bisection fallback never hold the set in
+// one place, so they answer -1 (not listed) and the runner samples such a row on the host.
 // Masses are fixed point (p * 2^60 in uint64): every float p >= 2^-36 is summed exactly.
 // p = expf(z - lse) in fp32: a token can differ from the CPU's (double) choice only when the uniform
 // falls within ~1e-6 relative of a boundary, or when two different probabilities round apart
@@ -37,7 +41,8 @@ __global__ void __launch_bounds__(k_threads)
 sample_kernel(const float* __restrict__ logits, const float* __restrict__ temperature,
               const int32_t* __restrict__ top_k, const float* __restrict__ top_p, const float* __restrict__ min_p,
               const float* __restrict__ uniform, int32_t* __restrict__ token_out, float* __restrict__ logprob_out,
-              int64_t V) {
+              int64_t V, const int32_t* __restrict__ want_kept, int32_t* __restrict__ kept_ids,
+              int32_t* __restrict__ kept_count, int32_t kept_cap) {
   extern __shared__ unsigned long long keys[]; // [k_cap]
   __shared__ int hist_count[k_bins];
   __shared__ unsigned long long hist_mass[k_bins];
@@ -53,7 +58,19 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
   const int tid = threadIdx.x, lane = tid & 31, warp = tid / 32;
   const float* row = logits + r * V;
   const float T = temperature[r];
+  const bool want = want_kept != nullptr && want_kept[r] != 0 && T >= 0.0f;
+  // Top-p replay: slots 1.. of the row's list are -1 and its count `count`; slot 0 holds `first`
+  // (-1: none). Called by every thread of the block.
+  auto list = [&](int32_t count, int32_t first) {
+    if (want_kept == nullptr)
+      return;
+    for (int i = tid; i < kept_cap; i += k_threads)
+      kept_ids[r * kept_cap + i] = i == 0 ? first : -1;
+    if (tid == 0)
+      kept_count[r] = count;
+  };
   if (T < 0.0f) {
+    list(0, -1);
     if (tid == 0) {
       token_out[r] = -1;
       logprob_out[r] = -INFINITY;
@@ -133,6 +150,10 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
     if (greedy) {
       const bool finite = best != INFINITY && best != -INFINITY;
       const double norm = finite ? host_log_norm(row, V, best, 1.0, scr) : 0.0; // every thread: it syncs the block
+      if (want)
+        list(1, best_i);
+      else
+        list(0, -1);
       if (tid == 0) {
         token_out[r] = best_i;
         if (best == INFINITY)
@@ -140,11 +161,15 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
         else if (best == -INFINITY)
           logprob_out[r] = -INFINITY;
         else
-          logprob_out[r] = scaled_logprob(double(best), double(best), norm); // -norm
+          logprob_out[r] = want ? 0.0f : scaled_logprob(double(best), double(best), norm); // -norm
       }
       return;
     }
     if (best == INFINITY || best == -INFINITY || !(M > -INFINITY)) {
+      if (want)
+        list(1, 0);
+      else
+        list(0, -1);
       if (tid == 0) {
         token_out[r] = 0;
         logprob_out[r] = -INFINITY;
@@ -173,17 +198,18 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
     return z == -INFINITY ? 0.0f : expf(z - lse);
   };
   auto prob = [&](int64_t i) { return prob_of(logit_at(row, i)); };
-  auto write = [&](int token) { // by one thread
+  auto write = [&](int token, double row_norm) { // by one thread
     token_out[r] = token;
     const double inv_t_d = 1.0 / double(T);
-    logprob_out[r] = scaled_logprob(scaled_logit(logit_at(row, token), inv_t_d), scaled_logit(best, inv_t_d), norm);
+    logprob_out[r] = scaled_logprob(scaled_logit(logit_at(row, token), inv_t_d), scaled_logit(best, inv_t_d), row_norm);
   };
   auto finish = [&](int token) {
     if (tid == 0)
-      write(token);
+      write(token, norm);
   };
 
   if (!use_k && !use_p) {
+    list(want ? -1 : 0, -1); // the id-order walk does not hold the set: the host lists it
     // ---- id-order walk over the kept tokens (p >= thr with min-p)
     const int64_t chunk = ((V + k_warps - 1) / k_warps + 31) / 32 * 32;
     const int64_t c0 = warp * chunk, c1 = c0 + chunk < V ? c0 + chunk : V;
@@ -253,7 +279,7 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
         base += __shfl_sync(0xffffffffu, incl, 31);
       }
       if (lane == 0)
-        write(found >= 0 ? found : best_i);
+        write(found >= 0 ? found : best_i, norm);
     }
     return;
   }
@@ -436,11 +462,39 @@ sample_kernel(const float* __restrict__ logits, const float* __restrict__ temper
           break;
         }
     }
-    finish(static_cast<int>(~static_cast<uint32_t>(keys[first] & 0xffffffffu)));
+    const int token = static_cast<int>(~static_cast<uint32_t>(keys[first] & 0xffffffffu));
+    if (!want || n3 > kept_cap) {
+      list(want ? -1 : 0, -1);
+      finish(token);
+      return;
+    }
+    // Top-p replay: the kept set is keys[0, n3), in the CPU's order; the logprob is taken over it
+    // with the host's arithmetic (model::sampler: ties to the top z counted, the rest summed).
+    for (int i = tid; i < kept_cap; i += k_threads)
+      kept_ids[r * kept_cap + i] = i < n3 ? static_cast<int32_t>(~static_cast<uint32_t>(keys[i] & 0xffffffffu)) : -1;
+    if (tid == 0)
+      kept_count[r] = n3;
+    const double inv_t_d = 1.0 / double(T), m_d = scaled_logit(best, inv_t_d);
+    double rest = 0.0;
+    int ties = 0;
+    for (int i = tid; i < n3; i += k_threads) {
+      const int id = static_cast<int>(~static_cast<uint32_t>(keys[i] & 0xffffffffu));
+      const double d = sub_rn(scaled_logit(logit_at(row, id), inv_t_d), m_d);
+      if (d == 0.0)
+        ++ties;
+      else
+        rest += exp(d);
+    }
+    rest = block_sum_double(rest, scr);
+    __syncthreads();
+    ties = block_sum_int(ties, scr);
+    if (tid == 0)
+      write(token, log_norm(ties, rest));
     return;
   }
 
   // ---- fallback: bisection on the 62-bit key over the whole row
+  list(want ? -1 : 0, -1); // the bisection does not hold the set: the host lists it
   auto max_key = [&](auto pred) { // the largest key kq with pred(count(>= kq), mass(>= kq))
     unsigned long long kq = 0;
     for (int bit = 61; bit >= 0; --bit) {
@@ -494,7 +548,8 @@ kernel_status sample_launch(const sample_args& a, void*, cudaStream_t stream) {
   constexpr std::size_t smem = k_cap * sizeof(unsigned long long);
   RLSERVE_CUDA_TRY(cudaFuncSetAttribute(sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   RLSERVE_CUDA_TRY(launch_programmatic(sample_kernel, static_cast<unsigned>(a.rows), k_threads, smem, stream, a.logits,
-                                      a.temperature, a.top_k, a.top_p, a.min_p, a.uniform, a.token, a.logprob, a.vocab));
+                                      a.temperature, a.top_k, a.top_p, a.min_p, a.uniform, a.token, a.logprob, a.vocab,
+                                      a.want_kept, a.kept_ids, a.kept_count, a.kept_cap));
   return kernel_status::ok;
 }
 

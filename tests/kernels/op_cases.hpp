@@ -24,6 +24,7 @@
 #include "kernels/gemm_bf16_invariant.hpp"
 #include "kernels/gemv_bf16.hpp"
 #include "kernels/rms_norm.hpp"
+#include "kernels/sampler.hpp"
 #include "tests/kernels/int4_test_util.hpp"
 
 namespace rlserve::test::ops {
@@ -307,6 +308,55 @@ inline op_case gemm_bf16_invariant_case(int64_t rows, int64_t n, int64_t k, bool
 
 // The table: small shapes that reach the edges of each kernel, then the Qwen3-30B-A3B ones (hidden
 // 2048, 32 query and 4 KV heads of 128, experts of 768, the 128-expert router).
+// The GPU sampler with top-p replay's kept sets (kernels/sampler.hpp): one row per rule (greedy,
+// top-p, top-k with top-p, top-p with min-p, a row that does not ask, top-k alone), logits peaked
+// enough that every set fits kept_cap and the sorted path runs (the id-order walk and the
+// bisection answer -1 on the device only, so a table case keeps to rows both list alike). Token
+// and sets exact; the logprob over the set as close as the two sums' orders allow.
+inline op_case sample_kept_case(int64_t vocab, int32_t kept_cap) {
+  constexpr int64_t rows = 6;
+  op_case c;
+  c.name = "sample_kept " + std::to_string(vocab) + " cap " + std::to_string(kept_cap);
+  c.arrays = {{"logits", elem::f32, rows * vocab, role::input, 3.0},
+              {"temperature", elem::f32, rows, role::input, 0},
+              {"top_k", elem::i32, rows, role::input},
+              {"top_p", elem::f32, rows, role::input, 0},
+              {"min_p", elem::f32, rows, role::input, 0},
+              {"uniform", elem::f32, rows, role::input, 0},
+              {"want_kept", elem::i32, rows, role::input},
+              {"token", elem::i32, rows, role::output},
+              {"logprob", elem::f32, rows, role::output, 0, 0, 0, 1e-6},
+              {"kept_ids", elem::i32, rows * kept_cap, role::output},
+              {"kept_count", elem::i32, rows, role::output}};
+  c.adjust = [](host_arrays& a) {
+    const float temperature[rows] = {0.0f, 0.8f, 1.0f, 0.7f, 1.0f, 1.2f};
+    const int32_t top_k[rows] = {-1, -1, 20, -1, -1, 5};
+    const float top_p[rows] = {1.0f, 0.6f, 0.9f, 0.8f, 0.5f, 1.0f};
+    const float min_p[rows] = {0.0f, 0.0f, 0.0f, 0.05f, 0.0f, 0.0f};
+    const float uniform[rows] = {0.0f, 0.37f, 0.91f, 0.05f, 0.5f, 0.73f};
+    const int32_t want[rows] = {1, 1, 1, 1, 0, 1};
+    for (int64_t r = 0; r < rows; ++r) {
+      at<float>(a, 1)[r] = temperature[r];
+      at<int32_t>(a, 2)[r] = top_k[r];
+      at<float>(a, 3)[r] = top_p[r];
+      at<float>(a, 4)[r] = min_p[r];
+      at<float>(a, 5)[r] = uniform[r];
+      at<int32_t>(a, 6)[r] = want[r];
+    }
+  };
+  c.call = [vocab, kept_cap](backend b, const std::vector<void*>& p) {
+    kernels::sample_args args{as<float>(p[0]), as<float>(p[1]), as<int32_t>(p[2]), as<float>(p[3]),
+                              as<float>(p[4]), as<float>(p[5]), as<int32_t>(p[7]), as<float>(p[8]),
+                              rows, vocab};
+    args.want_kept = as<int32_t>(p[6]);
+    args.kept_ids = as<int32_t>(p[9]);
+    args.kept_count = as<int32_t>(p[10]);
+    args.kept_cap = kept_cap;
+    return b == backend::cpu ? kernels::sample_ref(args) : kernels::sample_launch(args, nullptr, nullptr);
+  };
+  return c;
+}
+
 inline std::vector<op_case> op_cases() {
   std::vector<op_case> out;
   for (auto [r, c] : {std::pair<int64_t, int64_t>{1, 64}, {3, 100}, {5, 1}, {2, 12345}, {17, 4096}, {128, 2048}})
@@ -334,6 +384,8 @@ inline std::vector<op_case> op_cases() {
     out.push_back(gemm_bf16_invariant_case(20, 60, 128, f32));    // n % 16: a partial column group
     out.push_back(gemm_bf16_invariant_case(64, 60, 80, f32));     // the ring's 4 row blocks, both tails
   }
+  out.push_back(sample_kept_case(4096, 512));
+  out.push_back(sample_kept_case(1000, 8)); // sets beyond the cap: -1 on both
   return out;
 }
 

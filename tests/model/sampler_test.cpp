@@ -2,6 +2,7 @@
 // logprobs, and the sampled frequencies against the distribution (chi-square).
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -356,6 +357,55 @@ BOOST_AUTO_TEST_CASE(gpu_sampler_reference_equals_the_host_sampler) {
   BOOST_REQUIRE(rlserve::kernels::sample_ref(pad) == rlserve::kernels::kernel_status::ok);
   BOOST_TEST(token == -1);
   BOOST_TEST(rows_checked == 120);
+}
+
+// Top-p replay: the twin lists the kept set model::sampler::sample draws from (same ids, same
+// order) and reports the same logprob over it, bit for bit; a set beyond kept_cap is -1 there
+// with the unfiltered logprob.
+BOOST_AUTO_TEST_CASE(gpu_sampler_reference_lists_the_host_samplers_kept_set) {
+  std::mt19937_64 gen(77);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const int64_t V = 2000;
+  for (int trial = 0; trial < 60; ++trial) {
+    std::vector<float> logits(static_cast<std::size_t>(V));
+    for (auto& l : logits)
+      l = normal(gen);
+    sampling_config cfg;
+    cfg.temperature = trial % 7 == 0 ? 0.0f : 0.3f + 0.03f * static_cast<float>(trial % 40);
+    cfg.top_k = trial % 3 == 0 ? 1 + trial % 30 : -1;
+    cfg.top_p = trial % 3 == 0 && trial % 2 == 0 ? 1.0f : 0.5f + 0.008f * static_cast<float>(trial);
+    cfg.min_p = trial % 5 == 2 ? 0.03f : 0.0f;
+    sampler host(500 + static_cast<uint64_t>(trial));
+    const float u = host.peek_uniform();
+    std::vector<int32_t> kept;
+    const sampled_token want = host.sample(logits, cfg, &kept);
+    BOOST_TEST_INFO("trial " << trial << " T " << cfg.temperature << " top-k " << cfg.top_k << " top-p "
+                             << cfg.top_p << " min-p " << cfg.min_p);
+    BOOST_TEST((std::find(kept.begin(), kept.end(), want.token) != kept.end()));
+    for (int32_t cap : {static_cast<int32_t>(V), 4}) {
+      const float temperature = cfg.temperature;
+      const int32_t top_k = cfg.top_k, ask = 1;
+      float lp = 0.0f;
+      int32_t token = -2, count = -2;
+      std::vector<int32_t> ids(static_cast<std::size_t>(cap), -2);
+      rlserve::kernels::sample_args a{logits.data(), &temperature, &top_k, &cfg.top_p, &cfg.min_p, &u,
+                                      &token, &lp, 1, V};
+      a.want_kept = &ask;
+      a.kept_ids = ids.data();
+      a.kept_count = &count;
+      a.kept_cap = cap;
+      BOOST_REQUIRE(rlserve::kernels::sample_ref(a) == rlserve::kernels::kernel_status::ok);
+      BOOST_TEST(token == want.token);
+      if (static_cast<int64_t>(kept.size()) <= cap) {
+        BOOST_TEST(count == static_cast<int32_t>(kept.size()));
+        BOOST_TEST((std::vector<int32_t>(ids.begin(), ids.begin() + count) == kept));
+        BOOST_TEST(lp == want.logprob);
+      } else {
+        BOOST_TEST(count == -1);
+        BOOST_TEST(lp == rlserve::model::token_logprob(logits, cfg.temperature, want.token));
+      }
+    }
+  }
 }
 
 // SGLang's penalties over generated tokens, worked by hand: frequency and presence subtract,

@@ -1,7 +1,9 @@
 """The trainers' replays of tests/python (miles, slime, verl: each RL step's calls in each
 trainer's order, weight versions in every order miles and slime name them, pauses of each mode,
 checksum audits) against `rlserve serve --device cuda`: the GPU runner under the same calls as
-the CPU engine in CI. Needs RLSERVE_BIN."""
+the CPU engine in CI. The engine runs its batch-invariant forward (--enable-deterministic-
+inference), since miles' batched prefill scoring is checked to equal the single requests' bit for
+bit, which the CPU engine always is and the GPU's default forward is not. Needs RLSERVE_BIN."""
 import os
 import subprocess
 import sys
@@ -11,7 +13,7 @@ REPLAYS = ["test_trainer_miles.py", "test_trainer_slime.py", "test_trainer_verl.
 
 
 def main():
-    env = dict(os.environ, RLSERVE_REPLAY_DEVICE="cuda")
+    env = dict(os.environ, RLSERVE_REPLAY_DEVICE="cuda", RLSERVE_REPLAY_ARGS="--enable-deterministic-inference")
     failed = []
     for name in REPLAYS:
         proc = subprocess.run([sys.executable, os.path.join(HERE, "..", "python", name)], env=env,

@@ -65,10 +65,13 @@ class Engine:
 
 
 def make_models(tmp):
-    """Two tiny Qwen3 checkpoints of the same shapes: (model_a, model_b)."""
+    """Two Qwen3 checkpoints of the same shapes: (model_a, model_b). Tiny on the CPU; on a GPU the
+    `medium` preset, the smallest shapes the GPU kernels run (head_dim 64)."""
     a, b = os.path.join(tmp, "model_a"), os.path.join(tmp, "model_b")
-    t.run("make-model", "--arch", "qwen3", "--preset", "tiny", "--out", a, "--seed", "11")
-    t.run("make-model", "--arch", "qwen3", "--preset", "tiny", "--out", b, "--seed", "22")
+    default = "tiny" if os.environ.get("RLSERVE_REPLAY_DEVICE", "cpu") == "cpu" else "medium"
+    preset = os.environ.get("RLSERVE_REPLAY_PRESET", default)
+    t.run("make-model", "--arch", "qwen3", "--preset", preset, "--out", a, "--seed", "11")
+    t.run("make-model", "--arch", "qwen3", "--preset", preset, "--out", b, "--seed", "22")
     return a, b
 
 
@@ -77,7 +80,8 @@ def start(tmp, model, *extra):
     replays the same trainers' calls against a GPU runner: tests/gpu/test_trainer_replays_gpu.py)."""
     env = dict(os.environ, RLSERVE_CACHE_DIR=os.path.join(tmp, "cache"))
     device = os.environ.get("RLSERVE_REPLAY_DEVICE", "cpu")
-    proc, port = t.start_server(env, "--model", model, "--device", device, *extra)
+    more = os.environ.get("RLSERVE_REPLAY_ARGS", "").split()
+    proc, port = t.start_server(env, "--model", model, "--device", device, *more, *extra)
     return proc, Engine(port)
 
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "net/protocol.hpp"
+#include "tests/support/raw_frames.hpp"
 
 using namespace rlserve;
 using namespace rlserve::test;
@@ -14,19 +15,6 @@ using net::json;
 using net::server_message;
 
 namespace {
-
-std::span<const std::byte> as_bytes(const std::string& s) {
-  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
-}
-
-std::vector<std::byte> binary_frame_with_header(const std::string& header) {
-  std::vector<std::byte> f(4 + header.size());
-  uint32_t h = static_cast<uint32_t>(header.size());
-  for (int i = 0; i < 4; ++i)
-    f[static_cast<std::size_t>(i)] = static_cast<std::byte>((h >> (8 * i)) & 0xff);
-  std::memcpy(f.data() + 4, header.data(), header.size());
-  return f;
-}
 
 struct broken_case {
   std::string name;

@@ -16,6 +16,7 @@
 #include "model/checkpoint.hpp"
 #include "net/metrics.hpp"
 #include "net/protocol.hpp"
+#include "tests/support/raw_frames.hpp"
 
 using namespace rlserve;
 using namespace rlserve::test;
@@ -24,19 +25,6 @@ using net::server_message;
 namespace http = boost::beast::http;
 
 namespace {
-
-std::span<const std::byte> as_bytes(const std::string& s) {
-  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
-}
-
-std::vector<std::byte> binary_frame_with_header(const std::string& header) {
-  std::vector<std::byte> f(4 + header.size());
-  uint32_t h = static_cast<uint32_t>(header.size());
-  for (int i = 0; i < 4; ++i)
-    f[static_cast<std::size_t>(i)] = static_cast<std::byte>((h >> (8 * i)) & 0xff);
-  std::memcpy(f.data() + 4, header.data(), header.size());
-  return f;
-}
 
 // The tiny model's final norm (64 bf16 values), every value the bf16 `bits`, under `name`.
 NamedTensor norm_tensor(uint16_t bits, std::string name = "model.norm.weight") {

@@ -339,6 +339,8 @@ expected<OpenAIChatRequest> parse_openai_chat_request(std::string_view body, std
     r.field("return_meta_info", x.return_meta_info);
     r.field("return_token_ids", x.return_token_ids);
     r.field("return_prompt_token_ids", x.return_prompt_token_ids);
+    r.field("return_input_ids_in_sglext", x.return_input_ids_in_sglext);
+    r.field("return_output_ids_in_sglext", x.return_output_ids_in_sglext);
     r.field("return_routed_experts", x.generate.return_routed_experts);
     r.unsupported("return_indexer_topk", false, "no model rlserve serves has a DSA indexer");
     r.field("routed_experts_start_len", x.generate.routed_experts_start_len, k_count);
@@ -352,14 +354,18 @@ expected<OpenAIChatRequest> parse_openai_chat_request(std::string_view body, std
       return;
     if (x.top_logprobs > 0 && !x.logprobs)
       r.fail("top_logprobs", "needs logprobs: true");
-    // The per-choice results come with the whole reply only (SGLang refuses return_meta_info
-    // when streaming too).
+    // The per-choice results come with the whole reply only, as SGLang refuses these three when
+    // streaming; the sglext ids are its streamable form.
     if (x.generate.stream)
       for (auto [key, set] : {std::pair{"return_meta_info", x.return_meta_info},
                               std::pair{"return_token_ids", x.return_token_ids},
                               std::pair{"return_prompt_token_ids", x.return_prompt_token_ids}})
         if (set && r.ok())
-          r.fail(key, "not supported with stream: true; send the request without streaming");
+          r.fail(key, std::string("not supported with stream: true; send the request without streaming") +
+                        (key == std::string_view("return_meta_info")
+                         ? ""
+                         : ", or ask for sglext.input_ids / output_ids (return_input_ids_in_sglext, "
+                           "return_output_ids_in_sglext), which stream"));
     // The routing rows come back in choices[i].meta_info.routed_experts only.
     if (x.generate.return_routed_experts && !x.return_meta_info && r.ok())
       r.fail("return_routed_experts", "needs return_meta_info: true (the rows come back in "

@@ -42,6 +42,11 @@ struct OpenAIChatRequest {
   bool return_meta_info = false;        // choices[i].meta_info: /generate's meta_info
   bool return_token_ids = false;        // choices[i].token_ids: the output token ids
   bool return_prompt_token_ids = false; // choices[i].prompt_token_ids: the prompt's token ids
+  // SGLang's response-level `sglext` ids, streamed or not: sglext.input_ids (the prompt's token
+  // ids, once) and sglext.output_ids (one list per choice); streamed, in one last chunk with no
+  // choices, before the usage chunk (SGLang's serving_chat.py).
+  bool return_input_ids_in_sglext = false;
+  bool return_output_ids_in_sglext = false;
   // OpenAI's tools, checked ({type: "function", function: {name, description?, parameters?,
   // strict?}} each), as sent; null when none were sent. The template is given their `function`
   // objects (SGLang's choice) and the server's --tool-call-parser reads calls of them back.

@@ -263,6 +263,26 @@ ojson usage_chunk(const openai_reply_context& cx, std::string_view object, int32
   return j;
 }
 
+ojson sglext_ids(const std::vector<int32_t>* input_ids, const std::vector<std::vector<int32_t>>* output_ids) {
+  if (!input_ids && !output_ids)
+    return nullptr;
+  ojson j = ojson::object();
+  if (input_ids)
+    j["input_ids"] = *input_ids;
+  if (output_ids)
+    j["output_ids"] = *output_ids;
+  return j;
+}
+
+ojson sglext_chunk(const openai_reply_context& cx, ojson sglext, bool include_usage) {
+  auto j = base(cx, "chat.completion.chunk");
+  j["choices"] = ojson::array();
+  j["sglext"] = std::move(sglext);
+  if (include_usage)
+    j["usage"] = nullptr;
+  return j;
+}
+
 ojson models_list(std::string_view model, int64_t created) {
   return {{"object", "list"},
           {"data", ojson::array({{{"id", model}, {"object", "model"}, {"created", created}, {"owned_by", "rlserve"},

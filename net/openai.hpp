@@ -100,6 +100,15 @@ std::vector<ojson> chat_delta_chunks(const openai_reply_context& cx, const chat_
 ojson usage_chunk(const openai_reply_context& cx, std::string_view object, int32_t prompt_tokens,
                   int32_t completion_tokens, int32_t cached_tokens);
 
+// SGLang's response-level `sglext` with token ids (serving_chat.py): `input_ids` (the prompt's
+// ids, once: n choices share the prompt) and `output_ids` (one list of generated token ids per
+// choice, the raw tokens whatever the parsers made of their text); a null pointer leaves its
+// field out, and with both out the result is null (SGLang then writes no sglext).
+ojson sglext_ids(const std::vector<int32_t>* input_ids, const std::vector<std::vector<int32_t>>* output_ids);
+// A streamed chat's sglext chunk: no choices, `sglext` (SGLang sends it once, after the finish
+// chunks and before the usage chunk). `include_usage`: a null usage field, as other chunks.
+ojson sglext_chunk(const openai_reply_context& cx, ojson sglext, bool include_usage);
+
 // GET /v1/models: the one served model.
 ojson models_list(std::string_view model, int64_t created);
 

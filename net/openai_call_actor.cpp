@@ -40,7 +40,16 @@ struct openai_state : call_state {
   // Chat's SGLang extensions (messages/openai.hpp): what each choice carries besides OpenAI's.
   bool return_meta_info = false;
   bool return_token_ids = false;
-  std::optional<std::vector<int32_t>> prompt_token_ids; // set when return_prompt_token_ids
+  // The prompt's token ids as the engine got them, when a reply field carries them: each
+  // choice's prompt_token_ids (return_prompt_token_ids, or return_token_ids: SGLang's rule) or
+  // sglext.input_ids.
+  std::optional<std::vector<int32_t>> prompt_ids;
+  bool choice_prompt_ids = false;
+  // SGLang's sglext ids (return_input_ids_in_sglext / return_output_ids_in_sglext); streamed,
+  // each choice's generated ids are gathered from its chunks for the last sglext chunk.
+  bool sglext_input = false;
+  bool sglext_output = false;
+  std::vector<std::vector<int32_t>> streamed_ids;
   // Chats with --tool-call-parser / --reasoning-parser at work: how each choice's text is split,
   // and, streamed, each choice's parser state and whether it made calls.
   chat_parsing parsing;
@@ -147,6 +156,8 @@ void on_sample_chunk(openai_actor* self, std::size_t k, const GenerateReqOutput&
   };
   const bool first = !s.sample_started[k];
   s.sample_started[k] = true;
+  if (s.sglext_output && k < s.streamed_ids.size())
+    s.streamed_ids[k].insert(s.streamed_ids[k].end(), chunk.output_ids.begin(), chunk.output_ids.end());
   if (s.kind == http_call::openai_completions) {
     indexed(completion_chunk(s.cx, chunk, s.logprobs, first ? s.echo_text : std::string(),
                              s.sample_offsets[k], s.include_usage));
@@ -174,6 +185,8 @@ void on_chunk(openai_actor* self, const GenerateReqOutput& chunk) {
     return;
   }
   s.st->stats.stream_chunk();
+  if (s.sglext_output && !s.streamed_ids.empty())
+    s.streamed_ids[0].insert(s.streamed_ids[0].end(), chunk.output_ids.begin(), chunk.output_ids.end());
   if (s.kind == http_call::openai_completions) {
     std::string prefix = s.events_sent ? std::string() : s.echo_text;
     event(self, completion_chunk(s.cx, chunk, s.logprobs, prefix, s.text_offset, s.include_usage));
@@ -199,9 +212,24 @@ ojson chat_choice(const openai_state& s, const GenerateReqOutput& out) {
     choice["meta_info"] = ojson::parse(to_json(out)["meta_info"].dump());
   if (s.return_token_ids)
     choice["token_ids"] = out.output_ids;
-  if (s.prompt_token_ids)
-    choice["prompt_token_ids"] = *s.prompt_token_ids;
+  if (s.choice_prompt_ids)
+    choice["prompt_token_ids"] = *s.prompt_ids;
   return choice;
+}
+
+// The reply's sglext of choices that generated `outputs` (null: none asked for).
+ojson reply_sglext(const openai_state& s, const std::vector<std::vector<int32_t>>& outputs) {
+  if (s.kind != http_call::openai_chat)
+    return nullptr;
+  return sglext_ids(s.sglext_input ? &*s.prompt_ids : nullptr, s.sglext_output ? &outputs : nullptr);
+}
+
+// Streamed chat: the sglext chunk, when asked for, once every choice succeeded (SGLang leaves
+// the ids out after an error).
+void send_sglext_chunk(openai_actor* self) {
+  auto& s = self->state;
+  if (auto x = reply_sglext(s, s.streamed_ids); !x.is_null())
+    event(self, sglext_chunk(s.cx, std::move(x), s.include_usage));
 }
 
 // The prompt tokens the prefix cache served, for the usage of n choices of one prompt (whose
@@ -224,7 +252,10 @@ void samples_done(openai_actor* self) {
   if (s.stream) {
     if (!failure.empty()) {
       event(self, ojson::parse(openai_error_body(failure)));
-    } else if (s.include_usage) {
+      return end_stream(self);
+    }
+    send_sglext_chunk(self);
+    if (s.include_usage) {
       int32_t completion = 0;
       for (const auto& o : samples)
         completion += o.completion_tokens;
@@ -251,6 +282,11 @@ void samples_done(openai_actor* self) {
     completion += samples[k].completion_tokens;
   }
   body["usage"] = usage(samples[0].prompt_tokens, completion, most_cached(samples));
+  std::vector<std::vector<int32_t>> outputs;
+  for (const auto& o : samples)
+    outputs.push_back(o.output_ids);
+  if (auto x = reply_sglext(s, outputs); !x.is_null())
+    body["sglext"] = std::move(x);
   reply_json(self, 200, body);
 }
 
@@ -301,6 +337,8 @@ void send_generate(openai_actor* self, GenerateReqInput req) {
         note_generate(*s.st, out);
         after_reply(*s.st, s.info, "http", true, out.success, 0);
         if (s.stream && s.events_sent) {
+          if (out.success)
+            send_sglext_chunk(self);
           if (s.include_usage && out.success)
             event(self, usage_chunk(s.cx, chunk_object(s.kind), out.prompt_tokens, out.completion_tokens,
                                     out.cached_tokens));
@@ -315,6 +353,8 @@ void send_generate(openai_actor* self, GenerateReqInput req) {
         if (s.kind == http_call::openai_chat) {
           auto body = chat_response(s.cx, out, s.logprobs);
           body["choices"][0] = chat_choice(s, out);
+          if (auto x = reply_sglext(s, {out.output_ids}); !x.is_null())
+            body["sglext"] = std::move(x);
           return reply_json(self, 200, body);
         }
         reply_json(self, 200, completion_response(s.cx, out, s.logprobs, s.echo_text));
@@ -418,9 +458,12 @@ void start_chat(openai_actor* self, const http_call& call) {
     req->generate.text = std::move(*prompt);
     // The prompt's token ids are wanted back: tokenize here, as the engine would (the same
     // tokenizer, the same call), and send the ids.
-    if (req->return_prompt_token_ids) {
+    if (const char* flag = req->return_prompt_token_ids      ? "return_prompt_token_ids"
+                           : req->return_token_ids           ? "return_token_ids"
+                           : req->return_input_ids_in_sglext ? "return_input_ids_in_sglext"
+                                                             : nullptr) {
       if (!s.st->tokenizer)
-        return refuse(self, 400, "return_prompt_token_ids: this model has no tokenizer.json");
+        return refuse(self, 400, std::string(flag) + ": this model has no tokenizer.json");
       req->generate.input_ids = s.st->tokenizer->encode(*req->generate.text);
       req->generate.text.reset();
     }
@@ -433,8 +476,12 @@ void start_chat(openai_actor* self, const http_call& call) {
   s.include_usage = req->include_usage;
   s.return_meta_info = req->return_meta_info;
   s.return_token_ids = req->return_token_ids;
-  if (req->return_prompt_token_ids)
-    s.prompt_token_ids = req->generate.input_ids;
+  s.choice_prompt_ids = req->return_prompt_token_ids || req->return_token_ids;
+  s.sglext_input = req->return_input_ids_in_sglext;
+  s.sglext_output = req->return_output_ids_in_sglext;
+  if (s.choice_prompt_ids || s.sglext_input)
+    s.prompt_ids = req->generate.input_ids;
+  s.streamed_ids.assign(static_cast<std::size_t>(std::max(req->generate.sampling_params.n, 1)), {});
   // OpenAI's chat has no default length: the reply may run to the model's context length
   // (the engine ends it there).
   if (!req->max_tokens_set)

@@ -232,4 +232,28 @@ BOOST_AUTO_TEST_CASE(chat_with_input_ids_and_meta_info) {
   BOOST_TEST(!bare->return_meta_info);
 }
 
+// SGLang's sglext ids (serving_chat.py): streamable, booleans only, refused naming the field.
+BOOST_AUTO_TEST_CASE(chat_sglext_id_flags) {
+  const std::string hi = R"("messages": [{"role": "user", "content": "x"}])";
+  auto r = parse_openai_chat_request("{" + hi + R"(, "stream": true, "return_input_ids_in_sglext": true,
+                                          "return_output_ids_in_sglext": true})");
+  BOOST_REQUIRE_MESSAGE(r, r.error());
+  BOOST_TEST(r->return_input_ids_in_sglext);
+  BOOST_TEST(r->return_output_ids_in_sglext);
+  auto bare = parse_openai_chat_request("{" + hi + "}");
+  BOOST_REQUIRE(bare);
+  BOOST_TEST(!bare->return_input_ids_in_sglext);
+  BOOST_TEST(!bare->return_output_ids_in_sglext);
+  for (const char* key : {"return_input_ids_in_sglext", "return_output_ids_in_sglext"})
+    for (const char* bad : {"1", "\"yes\"", "[true]"}) {
+      auto e = parse_openai_chat_request("{" + hi + ", \"" + key + "\": " + bad + "}");
+      BOOST_REQUIRE(!e);
+      BOOST_TEST(e.error().rfind(std::string(key) + ": ", 0) == 0, e.error());
+    }
+  // The per-choice ids still refuse streaming, pointing at the sglext flags.
+  auto streamed = parse_openai_chat_request("{" + hi + R"(, "stream": true, "return_token_ids": true})");
+  BOOST_REQUIRE(!streamed);
+  BOOST_TEST(streamed.error().find("return_output_ids_in_sglext") != std::string::npos);
+}
+
 BOOST_AUTO_TEST_SUITE_END()

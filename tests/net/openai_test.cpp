@@ -129,4 +129,23 @@ BOOST_AUTO_TEST_CASE(v1_routes) {
   BOOST_TEST(refused(route_http_request(http::verb::post, "/v1/completions", "x", /*body_is_json=*/false)) == 415u);
 }
 
+// SGLang's sglext ids (serving_chat.py): only the fields asked for, none at all → null; n
+// choices → n output lists; the streamed form is a chunk with no choices.
+BOOST_AUTO_TEST_CASE(sglext_ids_shapes) {
+  const std::vector<int32_t> prompt{1, 2, 3};
+  const std::vector<std::vector<int32_t>> outputs{{97, 98}, {99}};
+  BOOST_TEST(sglext_ids(nullptr, nullptr).is_null());
+  BOOST_TEST(sglext_ids(&prompt, nullptr).dump() == R"({"input_ids":[1,2,3]})");
+  BOOST_TEST(sglext_ids(nullptr, &outputs).dump() == R"({"output_ids":[[97,98],[99]]})");
+  BOOST_TEST(sglext_ids(&prompt, &outputs).dump() == R"({"input_ids":[1,2,3],"output_ids":[[97,98],[99]]})");
+  const std::vector<std::vector<int32_t>> nothing_generated{{}};
+  BOOST_TEST(sglext_ids(nullptr, &nothing_generated).dump() == R"({"output_ids":[[]]})");
+  openai_reply_context cx{"chatcmpl-r1", 1700000000, "m", nullptr};
+  BOOST_TEST(sglext_chunk(cx, sglext_ids(&prompt, nullptr), false).dump() ==
+             R"({"id":"chatcmpl-r1","object":"chat.completion.chunk","created":1700000000,"model":"m",)"
+             R"("choices":[],"sglext":{"input_ids":[1,2,3]}})");
+  BOOST_TEST(sglext_chunk(cx, sglext_ids(nullptr, &outputs), true)["usage"].is_null());
+  BOOST_TEST(sglext_chunk(cx, sglext_ids(nullptr, &outputs), true).contains("usage"));
+}
+
 BOOST_AUTO_TEST_SUITE_END()

@@ -285,6 +285,54 @@ def error_checks(port):
     t.check(code == 401, code)
 
 
+def sglext_checks(port, tok, template):
+    """SGLang's sglext ids (serving_chat.py): the body's sglext, or streamed one chunk with no
+    choices before the usage chunk; input_ids once, output_ids one list per choice, equal to
+    /generate's output_ids for the same seeded request."""
+    messages = CHATS[0][0]
+    rendering = hf_environment().from_string(template).render(messages=messages, tools=None, documents=None,
+                                                              add_generation_prompt=True)
+    prompt_ids = tok.encode(rendering, add_special_tokens=False).ids
+    flags = {"return_input_ids_in_sglext": True, "return_output_ids_in_sglext": True}
+    for n in (1, 3):
+        body = dict(flags, messages=messages, max_tokens=7, temperature=0.8, seed=11, n=n)
+        whole = post(port, "/v1/chat/completions", body)
+        ext = whole["sglext"]
+        t.check(ext["input_ids"] == prompt_ids, (ext["input_ids"], prompt_ids))
+        t.check(len(ext["output_ids"]) == n and all(len(ids) == 7 for ids in ext["output_ids"]), ext)
+        t.check(all("token_ids" not in c and "prompt_token_ids" not in c for c in whole["choices"]), whole)
+        if n == 1:
+            ref = generate(port, {"text": rendering, "sampling_params": {"max_new_tokens": 7, "temperature": 0.8,
+                                                                         "sampling_seed": 11}})
+            t.check(ext["output_ids"][0] == ref["output_ids"], (ext, ref["output_ids"]))
+        chunks = stream(port, "/v1/chat/completions", dict(body, stream_options={"include_usage": True}))
+        t.check(chunks[-1]["choices"] == [] and "usage" in chunks[-1] and "sglext" not in chunks[-1], chunks[-1])
+        carrying = [c for c in chunks if "sglext" in c]
+        t.check(len(carrying) == 1 and carrying[0] is chunks[-2] and carrying[0]["choices"] == [], chunks[-3:])
+        t.check(carrying[0]["sglext"] == ext, (carrying[0]["sglext"], ext))
+        # Each choice's ids are those of the text it streamed.
+        for k in range(n):
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                           if c["choices"] and c["choices"][0]["index"] == k)
+            t.check(text == tok.decode(ext["output_ids"][k], skip_special_tokens=True), (k, text))
+    # One flag alone brings its field only; none, no sglext (streamed or not).
+    only_out = post(port, "/v1/chat/completions", {"messages": messages, "max_tokens": 3,
+                                                   "return_output_ids_in_sglext": True})
+    t.check(set(only_out["sglext"]) == {"output_ids"}, only_out)
+    only_in = stream(port, "/v1/chat/completions", {"messages": messages, "max_tokens": 3,
+                                                    "return_input_ids_in_sglext": True})
+    t.check([c["sglext"] for c in only_in if "sglext" in c] == [{"input_ids": prompt_ids}], only_in[-2:])
+    t.check("sglext" not in post(port, "/v1/chat/completions", {"messages": messages, "max_tokens": 3}), "sglext unasked")
+    t.check(all("sglext" not in c for c in stream(port, "/v1/chat/completions", {"messages": messages, "max_tokens": 3})),
+            "sglext unasked, streamed")
+    # return_token_ids also brings each choice's prompt_token_ids (SGLang's rule).
+    ids = post(port, "/v1/chat/completions", {"messages": messages, "max_tokens": 3, "return_token_ids": True})
+    t.check(ids["choices"][0]["prompt_token_ids"] == prompt_ids and len(ids["choices"][0]["token_ids"]) == 3, ids)
+    for key in flags:
+        for bad in ("yes", 1, [True]):
+            check_error(port, "/v1/chat/completions", {"messages": messages, key: bad}, 400, key, [key])
+
+
 def main():
     with t.temp_dir() as tmp:
         env = dict(os.environ, RLSERVE_CACHE_DIR=os.path.join(tmp, "cache"), RLSERVE_API_KEY=KEY)
@@ -299,6 +347,7 @@ def main():
             t.check(code == 200 and models["object"] == "list" and models["data"][0]["id"] == model_dir, text)
             completion_checks(port, tok)
             chat_checks(port, tok, template)
+            sglext_checks(port, tok, template)
             error_checks(port)
             code, _, _ = http(port, "GET", "/health", key=None)
             t.check(code == 200, "the server stopped answering after the bad requests")

@@ -177,7 +177,9 @@ void check_pause_abort(tokenizer_pointer self) {
   if (st.gate.running_generates() != 0 || st.pause_abort_waiters.empty())
     return;
   for (auto& rp : st.pause_abort_waiters)
-    rp.deliver(PauseGenerationReqOutput{true, "generation paused; running requests aborted"});
+    rp.deliver(PauseGenerationReqOutput{true, st.pause_mode_name == "drain"
+                                                ? "generation paused; running requests finished"
+                                                : "generation paused; running requests aborted"});
   st.pause_abort_waiters.clear();
 }
 
@@ -680,8 +682,8 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
       auto& st = self->state;
       // The JSON codec only makes the three modes; an in-process caller can cast any byte.
       if (req.mode != pause_mode::abort && req.mode != pause_mode::retract &&
-          req.mode != pause_mode::in_place)
-        return PauseGenerationReqOutput{false, "mode: expected abort, retract or in_place, got " +
+          req.mode != pause_mode::in_place && req.mode != pause_mode::drain)
+        return PauseGenerationReqOutput{false, "mode: expected abort, retract, in_place or drain, got " +
                                                  to_string(req.mode)};
       for (auto ticket : st.gate.pause()) {
         // A continue that had not taken effect yet: this later pause wins.
@@ -694,14 +696,16 @@ tokenizer_actor::behavior_type front_door(tokenizer_pointer self, scheduler_acto
         st.starters.erase(ticket);
       }
       st.pause_mode_name = std::string(to_string(req.mode));
-      if (req.mode == pause_mode::abort) {
+      if (req.mode == pause_mode::abort || req.mode == pause_mode::drain) {
         // SGLang handles abort mode in the front door: abort everything, then wait until no
-        // request holds the lock. Requests arriving from now on wait for continue.
+        // request holds the lock. Requests arriving from now on wait for continue. Drain is the
+        // same wait without the abort: the running requests finish on their own.
         auto rp = self->make_response_promise<PauseGenerationReqOutput>();
         st.pause_abort_waiters.push_back(rp);
-        caf::anon_send(st.scheduler, AbortReq{"", true, "aborted: generation paused (mode abort)"});
+        if (req.mode == pause_mode::abort)
+          caf::anon_send(st.scheduler, AbortReq{"", true, "aborted: generation paused (mode abort)"});
         // The scheduler keeps running out what it holds, but holds updates for the continue.
-        caf::anon_send(st.scheduler, req);
+        caf::anon_send(st.scheduler, PauseGenerationReqInput{pause_mode::abort});
         check_pause_abort(self);
         pump(self); // a writer waiting for the running requests may go now
         return rp;

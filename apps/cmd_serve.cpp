@@ -111,6 +111,12 @@ void run(serve_options o) {
     throw command_failed("--gpu-staging-budget-mib: expected 0 or more");
   o.engine.gpu_staging_budget_bytes = static_cast<std::size_t>(o.gpu_staging_budget_mib) << 20;
   o.server.enable_deterministic_inference = o.engine.enable_deterministic_inference;
+  // vLLM's level-1 sleep keeps the weights in host memory: rlserve's release does so only with
+  // the host copy. (Level 2, which vLLM discards, then keeps them too: docs/protocol.md.)
+  if (o.server.enable_sleep_mode)
+    o.engine.enable_weights_cpu_backup = true;
+  if (o.engine.initial_weight_version.empty())
+    throw command_failed("--weight-version: empty; name the loaded weights (e.g. default)");
   auto engine = Engine::start(o.engine);
   if (!engine)
     throw command_failed(engine.error());
@@ -210,6 +216,13 @@ void add_serve(CLI::App& app) {
                   "names: qwen3, glm45, qwen3-thinking, deepseek-r1");
   cmd->add_flag("--trust-remote-code", o->trust_remote_code,
                 "Accepted for SGLang launch lines; rlserve runs no code from a checkpoint");
+  cmd->add_flag("--enable-sleep-mode", o->server.enable_sleep_mode,
+                "vLLM's /sleep and /wake_up (release and resume memory by tag); implies "
+                "--enable-weights-cpu-backup, so a level-1 sleep keeps the weights in host memory");
+  cmd->add_option("--weight-version", o->engine.initial_weight_version,
+                  "The version label of the weights loaded at start (SGLang's and vLLM's routes "
+                  "report it; vLLM starts at \"default\")")
+    ->capture_default_str();
   cmd->add_flag("--enable-memory-saver", o->server.enable_memory_saver,
                 "Report SGLang's enable_memory_saver as true in /server_info (trainers launched "
                 "with memory offload check it); release/resume_memory_occupation work either way");

@@ -18,8 +18,10 @@ namespace rlserve {
 // abort: in-flight requests end with finish reason "abort" and their partial output.
 // retract: KV freed, requests go back to the queue with their tokens and resume on continue.
 // in_place: nothing freed; decoding stops and resumes on continue.
-// JSON: "abort" | "retract" | "in_place".
-enum class pause_mode : uint8_t { abort = 1, retract, in_place };
+// drain: new requests wait for continue, running ones run to their end; the reply comes when
+//   none is left (vLLM's /pause?mode=wait; SGLang has no such mode).
+// JSON: "abort" | "retract" | "in_place" | "drain".
+enum class pause_mode : uint8_t { abort = 1, retract, in_place, drain };
 
 struct PauseGenerationReqInput {
   pause_mode mode = pause_mode::abort;

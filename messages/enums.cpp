@@ -18,7 +18,8 @@ std::string invalid(uint8_t raw) {
 // and enums_test checks that from_string(to_string(v)) == v for every entry of these arrays.
 constexpr std::array k_selectors{runner_selector::target, runner_selector::draft,
                                  runner_selector::all};
-constexpr std::array k_pause_modes{pause_mode::abort, pause_mode::retract, pause_mode::in_place};
+constexpr std::array k_pause_modes{pause_mode::abort, pause_mode::retract, pause_mode::in_place,
+                                   pause_mode::drain};
 constexpr std::array k_actions{check_weights_action::checksum, check_weights_action::snapshot,
                                check_weights_action::compare,
                                check_weights_action::reset_tensors};
@@ -47,6 +48,7 @@ std::string to_string(pause_mode x) {
     case pause_mode::abort: return "abort";
     case pause_mode::retract: return "retract";
     case pause_mode::in_place: return "in_place";
+    case pause_mode::drain: return "drain";
   }
   return invalid(static_cast<uint8_t>(x));
 }

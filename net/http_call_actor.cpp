@@ -17,6 +17,7 @@
 #include "net/http_route.hpp"
 #include "net/log.hpp"
 #include "net/openai_call_actor.hpp"
+#include "net/vllm_call_actor.hpp"
 #include "net/request_accounting.hpp"
 
 namespace rlserve::net::detail {
@@ -392,7 +393,8 @@ caf::behavior http_call_actor(http_actor* self, std::shared_ptr<shared_state> st
         case http_call::health_generate: start_health(self, true); break;
         case http_call::openai_models:
         case http_call::openai_completions:
-        case http_call::openai_chat: break; // spawn_http_call gives these to spawn_openai_call
+        case http_call::openai_chat:
+        case http_call::vllm_route: break; // spawn_http_call gives these to their own actors
       }
     },
     [&](const std::string& what) {
@@ -489,6 +491,8 @@ caf::actor spawn_http_call(std::shared_ptr<shared_state> st,
   if (call.kind == http_call::openai_models || call.kind == http_call::openai_completions ||
       call.kind == http_call::openai_chat)
     return spawn_openai_call(std::move(st), std::move(out), std::move(call));
+  if (call.kind == http_call::vllm_route)
+    return spawn_vllm_call(std::move(st), std::move(out), std::move(call));
   auto id = st->reserve_actor();
   auto a = st->sys.spawn(http_call_actor, st, std::move(out), std::move(call), id);
   st->set_actor(id, a);

@@ -19,6 +19,7 @@
 #include "net/protocol.hpp"
 #include "net/request_accounting.hpp"
 #include "net/shared_state.hpp"
+#include "net/vllm_route.hpp"
 
 namespace rlserve::net::detail {
 
@@ -55,10 +56,12 @@ struct http_call {
     openai_models,      // GET /v1/models
     openai_completions, // POST /v1/completions
     openai_chat,        // POST /v1/chat/completions
+    vllm_route,         // vLLM's control routes (net/vllm_call_actor.hpp)
   } kind = route;
   const codec_entry* codec = nullptr; // kind == route
   std::string body;                   // request body (JSON text; empty: {})
   std::map<std::string, std::string> query;
+  vllm_control vllm; // kind == vllm_route
 };
 
 // The message deliver_cancel sends (local only: never serialized).

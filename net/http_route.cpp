@@ -9,6 +9,7 @@
 #include "messages/codec_registry.hpp"
 #include "messages/json_codec.hpp"
 #include "net/protocol.hpp"
+#include "net/vllm_route.hpp"
 
 namespace rlserve::net::detail {
 
@@ -33,6 +34,19 @@ std::string url_decode(std::string_view s) {
 
 std::map<std::string, std::string> parse_query(std::string_view q) {
   std::map<std::string, std::string> out;
+  for (auto& [k, v] : query_items(std::string("?") + std::string(q)))
+    out[k] = std::move(v);
+  return out;
+}
+
+} // namespace
+
+std::vector<std::pair<std::string, std::string>> query_items(std::string_view target) {
+  std::vector<std::pair<std::string, std::string>> out;
+  auto qpos = target.find('?');
+  if (qpos == std::string_view::npos)
+    return out;
+  auto q = target.substr(qpos + 1);
   while (!q.empty()) {
     auto amp = q.find('&');
     auto item = q.substr(0, amp);
@@ -40,13 +54,11 @@ std::map<std::string, std::string> parse_query(std::string_view q) {
     if (item.empty())
       continue;
     auto eq = item.find('=');
-    out[url_decode(item.substr(0, eq))] =
-      eq == std::string_view::npos ? std::string() : url_decode(item.substr(eq + 1));
+    out.emplace_back(url_decode(item.substr(0, eq)),
+                     eq == std::string_view::npos ? std::string() : url_decode(item.substr(eq + 1)));
   }
   return out;
 }
-
-} // namespace
 
 std::string json_error_body(std::string_view error, std::string_view message) {
   return dump(json{{"error", error}, {"message", message}});
@@ -111,6 +123,17 @@ std::variant<http_routed, http_refusal> route_http_request(http::verb method,
                                                 : http_call::openai_chat;
     out.call.body = std::move(body);
     out.level = route_auth::normal;
+  } else if (is_vllm_control_path(path)) {
+    // vLLM's control routes (net/vllm_route.hpp): a bad query is vLLM's 400, before the engine.
+    auto v = parse_vllm_control(method, target, body);
+    if (auto* no = std::get_if<vllm_refusal>(&v))
+      return http_refusal{no->status, std::move(no->body)};
+    out.call.kind = http_call::vllm_route;
+    out.call.vllm = std::move(std::get<vllm_control>(v));
+    out.call.body = std::move(body);
+    // vLLM leaves these open; rlserve keeps its keys: changes need the admin key, reads the
+    // normal one, as the SGLang routes they map onto.
+    out.level = vllm_control_changes_state(out.call.vllm.op) ? route_auth::admin : route_auth::normal;
   } else if (auto read = reads.find(path); read != reads.end()) {
     if (!get)
       return http_refusal{405, json_error_body("Method Not Allowed", "use GET for " + path)};
@@ -146,7 +169,8 @@ std::variant<http_routed, http_refusal> route_http_request(http::verb method,
       for (const auto& [p, kind] : reads)
         routes += std::string(routes.empty() ? "" : ", ") + std::string(p);
       routes += ", /start_profile, /stop_profile, /server_info, /v1/models, /v1/completions, "
-                "/v1/chat/completions";
+                "/v1/chat/completions, /pause, /resume, /is_paused, /abort_requests, /sleep, "
+                "/wake_up, /is_sleeping, /reset_prefix_cache, /weight_info";
       for (const auto& e : all_codecs())
         routes += ", /" + std::string(e.route);
       return http_refusal{404, json_error_body("Not Found",

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 #include <boost/beast/http/verb.hpp>
 #include <nlohmann/json.hpp>
@@ -33,6 +34,10 @@ struct http_target {
   std::map<std::string, std::string> query;
 };
 http_target split_target(std::string_view target);
+
+// The query of `target` as its key=value pairs in order, URL-decoded, repeated keys kept
+// (vLLM's /wake_up?tags=weights&tags=kv_cache).
+std::vector<std::pair<std::string, std::string>> query_items(std::string_view target);
 
 // Whether a Content-Type names JSON (application/json or application/<x>+json, any case, any
 // parameters). A browser can POST text/plain or a form to any address without asking first, but

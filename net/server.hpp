@@ -91,6 +91,8 @@ struct server_options {
   // not parsed. An unknown name fails start, naming the accepted ones.
   std::string tool_call_parser;
   std::string reasoning_parser;
+  // vLLM's --enable-sleep-mode: without it /sleep and /wake_up fail as vLLM's do (500).
+  bool enable_sleep_mode = false;
 };
 
 class server {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
@@ -55,6 +56,11 @@ struct shared_state {
   std::shared_ptr<profiler> profile;
   std::optional<model::chat_template> chat;
   std::string chat_template_error;
+  // vLLM's /sleep and /wake_up (net/vllm_call_actor.cpp): the vLLM tags asleep, and whether a
+  // sleep paused generation (a level-0 sleep sleeps no tag). Under vllm_mu.
+  std::mutex vllm_mu;
+  std::set<std::string> vllm_asleep;
+  bool vllm_sleep_paused = false;
   // From server_options' parser names (checked at start); absent: not parsed.
   std::optional<tool_call_format> tool_format;
   std::optional<reasoning_format> reasoning;

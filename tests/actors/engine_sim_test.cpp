@@ -704,7 +704,7 @@ BOOST_AUTO_TEST_CASE(a_pause_mode_outside_the_enum_is_refused_and_pauses_nothing
   auto e = start(tiny_model("target", 11));
   auto out = e->pause_generation({static_cast<pause_mode>(0)});
   BOOST_TEST(!out.success);
-  BOOST_TEST(contains(out.message, "mode: expected abort, retract or in_place"));
+  BOOST_TEST(contains(out.message, "mode: expected abort, retract, in_place or drain"));
   BOOST_TEST(!e->get_server_info().paused);
   BOOST_TEST(e->generate(greedy({1, 2}, 2)).success);
 }

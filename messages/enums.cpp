@@ -85,7 +85,7 @@ std::string_view enum_choices<runner_selector>() {
 
 template <>
 std::string_view enum_choices<pause_mode>() {
-  return R"("abort", "retract" or "in_place")";
+  return R"("abort", "retract", "in_place" or "drain")";
 }
 
 template <>

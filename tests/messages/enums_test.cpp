@@ -37,7 +37,8 @@ BOOST_AUTO_TEST_CASE(every_value_has_one_name) {
                                 {runner_selector::draft, "draft"}});
   check_names<pause_mode>({{pause_mode::abort, "abort"},
                            {pause_mode::retract, "retract"},
-                           {pause_mode::in_place, "in_place"}});
+                           {pause_mode::in_place, "in_place"},
+                           {pause_mode::drain, "drain"}});
   check_names<check_weights_action>({{check_weights_action::checksum, "checksum"},
                                      {check_weights_action::snapshot, "snapshot"},
                                      {check_weights_action::compare, "compare"},
@@ -48,7 +49,7 @@ BOOST_AUTO_TEST_CASE(every_value_has_one_name) {
 
 BOOST_AUTO_TEST_CASE(choice_lists_read_as_sentences) {
   BOOST_TEST(enum_choices<runner_selector>() == R"("target", "draft" or "all")");
-  BOOST_TEST(enum_choices<pause_mode>() == R"("abort", "retract" or "in_place")");
+  BOOST_TEST(enum_choices<pause_mode>() == R"("abort", "retract", "in_place" or "drain")");
   BOOST_TEST(enum_choices<check_weights_action>() ==
              R"("checksum", "snapshot", "compare" or "reset_tensors")");
 }

@@ -312,7 +312,7 @@ std::vector<bad_case> bad_cases() {
     {"selector", begin, R"({"selector": "drafts"})",
      {R"(selector: unknown value "drafts" (expected "target", "draft" or "all"))"}},
     {"mode", pause, R"({"mode": "later"})",
-     {R"(mode: unknown value "later" (expected "abort", "retract" or "in_place"))"}},
+     {R"(mode: unknown value "later" (expected "abort", "retract", "in_place" or "drain"))"}},
     {"action", check, R"({"action": "checksums"})",
      {R"(action: unknown value "checksums" (expected "checksum", "snapshot", "compare" or "reset_tensors"))"}},
     {"selector case", begin, R"({"selector": "Target"})", {R"(selector: unknown value "Target")"}},

@@ -391,7 +391,7 @@ BOOST_AUTO_TEST_CASE(load_errors_name_the_json_path) {
                  "pre_tokenizer.pretokenizers[0].pattern.Regex: the pattern is not supported: "
                  "missing ')'");
   // Every construct outside the supported subset is refused, naming it.
-  for (auto [pattern, what] : std::vector<std::pair<std::string, std::string>>{
+  for (const auto& refused : std::vector<std::pair<std::string, std::string>>{
          {"(a)\\1", "escape \\1"},
          {"(?<=a)b", "lookbehind"},
          {"a++", "possessive"},
@@ -408,12 +408,13 @@ BOOST_AUTO_TEST_CASE(load_errors_name_the_json_path) {
          {"a)", "unmatched ')'"},
          {"[a", "missing ']'"},
        }) {
+    const std::string& pattern = refused.first; // not a structured binding: lambdas capture it
     error_contains(edit([&](json& j) {
                      json s = split;
                      s["pattern"] = {{"Regex", pattern}};
                      j["pre_tokenizer"] = seq(s, bl);
                    }),
-                   what);
+                   refused.second);
   }
   error_contains(edit([&](json& j) {
                    json s = split;

@@ -176,6 +176,11 @@ private:
 } // namespace
 
 recovered_ids recover_ids(std::string_view text) {
+  // Only the head of the frame is scanned: ids come first in every client's frames, and a
+  // hostile client must not make each refusal of a multi-megabyte frame parse all of it again
+  // (a head cut inside a value fails there, like any other fault after the id).
+  constexpr std::size_t k_scan_bytes = 64 * 1024;
+  text = text.substr(0, std::min(text.size(), k_scan_bytes));
   id_scanner scan;
   try {
     // Strict: the same grammar as the parse that failed. Nesting costs no memory here (the

@@ -77,7 +77,8 @@ std::string peek_type(std::string_view text);
 // reply answers the request: the top-level "id" (and "type") read before the point where the
 // text stops being valid JSON. `id` is null when none could be taken, and `why_no_id` then says
 // why (no "id" before the failure point, an id that is not a string or integer, two top-level
-// "id" keys, not an object), for the error message. Nothing is built below the top level.
+// "id" keys, not an object), for the error message. Nothing is built below the top level. Only
+// the first 64 KiB are scanned: an id after them is not read.
 struct recovered_ids {
   json id;                // null, a string or an integer
   std::string type;       // empty when not read

@@ -1,7 +1,7 @@
 """vLLM's RL control routes over HTTP against `rlserve serve` (docs/protocol.md, "vLLM's dialect").
 
-Specification: /work/shared/reference/vllm-rl-dialect.md sections 1-4 (vLLM's
-vllm/entrypoints/rl/online/api_router.py and serve/dev/sleep/api_router.py): /pause?mode=
+The routes as docs/protocol.md's "vLLM's dialect" table states them (vLLM's RL router and its
+sleep router): /pause?mode=
 abort|wait|keep, /resume, /is_paused, /abort_requests, /sleep?level=, /wake_up?tags=,
 /is_sleeping, /reset_prefix_cache, /update_weight_version, /weight_info.
 
